@@ -1,0 +1,89 @@
+"""End-to-end pretraining: resume equals an uninterrupted run; a 2-process data-parallel run on CPU; bad input."""
+import gzip, json, os, shutil, subprocess, sys
+from pathlib import Path
+import pytest
+import torch
+
+from posenc_lit.data import corpus_dir
+from posenc_lit.training import make_train_config, pretrain
+from posenc_lit.model import load_model, CheckpointError
+
+ENV = {**os.environ, 'HF_HUB_OFFLINE': '1', 'HF_DATASETS_OFFLINE': '1', 'TOKENIZERS_PARALLELISM': 'false'}
+
+
+@pytest.fixture(scope='module')
+def small_corpus(tmp_path_factory):
+    "A small local corpus (the first records of the embedded splits), in the local-folder schema."
+    d = tmp_path_factory.mktemp('corpus')
+    for split, n in (('train', 400), ('validation', 60)):
+        with gzip.open(corpus_dir() / f'{split}.jsonl.gz', 'rt') as f:
+            lines = [next(f) for _ in range(n)]
+        (d / f'{split}.jsonl').write_text(''.join(lines))
+    return str(d)
+
+
+def _records(run, split='train'):
+    return [json.loads(l) for l in (Path(run) / 'metrics.jsonl').read_text().splitlines() if json.loads(l)['split'] == split]
+
+
+def test_resume_matches_uninterrupted(tmp_path, small_corpus):
+    cfg = make_train_config('smoke', data=small_corpus, steps=20, save_every=10, log_every=1, eval_every=10)
+    full = pretrain(cfg, tmp_path / 'full', progress=False)
+    assert pretrain(cfg, tmp_path / 'cut', stop_at=10, progress=False) == {}
+    assert (tmp_path / 'cut' / 'checkpoint' / 'model.safetensors').is_file()
+    assert not (tmp_path / 'cut' / 'summary.json').exists()
+    resumed = pretrain(cfg, tmp_path / 'cut', resume=True, progress=False)
+    a, b = _records(tmp_path / 'full'), _records(tmp_path / 'cut')
+    assert [r['step'] for r in a] == [r['step'] for r in b] == list(range(1, 21))
+    for ra, rb in zip(a, b):
+        assert ra['loss'] == pytest.approx(rb['loss'], rel=1e-6, abs=1e-7), ra['step']
+        assert ra['lr'] == pytest.approx(rb['lr'])
+    assert resumed['eval_loss'] == pytest.approx(full['eval_loss'], rel=1e-6)
+    # the checkpoint is a loadable model folder
+    m = load_model(tmp_path / 'cut' / 'checkpoint')
+    assert m.cfg.pe == cfg.pe
+    # a finished run is left as it is
+    assert pretrain(cfg, tmp_path / 'cut', resume=True, progress=False) == resumed
+
+
+def test_run_dir_protection(tmp_path, small_corpus):
+    cfg = make_train_config('smoke', data=small_corpus, steps=4, save_every=2, eval_every=2)
+    pretrain(cfg, tmp_path / 'r', stop_at=2, progress=False)
+    with pytest.raises(ValueError, match='pass --resume'):
+        pretrain(cfg, tmp_path / 'r', progress=False)
+    with pytest.raises(ValueError, match='another configuration'):
+        pretrain(make_train_config('smoke', data=small_corpus, steps=4, lr=1e-4), tmp_path / 'r', resume=True, progress=False)
+    (tmp_path / 'r' / 'checkpoint' / 'model.safetensors').write_bytes(b'garbage')
+    with pytest.raises(CheckpointError, match='cannot resume'):
+        pretrain(cfg, tmp_path / 'r', resume=True, progress=False)
+
+
+def test_bad_data_writes_nothing(tmp_path):
+    out = tmp_path / 'never'
+    cfg = make_train_config('smoke', data=str(tmp_path / 'no-such-corpus'))
+    with pytest.raises(ValueError):
+        pretrain(cfg, out, progress=False)
+    assert not out.exists()
+
+
+def test_cli_errors(tmp_path):
+    r = subprocess.run([sys.executable, '-c', 'from posenc_lit.cli import main; raise SystemExit(main())',
+                        'pretrain', '--pe', 'rope-ish', '--out', str(tmp_path / 'x')], capture_output=True, text=True, env=ENV)
+    assert r.returncode == 2 and 'valid names:' in r.stderr and 'Traceback' not in r.stderr
+    assert not (tmp_path / 'x').exists()
+
+
+def test_two_process_data_parallel(tmp_path, small_corpus):
+    exe = shutil.which('posenc_lit'); acc = shutil.which('accelerate')
+    if exe is None or acc is None: pytest.skip('posenc_lit / accelerate console scripts not installed')
+    out = tmp_path / 'ddp'
+    cmd = [acc, 'launch', '--multi_gpu', '--num_processes', '2', '--num_machines', '1', '--mixed_precision', 'no',
+           '--dynamo_backend', 'no', exe, 'pretrain', '--pe', 'sinusoidal', '--preset', 'smoke', '--data', small_corpus,
+           '--steps', '6', '--eval-every', '3', '--save-every', '3', '--out', str(out), '--quiet']
+    r = subprocess.run(cmd, capture_output=True, text=True, env={**ENV, 'ACCELERATE_USE_CPU': 'true'}, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    s = json.loads((out / 'summary.json').read_text())
+    assert s['processes'] == 2
+    assert s['tokens_per_step'] == 2 * 8 * 32
+    assert torch.isfinite(torch.tensor(s['eval_loss']))
+    assert [r['step'] for r in _records(out)] == [5, 6]
