@@ -87,3 +87,19 @@ def test_two_process_data_parallel(tmp_path, small_corpus):
     assert s['tokens_per_step'] == 2 * 8 * 32
     assert torch.isfinite(torch.tensor(s['eval_loss']))
     assert [r['step'] for r in _records(out)] == [5, 6]
+
+
+def test_bf16_mixed_precision(tmp_path, small_corpus):
+    cfg = make_train_config('smoke', data=small_corpus, steps=3, eval_every=3, save_every=3, mixed_precision='bf16')
+    s = pretrain(cfg, tmp_path / 'bf16', progress=False)
+    assert torch.isfinite(torch.tensor(s['eval_loss']))
+
+
+def test_gradient_accumulation(tmp_path, small_corpus):
+    "Two micro-steps per optimizer step: twice the tokens per step, one record per optimizer step, finite loss."
+    cfg = make_train_config('smoke', data=small_corpus, steps=4, grad_accum=2, log_every=1, eval_every=4, save_every=4)
+    s = pretrain(cfg, tmp_path / 'acc', progress=False)
+    assert s['tokens_per_step'] == 2 * cfg.batch_size * cfg.seq_len
+    assert [r['step'] for r in _records(tmp_path / 'acc')] == [1, 2, 3, 4]
+    st = json.loads((tmp_path / 'acc' / 'checkpoint' / 'trainer_state.json').read_text())
+    assert st == {'step': 4, 'micro_step': 8}
