@@ -1,0 +1,140 @@
+"The offline docs site: `tools/build_docs.sh` builds `_site/` with a page per notebook, titles, local KaTeX and maths."
+import html, json, os, re, subprocess, sys
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import pytest
+
+pytest.importorskip('smalldocs', reason='smalldocs is not installed (pip install -e ".[dev]"): the offline docs build needs it')
+
+ROOT = Path(__file__).resolve().parent.parent
+NBS, SITE = ROOT / 'nbs', ROOT / '_site'
+TIMEOUT = int(os.environ.get('DOCS_BUILD_TIMEOUT', 900))  # seconds for the whole build
+KATEX_CDN = re.compile(r'(?:https?:)?//[^"\'\s]*katex', re.I)
+_re_title = re.compile(r'^#\s+(.+?)\s*$', re.M)
+_re_display = re.compile(r'\$\$(.+?)\$\$', re.S)
+
+
+def notebooks():
+    "The notebooks that become pages: every .ipynb under nbs/ with no part starting with `_` or `.` (nbdev's rule)."
+    return sorted(p for p in NBS.rglob('*.ipynb') if not any(s[0] in '_.' for s in p.relative_to(NBS).parts))
+
+
+def md_cells(nb):
+    cells = json.loads(nb.read_text(encoding='utf-8'))['cells']
+    return [''.join(c['source']) for c in cells if c['cell_type'] == 'markdown']
+
+
+def title_of(nb):
+    "The `# Title` of the notebook's first markdown cell, as plain text."
+    for src in md_cells(nb):
+        m = _re_title.search(src)
+        if m: return re.sub(r'[`*]', '', m.group(1)).strip()
+
+
+def page_of(nb): return SITE / nb.relative_to(NBS).with_suffix('.html')
+
+
+def text_of(page):
+    "The page's visible text, tags removed and entities decoded, whitespace collapsed."
+    s = page.read_text(encoding='utf-8')
+    s = re.sub(r'<(script|style)\b.*?</\1>', ' ', s, flags=re.S | re.I)
+    return re.sub(r'\s+', ' ', html.unescape(re.sub(r'<[^>]+>', ' ', s)))
+
+
+def local_refs(page):
+    "The local href/src targets of a page, resolved to paths under _site/."
+    s = page.read_text(encoding='utf-8')
+    for ref in re.findall(r'(?:href|src)="([^"]+)"', s):
+        u = urlsplit(html.unescape(ref))
+        if u.scheme or u.netloc or not u.path: continue
+        yield ref, (page.parent / unquote(u.path)).resolve()
+
+
+_build = {}  # the build's outcome, so that a failed build runs once, not once per test
+
+
+@pytest.fixture(scope='module')
+def site():
+    if 'error' not in _build:
+        env = {**os.environ, 'PYTHON': sys.executable,
+               'PATH': str(Path(sys.executable).parent) + os.pathsep + os.environ.get('PATH', '')}
+        r = subprocess.run(['bash', str(ROOT / 'tools' / 'build_docs.sh')], cwd=ROOT, env=env, capture_output=True,
+                           text=True, timeout=TIMEOUT)
+        out = r.stdout + r.stderr
+        causes = '\n'.join(dict.fromkeys(l for l in out.splitlines() if re.match(r'^[\w.]*(Error|Exception)\b', l)))
+        _build['error'] = None if r.returncode == 0 else \
+            f'tools/build_docs.sh failed ({r.returncode}); errors:\n{causes}\n--- last output:\n{out[-3000:]}'
+    if _build['error']: pytest.fail(_build['error'], pytrace=False)
+    return SITE
+
+
+def test_page_per_notebook(site):
+    nbs = notebooks()
+    assert nbs, 'no notebooks in nbs/'
+    missing = [str(nb.relative_to(NBS)) for nb in nbs if not page_of(nb).exists()]
+    assert not missing, f'no page in _site/ for {missing}'
+
+
+def test_pages_have_titles(site):
+    for nb in notebooks():
+        t = title_of(nb)
+        assert t, f'{nb.name}: no "# Title" markdown heading'
+        page = page_of(nb).read_text(encoding='utf-8')
+        head = re.search(r'<title>(.*?)</title>', page, re.S)
+        assert head and t in re.sub(r'[`*]', '', html.unescape(head.group(1))), f'{page_of(nb).name}: <title> lacks {t!r}'
+        assert t in text_of(page_of(nb)), f'{page_of(nb).name}: page text lacks its title {t!r}'
+
+
+def test_no_katex_cdn(site):
+    bad = [p.name for p in site.rglob('*.html') if KATEX_CDN.search(p.read_text(encoding='utf-8'))]
+    assert not bad, f'pages load KaTeX from a remote URL: {bad}'
+
+
+def test_local_katex_files_exist(site):
+    "Pages with maths load KaTeX's CSS, script and auto-render from _site/, and every KaTeX file a page names exists."
+    maths = [p for p in site.rglob('*.html') if 'class="math ' in p.read_text(encoding='utf-8')]
+    if not maths: pytest.skip('no page has maths yet')
+    for page in site.rglob('*.html'):
+        refs = [(r, p) for r, p in local_refs(page) if 'katex' in r]
+        for ref, p in refs: assert p.is_file(), f'{page.name}: {ref} does not exist'
+        if page in maths:
+            names = {p.name for _, p in refs}
+            assert {'katex.min.css', 'katex.min.js', 'auto-render.min.js'} <= names, f'{page.name}: KaTeX refs {names}'
+    css = (site / 'site_libs' / 'katex' / 'katex.min.css')
+    fonts = set(re.findall(r'url\((fonts/[^)]+\.woff2)\)', css.read_text(encoding='utf-8')))
+    assert fonts, 'katex.min.css names no woff2 fonts'
+    missing = [f for f in fonts if not (css.parent / f).is_file()]
+    assert not missing, f'KaTeX fonts missing: {missing}'
+
+
+def test_display_maths_markup(site):
+    "Display maths `$$...$$` reaches the page as `\\[...\\]` in span.math.display, which KaTeX's auto-render renders."
+    found = 0
+    for nb in notebooks():
+        for src in md_cells(nb):
+            for tex in _re_display.findall(src):
+                page = page_of(nb).read_text(encoding='utf-8')
+                want = re.sub(r'\s+', ' ', html.escape(tex.strip(), quote=False))
+                spans = [re.sub(r'\s+', ' ', s) for s in re.findall(r'<span class="math display">(.*?)</span>', page, re.S)]
+                assert any(s.replace('&quot;', '"').replace('&#x27;', "'") == f'\\[{want}\\]' for s in spans), \
+                    f'{page_of(nb).name}: display maths {tex.strip()[:60]!r} not found as \\[...\\] in span.math.display'
+                found += 1
+                break  # one equation per cell is enough
+    if not found: pytest.skip('no notebook has display maths yet')
+    js = (site / 'site_libs' / 'smalldocs.js').read_text(encoding='utf-8')
+    assert 'renderMathInElement' in js and r'left: "\\["' in js, 'smalldocs.js no longer calls auto-render with \\[ \\]'
+
+
+def test_sidebar_links_resolve(site):
+    "Every local link of the home page (navbar and sidebar) points at a page that exists, and every notebook is in the sidebar."
+    index = site / 'index.html'
+    assert index.exists(), 'no index.html: nbs/index.ipynb is the home page'
+    s = index.read_text(encoding='utf-8')
+    bar = s[s.find('id="quarto-sidebar"'):]
+    bar = bar[:bar.find('</nav>')]
+    broken = [ref for ref, p in local_refs(index) if ref.endswith('.html') and not p.exists()]
+    assert not broken, f'links to missing pages (a notebook in nbs/sidebar.yml does not exist yet?): {broken}'
+    linked = set(re.findall(r'href="([^"#]+\.html)"', bar))
+    absent = [str(nb.relative_to(NBS)) for nb in notebooks() if page_of(nb).relative_to(site).as_posix() not in linked]
+    assert not absent, f'notebooks missing from nbs/sidebar.yml: {absent}'
