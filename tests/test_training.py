@@ -103,3 +103,17 @@ def test_gradient_accumulation(tmp_path, small_corpus):
     assert [r['step'] for r in _records(tmp_path / 'acc')] == [1, 2, 3, 4]
     st = json.loads((tmp_path / 'acc' / 'checkpoint' / 'trainer_state.json').read_text())
     assert st == {'step': 4, 'micro_step': 8}
+
+
+def test_sequence_longer_than_learned_table_writes_nothing(tmp_path, small_corpus):
+    cfg = make_train_config('smoke', data=small_corpus, pe='learned', seq_len=32, max_position_embeddings=16)
+    with pytest.raises(ValueError, match='max_position_embeddings=16'):
+        pretrain(cfg, tmp_path / 'long', progress=False)
+    assert not (tmp_path / 'long').exists()
+
+
+def test_fp16_on_cpu_is_a_clear_error(tmp_path, small_corpus):
+    if torch.cuda.is_available(): pytest.skip('fp16 is valid on a GPU')
+    with pytest.raises(ValueError, match="needs a CUDA GPU"):
+        pretrain(make_train_config('smoke', data=small_corpus, mixed_precision='fp16'), tmp_path / 'fp16', progress=False)
+    assert not (tmp_path / 'fp16').exists()
