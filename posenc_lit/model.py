@@ -53,7 +53,8 @@ class ModelConfig:
         for f in ('dropout', 'attn_dropout'):
             if not 0 <= getattr(self, f) < 1: raise ValueError(f'{f} must be in [0, 1); got {getattr(self, f)}')
         spec = get_encoding(self.pe)  # unknown names fail here, listing the valid ones
-        try: spec.factory(self)       # so do options the encoding does not accept
+        try:                          # so do options the encoding does not accept (built once, RNG left untouched)
+            with torch.random.fork_rng(devices=[]): spec.factory(self)
         except TypeError as e: raise ValueError(f'pe_kwargs {self.pe_kwargs} are not accepted by pe={self.pe!r}: {e}') from None
 
 # %% ../nbs/10_model.ipynb #948948d1
