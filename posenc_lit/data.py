@@ -6,7 +6,6 @@
 from __future__ import annotations
 import contextlib, gzip, json, re, zlib
 from collections.abc import Iterable, Mapping
-from importlib import resources
 from pathlib import Path
 
 import numpy as np, torch

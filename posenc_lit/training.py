@@ -4,7 +4,7 @@
 
 # %% ../nbs/12_training.ipynb #6a49539c
 from __future__ import annotations
-import json, math, os, shutil, time
+import functools, json, math, os, shutil, time
 from dataclasses import dataclass, field, asdict, fields
 from pathlib import Path
 import torch
@@ -85,6 +85,10 @@ def model_config(cfg: TrainConfig, vocab_size: int) -> ModelConfig:
                        pad_token_id=SPECIAL_TOKENS['[PAD]'])
 
 # %% ../nbs/12_training.ipynb #0cd7dade
+@functools.lru_cache(maxsize=2)
+def _epoch_permutation(n: int, seed: int, e: int) -> torch.Tensor:   # drawn once per epoch, not once per micro-batch
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + e))
+
 def micro_batch(blocks: torch.Tensor,  # training blocks `(N, n)`
                 t: int,                # micro-batch number since the start of the run
                 batch_size: int, rank: int = 0, world: int = 1, seed: int = 0) -> torch.Tensor:
@@ -94,7 +98,7 @@ def micro_batch(blocks: torch.Tensor,  # training blocks `(N, n)`
         raise ValueError(f'{len(blocks)} training blocks are fewer than one global batch of {batch_size * world} '
                          f'(batch_size {batch_size} × {world} processes): use more data or a smaller batch')
     e, m = divmod(t, per_epoch)
-    perm = torch.randperm(len(blocks), generator=torch.Generator().manual_seed(seed * 1_000_003 + e))
+    perm = _epoch_permutation(len(blocks), seed, e)
     start = (m * world + rank) * batch_size
     return blocks[perm[start:start + batch_size]]
 
@@ -282,14 +286,14 @@ def _train_loop(cfg, out, accelerator, model, opt, sched, tok, train, ev_in, ev_
             _save_checkpoint(accelerator, out, {'step': step, 'micro_step': t, 'run_loss': pending, 'run_n': run_n}, mcfg, tok)
     bar.close()
     if step < cfg.steps: return {'stopped_at_step': step, 'steps': cfg.steps}
-    return _finish(cfg, out, accelerator, model, step, ev_lab, uni, mcfg)
+    return _finish(cfg, out, accelerator, model, step, ev_lab, uni)
 
 # %% ../nbs/12_training.ipynb #4a4ab0a6
 def _log(out, rec, main):
     if main:
         with open(out / 'metrics.jsonl', 'a') as f: f.write(json.dumps(rec) + '\n')
 
-def _finish(cfg, out, accelerator, model, step, ev_lab, uni, mcfg):
+def _finish(cfg, out, accelerator, model, step, ev_lab, uni):
     recs = _read_metrics(out / 'metrics.jsonl', step)
     ev = [r for r in recs if r['split'] == 'eval'][-1]
     tr = [r for r in recs if r['split'] == 'train']
