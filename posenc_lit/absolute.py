@@ -51,10 +51,10 @@ class LearnedEncoding(PositionEncoding):
         self.max_len = max_len
         self.weight = nn.Parameter(torch.randn(max_len, d_model) * init_std)   # (L_max, D)
     def embed(self, pos): # `(b|1, n)` integer positions, each in `[0, max_len)`
-        "`(b|1, n, D)` rows of the table; `ValueError` naming the table size for positions outside it."
+        "`(b|1, n, D)` rows of the table; `PositionRangeError` (a `ValueError`) naming the table size for positions outside it."
         lo, hi = int(pos.min()), int(pos.max())
         if lo < 0 or hi >= self.max_len:
-            raise ValueError(f'position {hi if hi >= self.max_len else lo} is outside the learned position table '
+            raise PositionRangeError(f'position {hi if hi >= self.max_len else lo} is outside the learned position table '
                              f'(max_position_embeddings={self.max_len}, valid positions 0..{self.max_len - 1}): use '
                              f'sequences of at most {self.max_len} tokens, a larger max_position_embeddings, or an '
                              f'encoding without a maximum length (sinusoidal, none)')

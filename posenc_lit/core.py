@@ -12,8 +12,9 @@ import torch
 import matplotlib.pyplot as plt
 
 # %% auto #0
-__all__ = ['CONVENTIONS', 'KINDS', 'ENCODING_MODULES', 'rel_pos', 'to_convention', 'test_close_rel', 'EncodingSpec',
-           'register_encoding', 'list_encodings', 'get_encoding', 'atomic_write', 'plot_curves', 'plot_heatmaps']
+__all__ = ['CONVENTIONS', 'KINDS', 'ENCODING_MODULES', 'rel_pos', 'PositionRangeError', 'to_convention', 'test_close_rel',
+           'EncodingSpec', 'register_encoding', 'list_encodings', 'get_encoding', 'atomic_write', 'plot_curves',
+           'plot_heatmaps']
 
 # %% ../nbs/00_core.ipynb #2283af21
 def rel_pos(q_pos: torch.Tensor, # query positions, integer, `(i,)` or `(b, i)`
@@ -25,6 +26,10 @@ def rel_pos(q_pos: torch.Tensor, # query positions, integer, `(i,)` or `(b, i)`
             got = f'{p.dtype} tensor of shape {tuple(p.shape)}' if isinstance(p, torch.Tensor) else type(p).__name__
             raise TypeError(f'{name} must be a signed integer tensor of shape (n,) or (b, n); got {got}')
     return k_pos.unsqueeze(-2) - q_pos.unsqueeze(-1)  # (…, i, j)
+
+# %% ../nbs/00_core.ipynb #801254e8
+class PositionRangeError(ValueError):
+    "A position or relative distance lies outside what an encoding's table covers; the message says the limit and what to change."
 
 # %% ../nbs/00_core.ipynb #e3810170
 CONVENTIONS = {
@@ -53,7 +58,7 @@ def test_close_rel(a, b, # tensors (or array-likes) to compare; `a` is the actua
 
 # %% ../nbs/00_core.ipynb #b5c3fcca
 KINDS = ('absolute', 'qk', 'score', 'none')
-ENCODING_MODULES = ['posenc_lit.absolute']  # modules whose import registers encodings; later notebooks append theirs
+ENCODING_MODULES = ['posenc_lit.absolute', 'posenc_lit.relative', 'posenc_lit.t5']  # modules whose import registers encodings; later notebooks append theirs
 
 @dataclass
 class EncodingSpec:
