@@ -77,6 +77,8 @@ class RelativeVectors(PositionEncoding):
         super().__init__()
         rel_index(torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long), k)   # validates k
         if d_head < 1 or n_layers < 1: raise ValueError(f'd_head and n_layers must be ≥ 1; got {d_head}, {n_layers}')
+        for name, flag in (('clip', clip), ('query_term', query_term), ('key_term', key_term), ('values', values), ('share_layers', share_layers)):
+            if not isinstance(flag, bool): raise ValueError(f'{name} must be true or false; got {flag!r}')
         if not (query_term or key_term or values): raise ValueError('enable at least one of query_term, key_term, values')
         self.k, self.clip, self.query_term, self.key_term, self.share_layers = k, clip, query_term, key_term, share_layers
         self.n_layers = n_layers

@@ -20,6 +20,9 @@ def _check_buckets(bidirectional, num_buckets, max_distance):
     if bidirectional and num_buckets % 2:
         raise ValueError(f'bidirectional buckets are split in two halves (before/after the query), so num_buckets must be '
                          f'even; got {num_buckets} (use {num_buckets + 1} or {num_buckets - 1})')
+    if not isinstance(bidirectional, bool): raise ValueError(f'bidirectional must be true or false; got {bidirectional!r}')
+    if not isinstance(max_distance, (int, float)) or isinstance(max_distance, bool):
+        raise ValueError(f'max_distance must be a number of tokens; got {max_distance!r}')
     max_exact = (num_buckets // 2 if bidirectional else num_buckets) // 2
     if not max_distance > max_exact:
         raise ValueError(f'max_distance={max_distance} must be larger than the exact range (distances below {max_exact} '
@@ -54,6 +57,7 @@ class T5RelativeBias(PositionEncoding):
                  init_std: float = 0.02):
         super().__init__()
         _check_buckets(bidirectional, num_buckets, max_distance)
+        if not isinstance(scale_content, bool): raise ValueError(f'scale_content must be true or false; got {scale_content!r}')
         self.num_buckets, self.max_distance, self.bidirectional, self.scale_content = num_buckets, max_distance, bidirectional, scale_content
         self.weight = nn.Parameter(torch.randn(num_buckets, n_heads) * init_std)    # (num_buckets, h)
 
