@@ -19,13 +19,13 @@ __all__ = ['CONVENTIONS', 'KINDS', 'ENCODING_MODULES', 'rel_pos', 'PositionRange
 # %% ../nbs/00_core.ipynb #2283af21
 def rel_pos(q_pos: torch.Tensor, # query positions, integer, `(i,)` or `(b, i)`
             k_pos: torch.Tensor, # key positions, integer, `(j,)` or `(b, j)`
-           ) -> torch.Tensor: # `rel_pos[..., i, j] = k_pos[j] - q_pos[i]`, `(i, j)` or `(b, i, j)`
+           ) -> torch.Tensor: # `rel_pos[..., i, j] = k_pos[j] - q_pos[i]`, int64, `(i, j)` or `(b, i, j)`
     "Relative distance $j - i$ (key minus query) for every query/key pair; posenc_lit's one sign convention."
     for name, p in (('q_pos', q_pos), ('k_pos', k_pos)):
         if not isinstance(p, torch.Tensor) or p.dtype not in (torch.int8, torch.int16, torch.int32, torch.int64) or p.ndim not in (1, 2):
             got = f'{p.dtype} tensor of shape {tuple(p.shape)}' if isinstance(p, torch.Tensor) else type(p).__name__
             raise TypeError(f'{name} must be a signed integer tensor of shape (n,) or (b, n); got {got}')
-    return k_pos.unsqueeze(-2) - q_pos.unsqueeze(-1)  # (…, i, j)
+    return k_pos.long().unsqueeze(-2) - q_pos.long().unsqueeze(-1)  # (…, i, j); int64, so narrow inputs cannot wrap
 
 # %% ../nbs/00_core.ipynb #801254e8
 class PositionRangeError(ValueError):

@@ -22,10 +22,18 @@ def length_eval_blocks(stream: torch.Tensor,     # token ids of the evaluation t
                        seed: int = 20_201_130,
                       ) -> dict:                 # n -> (inputs `(m, n)`, labels `(m, n)`, attention_mask `(m, n)` bool)
     "MLM corruption drawn once on `stream`, then cut into `[CLS] … [SEP]` blocks of each length (last one right-padded)."
-    if stream.ndim != 1 or len(stream) == 0: raise ValueError(f'stream must be a non-empty 1-d tensor of token ids; got shape {tuple(stream.shape)}')
-    bad = [n for n in lengths if not isinstance(n, int) or n < 3]
-    if bad: raise ValueError(f'evaluation lengths must be integers ≥ 3 ([CLS], a token, [SEP]); got {bad}')
+    if not isinstance(stream, torch.Tensor) or stream.ndim != 1 or len(stream) == 0 or stream.dtype.is_floating_point:
+        raise ValueError(f'stream must be a non-empty 1-d integer tensor of token ids; got '
+                         f'{f"{stream.dtype} of shape {tuple(stream.shape)}" if isinstance(stream, torch.Tensor) else type(stream).__name__}')
+    if isinstance(lengths, int) or not all(isinstance(n, int) and not isinstance(n, bool) for n in lengths):
+        raise ValueError(f'lengths must be a list of integers, e.g. [128, 256]; got {lengths!r}')
+    lengths = list(dict.fromkeys(lengths))                                   # each length once, in the order given
+    bad = [n for n in lengths if n < 3 or n - 2 > len(stream)]
+    if bad: raise ValueError(f'evaluation lengths must be ≥ 3 ([CLS], a token, [SEP]) and hold at most the {len(stream)} '
+                             f'evaluation tokens (n ≤ {len(stream) + 2}); got {bad}: evaluate more tokens or shorter lengths')
     inputs, labels = (t[0] for t in mask_tokens(stream[None], torch.Generator().manual_seed(seed), vocab_size, mlm_probability))
+    if not (labels != -100).any():
+        raise ValueError(f'no token of the {len(stream)} evaluation tokens was drawn for masking (p={mlm_probability}): evaluate more tokens')
     out = {}
     for n in lengths:
         body, T = n - 2, len(stream)
@@ -48,20 +56,21 @@ def evaluate_lengths(model,                  # an `EncoderForMLM`
                      mlm_probability: float = 0.15, seed: int = 20_201_130,
                     ) -> list:               # one dict per length: length, loss, accuracy, tokens — or length, error
     "Masked-token loss (nats) and accuracy at each block length on the same masked tokens; `error` where the encoding cannot run."
+    blocks = length_eval_blocks(stream, lengths, model.cfg.vocab_size, mlm_probability, seed)
     was_training = model.training; model.eval()
-    dev, res = next(model.parameters()).device, []
-    for n, (x, y, keep) in length_eval_blocks(stream, lengths, model.cfg.vocab_size, mlm_probability, seed).items():
-        bs, sums = max(1, batch_tokens // n), torch.zeros(3, dtype=torch.float64)
-        try:
-            for s in range(0, len(x), bs):
-                xb, yb, kb = x[s:s + bs].to(dev), y[s:s + bs].to(dev), keep[s:s + bs].to(dev)
-                out, sel = model(xb, labels=yb, attention_mask=kb), yb != -100
-                sums += torch.stack([out['loss'].double() * sel.sum(), (out['logits'].argmax(-1) == yb[sel]).sum().double(), sel.sum().double()]).cpu()
-        except PositionRangeError as e:
-            res.append({'length': n, 'error': str(e)}); continue
-        res.append({'length': n, 'loss': (sums[0] / sums[2]).item(), 'accuracy': (sums[1] / sums[2]).item(), 'tokens': int(sums[2])})
-    model.train(was_training)
-    return res
+    try: return [_evaluate_blocks(model, n, x, y, keep, batch_tokens) for n, (x, y, keep) in blocks.items()]
+    finally: model.train(was_training)
+
+def _evaluate_blocks(model, n, x, y, keep, batch_tokens):
+    dev = next(model.parameters()).device
+    bs, sums = max(1, batch_tokens // n), torch.zeros(3, dtype=torch.float64)
+    try:
+        for s in range(0, len(x), bs):
+            xb, yb, kb = x[s:s + bs].to(dev), y[s:s + bs].to(dev), keep[s:s + bs].to(dev)
+            out, sel = model(xb, labels=yb, attention_mask=kb), yb != -100
+            sums += torch.stack([out['loss'].double() * sel.sum(), (out['logits'].argmax(-1) == yb[sel]).sum().double(), sel.sum().double()]).cpu()
+    except PositionRangeError as e: return {'length': n, 'error': str(e)}
+    return {'length': n, 'loss': (sums[0] / sums[2]).item(), 'accuracy': (sums[1] / sums[2]).item(), 'tokens': int(sums[2])}
 
 # %% ../nbs/21_lengths.ipynb #233f1243
 def evaluate_run(run,                        # run directory of `posenc_lit pretrain` (holds `checkpoint/`)
@@ -71,6 +80,7 @@ def evaluate_run(run,                        # run directory of `posenc_lit pret
                  write: bool = True,         # write `lengths.json` into the run directory
                 ) -> dict:                   # {'pe', 'train_seq_len', 'results': [...]} as in `evaluate_lengths`
     "Length generalization of a pretraining run on its corpus' validation split; `CheckpointError` if the run has no checkpoint."
+    if not isinstance(max_tokens, int) or max_tokens < 1: raise ValueError(f'max_tokens must be an integer ≥ 1; got {max_tokens!r}')
     run = Path(run)
     model = load_model(run / 'checkpoint')
     train_cfg = json.loads((run / 'config.json').read_text())

@@ -31,8 +31,13 @@ def rel_index(q_pos: torch.Tensor, # query positions, integer, `(i,)` or `(b, i)
     return rel.clamp(-k, k) + k
 
 # %% ../nbs/03_relative.ipynb #39fe760f
-def _used_rows(idx):  # first and last table row that `idx` uses
-    return int(idx.min()), int(idx.max())
+def _used_rows(idx, table, d=None):  # first and last table row that `idx` uses; checks the table
+    if table.ndim != 2 or (d is not None and table.shape[1] != d):
+        raise ValueError(f'table must be (rows, d) with d = {d} (the last dimension of the queries/keys); got {tuple(table.shape)}')
+    lo, hi = int(idx.min()), int(idx.max())
+    if lo < 0 or hi >= table.shape[0]:
+        raise ValueError(f'rows {lo}..{hi} of a table with {table.shape[0]} rows: build idx with rel_index(…, k) for k = {(table.shape[0] - 1) // 2}')
+    return lo, hi
 
 def rel_scores(x: torch.Tensor,     # queries `(b, h, i, d)` (side='query') or keys `(b, h, j, d)` (side='key')
                table: torch.Tensor, # relative vectors `(2k+1, d)`, row r = distance r - k
@@ -42,7 +47,8 @@ def rel_scores(x: torch.Tensor,     # queries `(b, h, i, d)` (side='query') or k
     "Relative term $x_i\\cdot a_{ij}$ or $x_j\\cdot a_{ij}$ through `x @ Eᵀ` over the distinct rows and a gather; no `(i, j, d)` tensor."
     if side not in ('query', 'key'): raise ValueError(f"side must be 'query' or 'key'; got {side!r}")
     idx = idx if idx.ndim == 3 else idx[None]                          # (b|1, i, j)
-    lo, hi = _used_rows(idx)
+    if idx.numel() == 0: return x.new_zeros(x.shape[0], x.shape[1], idx.shape[-2], idx.shape[-1])  # an empty sequence
+    lo, hi = _used_rows(idx, table, x.shape[-1])
     s = x @ table[lo:hi + 1].to(x.dtype).T                             # (b, h, n, r): one dot per distinct distance
     ix = (idx - lo) if side == 'query' else (idx - lo).transpose(-1, -2)  # (b|1, i, j) or (b|1, j, i)
     ix = ix[:, None].expand(s.shape[0], s.shape[1], s.shape[2], ix.shape[-1])
@@ -56,7 +62,8 @@ def rel_values(probs: torch.Tensor,  # attention probabilities `(b, h, i, j)`
               ) -> torch.Tensor:     # `(b, h, i, d_v)`, probs' dtype
     "$\\sum_j \\alpha_{ij}\\, a^V_{ij}$ (Shaw et al. 2018, eq. 3) by summing probabilities per distance, then one matmul."
     idx = idx if idx.ndim == 3 else idx[None]
-    lo, hi = _used_rows(idx)
+    if idx.numel() == 0: return probs.new_zeros(*probs.shape[:3], table.shape[-1])   # no keys (or no queries)
+    lo, hi = _used_rows(idx, table)
     ix = (idx - lo)[:, None].expand_as(probs)                                     # (b, h, i, j)
     per_row = probs.new_zeros(*probs.shape[:3], hi - lo + 1).scatter_add_(-1, ix, probs)  # (b, h, i, r)
     return per_row @ table[lo:hi + 1].to(probs.dtype)                              # (b, h, i, d_v)
@@ -80,6 +87,8 @@ class RelativeVectors(PositionEncoding):
         for name, flag in (('clip', clip), ('query_term', query_term), ('key_term', key_term), ('values', values), ('share_layers', share_layers)):
             if not isinstance(flag, bool): raise ValueError(f'{name} must be true or false; got {flag!r}')
         if not (query_term or key_term or values): raise ValueError('enable at least one of query_term, key_term, values')
+        if not isinstance(init_std, (int, float)) or isinstance(init_std, bool) or not 0 <= init_std < math.inf:
+            raise ValueError(f'init_std must be a finite number ≥ 0; got {init_std!r}')
         self.k, self.clip, self.query_term, self.key_term, self.share_layers = k, clip, query_term, key_term, share_layers
         self.n_layers = n_layers
         def tables(): return nn.ParameterList(nn.Parameter(torch.randn(2 * k + 1, d_head) * init_std)
@@ -132,5 +141,8 @@ def _shaw(cfg): return Shaw(cfg.d_model // cfg.n_heads, cfg.n_layers, **cfg.pe_k
 @register_encoding('huang4', 'score', 'relative vectors meeting query and key, (q·k + q·a + k·a)/sqrt(d) (HF relative_key_query)',
                    'Huang et al. 2020, §3, method 4')
 def _huang4(cfg):
+    if 'k' not in cfg.pe_kwargs and cfg.max_position_embeddings < 2:
+        raise ValueError(f'huang4 uses k = max_position_embeddings - 1 by default, which needs max_position_embeddings ≥ 2 '
+                         f'(got {cfg.max_position_embeddings}); or pass k in pe_kwargs')
     kw = {'k': cfg.max_position_embeddings - 1, **cfg.pe_kwargs}
     return HuangMethod4(cfg.d_model // cfg.n_heads, cfg.n_layers, **kw)

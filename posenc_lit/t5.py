@@ -21,8 +21,8 @@ def _check_buckets(bidirectional, num_buckets, max_distance):
         raise ValueError(f'bidirectional buckets are split in two halves (before/after the query), so num_buckets must be '
                          f'even; got {num_buckets} (use {num_buckets + 1} or {num_buckets - 1})')
     if not isinstance(bidirectional, bool): raise ValueError(f'bidirectional must be true or false; got {bidirectional!r}')
-    if not isinstance(max_distance, (int, float)) or isinstance(max_distance, bool):
-        raise ValueError(f'max_distance must be a number of tokens; got {max_distance!r}')
+    if not isinstance(max_distance, (int, float)) or isinstance(max_distance, bool) or not max_distance < math.inf:
+        raise ValueError(f'max_distance must be a finite number of tokens; got {max_distance!r}')
     max_exact = (num_buckets // 2 if bidirectional else num_buckets) // 2
     if not max_distance > max_exact:
         raise ValueError(f'max_distance={max_distance} must be larger than the exact range (distances below {max_exact} '
@@ -37,6 +37,9 @@ def t5_bucket(rel: torch.Tensor,           # relative distances j - i, integer, 
              ) -> torch.Tensor:            # bucket ids in `[0, num_buckets)`, int64, shape of `rel`
     "T5's relative-position bucket of each distance $j-i$ (Raffel et al. 2020, §2.1; HF `T5Attention._relative_position_bucket`)."
     max_exact = _check_buckets(bidirectional, num_buckets, max_distance)
+    if not isinstance(rel, torch.Tensor) or rel.dtype.is_floating_point or rel.dtype.is_complex or rel.dtype == torch.bool:
+        raise ValueError(f'rel must be an integer tensor of distances j - i (e.g. from rel_pos); got '
+                         f'{rel.dtype if isinstance(rel, torch.Tensor) else type(rel).__name__}')
     rel = rel.long()
     if bidirectional:
         num_buckets //= 2
@@ -58,6 +61,8 @@ class T5RelativeBias(PositionEncoding):
         super().__init__()
         _check_buckets(bidirectional, num_buckets, max_distance)
         if not isinstance(scale_content, bool): raise ValueError(f'scale_content must be true or false; got {scale_content!r}')
+        if not isinstance(init_std, (int, float)) or isinstance(init_std, bool) or not 0 <= init_std < math.inf:
+            raise ValueError(f'init_std must be a finite number ≥ 0; got {init_std!r}')
         self.num_buckets, self.max_distance, self.bidirectional, self.scale_content = num_buckets, max_distance, bidirectional, scale_content
         self.weight = nn.Parameter(torch.randn(num_buckets, n_heads) * init_std)    # (num_buckets, h)
 
