@@ -57,7 +57,7 @@ class LearnedEncoding(PositionEncoding):
             raise PositionRangeError(f'position {hi if hi >= self.max_len else lo} is outside the learned position table '
                              f'(max_position_embeddings={self.max_len}, valid positions 0..{self.max_len - 1}): use '
                              f'sequences of at most {self.max_len} tokens, a larger max_position_embeddings, or an '
-                             f'encoding without a maximum length (sinusoidal, none)')
+                             f'encoding without a maximum length (sinusoidal, none, t5, or shaw/huang4 with clip=true)')
         return self.weight[pos]
 
 # %% ../nbs/02_absolute.ipynb #a1588e7c

@@ -26,7 +26,7 @@ _TRAIN_FLAGS = [  # (flag, type, help) — each overrides the preset's value
     ('--grad-accum', int, 'micro-steps per optimizer step'), ('--warmup', float, 'warm-up fraction of steps'),
     ('--d-model', int, 'model width D'), ('--n-layers', int, 'layers'), ('--n-heads', int, 'heads'),
     ('--d-ff', int, 'feed-forward width'), ('--dropout', float, 'dropout'),
-    ('--max-position-embeddings', int, 'size of learned position tables'),
+    ('--max-position-embeddings', int, "size of learned position tables (and huang4's default k = this - 1)"),
     ('--eval-every', int, 'steps between evaluations'), ('--eval-blocks', int, 'validation blocks evaluated (0 = all)'),
     ('--log-every', int, 'steps between training-loss records'), ('--save-every', int, 'steps between checkpoints'),
     ('--seed', int, 'random seed'), ('--data', str, "corpus: 'default', a local folder, or a hub dataset name[:config]"),
@@ -68,7 +68,7 @@ def cmd_pretrain(args) -> int:
 def _add_lengths(sub):
     p = sub.add_parser('lengths', help='evaluate a pretrained run at longer sequence lengths',
                        description='Masked-token loss of a pretraining run at several block lengths, on the same masked '
-                                   'validation tokens at every length; writes lengths.json into the run directory.')
+                                   'validation tokens at every length; writes (replaces) lengths.json in the run directory.')
     p.add_argument('--run', required=True, help='run directory written by `posenc_lit pretrain`')
     p.add_argument('--lengths', type=int, nargs='+', default=[128, 256, 512, 1024], help='block lengths in tokens (default: 128 256 512 1024)')
     p.add_argument('--max-tokens', type=int, default=65536, help='validation tokens evaluated (default: 65536)')
@@ -79,7 +79,9 @@ def cmd_lengths(args) -> int:
     from posenc_lit.lengths import evaluate_run
     if args.max_tokens < 1: raise ValueError(f'--max-tokens must be ≥ 1; got {args.max_tokens}')
     res = evaluate_run(args.run, args.lengths, args.max_tokens)
-    print(f"{res['pe']} (trained on {res['train_seq_len']}-token blocks), {res['eval_tokens']} validation tokens:")
+    kw = f" {json.dumps(res['pe_kwargs'])}" if res['pe_kwargs'] else ''
+    print(f"{res['pe']}{kw} (trained on {res['train_seq_len']}-token blocks), {res['eval_tokens']} validation tokens:")
+    if not res['finished']: print(f"  note: the run has not finished; this evaluates its checkpoint at step {res['checkpoint_step']}")
     for r in res['results']:
         print(f"  n={r['length']:>5}: " + (f"loss {r['loss']:.4f}  accuracy {r['accuracy']:.4f}" if 'loss' in r else f"cannot run: {r['error']}"))
     return 0

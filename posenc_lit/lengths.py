@@ -73,20 +73,28 @@ def _evaluate_blocks(model, n, x, y, keep, batch_tokens):
     return {'length': n, 'loss': (sums[0] / sums[2]).item(), 'accuracy': (sums[1] / sums[2]).item(), 'tokens': int(sums[2])}
 
 # %% ../nbs/21_lengths.ipynb #233f1243
+def _checkpoint_step(run: Path):
+    f = run / 'checkpoint' / 'trainer_state.json'
+    return json.loads(f.read_text()).get('step') if f.is_file() else None
+
 def evaluate_run(run,                        # run directory of `posenc_lit pretrain` (holds `checkpoint/`)
                  lengths=(128, 256, 512, 1024),
                  max_tokens: int = 65536,    # validation tokens evaluated (the first ones)
                  batch_tokens: int = 16384,
                  write: bool = True,         # write `lengths.json` into the run directory
-                ) -> dict:                   # {'pe', 'train_seq_len', 'results': [...]} as in `evaluate_lengths`
+                ) -> dict:                   # {'pe', 'pe_kwargs', 'train_seq_len', 'finished', 'checkpoint_step', 'eval_tokens', 'results'}
     "Length generalization of a pretraining run on its corpus' validation split; `CheckpointError` if the run has no checkpoint."
     if not isinstance(max_tokens, int) or max_tokens < 1: raise ValueError(f'max_tokens must be an integer ≥ 1; got {max_tokens!r}')
     run = Path(run)
+    if not (run / 'config.json').is_file():
+        raise ValueError(f'{run} is not a pretraining run: expected the folder given to `posenc_lit pretrain --out`, '
+                         f'holding config.json and checkpoint/')
     model = load_model(run / 'checkpoint')
     train_cfg = json.loads((run / 'config.json').read_text())
     tok = load_tokenizer(run / 'checkpoint' / 'tokenizer.json')
     stream = torch.from_numpy(_stream(load_corpus(train_cfg['data'])['validation'], tok))[:max_tokens]
     res = {'pe': train_cfg['pe'], 'pe_kwargs': train_cfg['pe_kwargs'], 'train_seq_len': train_cfg['seq_len'],
+           'finished': (run / 'summary.json').is_file(), 'checkpoint_step': _checkpoint_step(run),
            'eval_tokens': len(stream),
            'results': evaluate_lengths(model, stream, list(lengths), batch_tokens, train_cfg['mlm_probability'])}
     if write: atomic_write(run / 'lengths.json', lambda t: Path(t).write_text(json.dumps(res, indent=2)))

@@ -27,7 +27,8 @@ def rel_index(q_pos: torch.Tensor, # query positions, integer, `(i,)` or `(b, i)
     if not clip and rel.numel() and int(rel.abs().max()) > k:
         raise PositionRangeError(
             f'relative distance {int(rel.abs().max())} is outside the table of distances -{k}..{k} and clip=False: '
-            f'use query and key positions at most {k} apart, a larger table (k ≥ {int(rel.abs().max())}), or clip=True')
+            f'use query and key positions at most {k} apart (sequences of at most {k + 1} tokens), a larger table '
+            f'(k ≥ {int(rel.abs().max())}), or clip=True')
     return rel.clamp(-k, k) + k
 
 # %% ../nbs/03_relative.ipynb #39fe760f
@@ -125,13 +126,17 @@ def value_terms(self: RelativeVectors, ctx, attn):
     return [lambda probs: rel_values(probs, a_v, idx)]
 
 # %% ../nbs/03_relative.ipynb #d7f91a99
-def Shaw(d_head: int, n_layers: int, k: int = 16, clip: bool = True, values: bool = True, **kw) -> RelativeVectors:
+def Shaw(d_head: int, n_layers: int, k: int = 16, clip: bool = True, values: bool = True,
+         share_layers: bool = False, init_std: float = 0.02) -> RelativeVectors:
     "Shaw et al. 2018 (eq. 3–4): relative keys $q_i\\cdot a^K_{ij}$ and values $a^V_{ij}$, clipped at `k` (16 in the paper)."
-    return RelativeVectors(d_head, n_layers, k, clip, query_term=True, key_term=False, values=values, **kw)
+    return RelativeVectors(d_head, n_layers, k, clip, query_term=True, key_term=False, values=values,
+                           share_layers=share_layers, init_std=init_std)
 
-def HuangMethod4(d_head: int, n_layers: int, k: int, clip: bool = True, **kw) -> RelativeVectors:
+def HuangMethod4(d_head: int, n_layers: int, k: int, clip: bool = True,
+                 share_layers: bool = False, init_std: float = 0.02) -> RelativeVectors:
     "Huang et al. 2020, method 4: $(q_i\\cdot k_j + q_i\\cdot a_{ij} + k_j\\cdot a_{ij})/\\sqrt d$; HF's `relative_key_query` with `k = max_position_embeddings - 1`."
-    return RelativeVectors(d_head, n_layers, k, clip, query_term=True, key_term=True, values=False, **kw)
+    return RelativeVectors(d_head, n_layers, k, clip, query_term=True, key_term=True, values=False,
+                           share_layers=share_layers, init_std=init_std)
 
 # %% ../nbs/03_relative.ipynb #a279b035
 @register_encoding('shaw', 'score', 'relative keys and values, learned vectors per distance clipped at k (default 16)',
