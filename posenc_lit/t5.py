@@ -15,12 +15,12 @@ __all__ = ['t5_bucket', 'T5RelativeBias']
 
 # %% ../nbs/04_t5.ipynb #c72c57e1
 def _check_buckets(bidirectional, num_buckets, max_distance):
+    if not isinstance(bidirectional, bool): raise ValueError(f'bidirectional must be true or false; got {bidirectional!r}')
     if not isinstance(num_buckets, int) or isinstance(num_buckets, bool) or num_buckets < (4 if bidirectional else 2):
         raise ValueError(f'num_buckets must be an integer ≥ {4 if bidirectional else 2}; got {num_buckets!r}')
     if bidirectional and num_buckets % 2:
         raise ValueError(f'bidirectional buckets are split in two halves (before/after the query), so num_buckets must be '
                          f'even; got {num_buckets} (use {num_buckets + 1} or {num_buckets - 1})')
-    if not isinstance(bidirectional, bool): raise ValueError(f'bidirectional must be true or false; got {bidirectional!r}')
     if not isinstance(max_distance, (int, float)) or isinstance(max_distance, bool) or not max_distance < math.inf:
         raise ValueError(f'max_distance must be a finite number of tokens; got {max_distance!r}')
     max_exact = (num_buckets // 2 if bidirectional else num_buckets) // 2
