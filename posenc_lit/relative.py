@@ -32,16 +32,17 @@ def rel_index(q_pos: torch.Tensor, # query positions, integer, `(i,)` or `(b, i)
     return rel.clamp(-k, k) + k
 
 # %% ../nbs/03_relative.ipynb #39fe760f
-def _used_rows(idx, table, d=None):  # first and last table row that `idx` uses; checks the table
-    if table.ndim != 2 or (d is not None and table.shape[1] != d):
-        raise ValueError(f'table must be (rows, d) with d = {d} (the last dimension of the queries/keys); got {tuple(table.shape)}')
-    lo, hi = int(idx.min()), int(idx.max())
-    if lo < 0 or hi >= table.shape[0]:
-        raise ValueError(f'rows {lo}..{hi} of a table with {table.shape[0]} rows: build idx with rel_index(…, k) for k = {(table.shape[0] - 1) // 2}')
+def _used_rows(idx, table, d=None, h=None):  # first and last table row that `idx` uses; checks the table
+    if table.ndim not in (2, 3) or (d is not None and table.shape[-1] != d) or (table.ndim == 3 and h is not None and table.shape[0] != h):
+        raise ValueError(f'table must be (rows, d) or per head (h, rows, d) with h = {h}, d = {d} (from the queries/keys); '
+                         f'got {tuple(table.shape)}')
+    lo, hi, rows = int(idx.min()), int(idx.max()), table.shape[-2]
+    if lo < 0 or hi >= rows:
+        raise ValueError(f'rows {lo}..{hi} of a table with {rows} rows: build idx with rel_index(…, k) for k = {(rows - 1) // 2}')
     return lo, hi
 
 def rel_scores(x: torch.Tensor,     # queries `(b, h, i, d)` (side='query') or keys `(b, h, j, d)` (side='key')
-               table: torch.Tensor, # relative vectors `(2k+1, d)`, row r = distance r - k
+               table: torch.Tensor, # relative vectors `(2k+1, d)` shared by the heads (row r = distance r - k), or per head `(h, rows, d)`
                idx: torch.Tensor,   # rows from `rel_index`, `(i, j)` or `(b|1, i, j)`
                side: str = 'query', # 'query': x_i · a_ij; 'key': x_j · a_ij
               ) -> torch.Tensor:    # `(b, h, i, j)`, x's dtype
@@ -49,8 +50,8 @@ def rel_scores(x: torch.Tensor,     # queries `(b, h, i, d)` (side='query') or k
     if side not in ('query', 'key'): raise ValueError(f"side must be 'query' or 'key'; got {side!r}")
     idx = idx if idx.ndim == 3 else idx[None]                          # (b|1, i, j)
     if idx.numel() == 0: return x.new_zeros(x.shape[0], x.shape[1], idx.shape[-2], idx.shape[-1])  # an empty sequence
-    lo, hi = _used_rows(idx, table, x.shape[-1])
-    s = x @ table[lo:hi + 1].to(x.dtype).T                             # (b, h, n, r): one dot per distinct distance
+    lo, hi = _used_rows(idx, table, x.shape[-1], x.shape[1])
+    s = x @ table[..., lo:hi + 1, :].to(x.dtype).transpose(-1, -2)     # (b, h, n, r): one dot per distinct distance
     ix = (idx - lo) if side == 'query' else (idx - lo).transpose(-1, -2)  # (b|1, i, j) or (b|1, j, i)
     ix = ix[:, None].expand(s.shape[0], s.shape[1], s.shape[2], ix.shape[-1])
     t = s.gather(-1, ix)                                               # (b, h, i, j) or (b, h, j, i)
