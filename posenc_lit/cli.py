@@ -27,6 +27,7 @@ _TRAIN_FLAGS = [  # (flag, type, help) — each overrides the preset's value
     ('--d-model', int, 'model width D'), ('--n-layers', int, 'layers'), ('--n-heads', int, 'heads'),
     ('--d-ff', int, 'feed-forward width'), ('--dropout', float, 'dropout'),
     ('--max-position-embeddings', int, "size of learned position tables (and huang4's default k = this - 1)"),
+    ('--emd-steps', int, 'Enhanced Mask Decoder passes of the last layer for the MLM head (DeBERTa: 2; default 0 = off)'),
     ('--eval-every', int, 'steps between evaluations'), ('--eval-blocks', int, 'validation blocks evaluated (0 = all)'),
     ('--log-every', int, 'steps between training-loss records'), ('--save-every', int, 'steps between checkpoints'),
     ('--seed', int, 'random seed'), ('--data', str, "corpus: 'default', a local folder, or a hub dataset name[:config]"),

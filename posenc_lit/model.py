@@ -17,8 +17,9 @@ from .attention import *
 from .absolute import four_terms
 
 # %% auto #0
-__all__ = ['ModelConfig', 'Embeddings', 'EncoderLayer', 'Encoder', 'EncoderForMLM', 'padding_invariance_error', 'CheckpointError',
-           'save_model', 'load_config', 'load_model', 'four_term_scores', 'count_parameters']
+__all__ = ['ModelConfig', 'Embeddings', 'EncoderLayer', 'Encoder', 'EnhancedMaskDecoder', 'EncoderForMLM',
+           'padding_invariance_error', 'CheckpointError', 'save_model', 'load_config', 'load_model', 'four_term_scores',
+           'count_parameters']
 
 # %% ../nbs/10_model.ipynb #14ec465d
 @dataclass
@@ -39,6 +40,7 @@ class ModelConfig:
     pad_token_id: int = 0
     initializer_range: float = 0.02
     fast_attention: bool = True         # SDPA path; False: the manual path
+    emd_steps: int = 0                  # Enhanced Mask Decoder passes of the last layer for the MLM head (DeBERTa: 2); 0 = off
 
     def __post_init__(self):
         for f in ('vocab_size', 'd_model', 'n_layers', 'n_heads', 'd_ff', 'max_position_embeddings'):
@@ -52,6 +54,8 @@ class ModelConfig:
             raise ValueError(f'd_model={self.d_model} must be divisible by n_heads={self.n_heads}')
         for f in ('dropout', 'attn_dropout'):
             if not 0 <= getattr(self, f) < 1: raise ValueError(f'{f} must be in [0, 1); got {getattr(self, f)}')
+        if not isinstance(self.emd_steps, int) or isinstance(self.emd_steps, bool) or self.emd_steps < 0:
+            raise ValueError(f'emd_steps must be an integer ≥ 0 (0: no Enhanced Mask Decoder; DeBERTa uses 2); got {self.emd_steps!r}')
         spec = get_encoding(self.pe)  # unknown names fail here, listing the valid ones
         try:                          # so do options the encoding does not accept (built once, RNG left untouched)
             with torch.random.fork_rng(devices=[]): spec.factory(self)
@@ -103,8 +107,8 @@ class EncoderLayer(nn.Module):
         self.ffn_ln = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.drop, self.fast = nn.Dropout(cfg.dropout), cfg.fast_attention
 
-    def forward(self, x, mask, pe, ctx, return_probs=False):
-        a = self.attn(x, mask=mask, pe=pe, ctx=ctx, return_probs=return_probs, fast=self.fast)
+    def forward(self, x, mask, pe, ctx, return_probs=False, kv=None):  # kv: keys' states (default x); the residual is x
+        a = self.attn(x, mask=mask, pe=pe, ctx=ctx, kv=kv, return_probs=return_probs, fast=self.fast)
         a, probs = a if return_probs else (a, None)
         x = self.attn_ln(x + self.drop(a))                                       # (b, n, D)
         x = self.ffn_ln(x + self.drop(self.ffn(x)))                              # (b, n, D)
@@ -150,18 +154,37 @@ def forward(self: Encoder,
             attention_mask: torch.Tensor | None = None, # `(b, n)`, bool or 0/1; True/1 = real token
             position_ids: torch.Tensor | None = None,   # `(b, n)`, `(1, n)` or `(n,)`, 0-based; default `0 … n-1`
             token_type_ids: torch.Tensor | None = None, # `(b, n)` segment ids, if `type_vocab_size > 0`
-            output_attentions: bool = False):           # also return each layer's probabilities (manual path)
-    "Encode `input_ids`; `ValueError` for malformed inputs or positions outside a learned table."
+            output_attentions: bool = False,            # also return each layer's probabilities (manual path)
+            n_layers: int | None = None):               # run only the first `n_layers` layers (the Enhanced Mask Decoder)
+    "Encode `input_ids`; `ValueError` for malformed inputs or positions outside a learned table. Also returns `pos`, `mask`, `ctx`."
     _check_inputs(input_ids, attention_mask, position_ids, token_type_ids)
     pos = self.positions(input_ids, position_ids)
     mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]   # (b, 1, 1, j)
     ctx = self.pe.prepare(pos, pos)                      # once per forward, shared by all layers
     x = self.embeddings(input_ids, pos, self.pe, token_type_ids)                          # (b, n, D)
     attentions = [] if output_attentions else None
-    for layer in self.layers:
+    for layer in self.layers[:n_layers]:
         x, probs = layer(x, mask, self.pe, ctx, return_probs=output_attentions)
         if output_attentions: attentions.append(probs)
-    return {'hidden_states': x, 'attentions': attentions}
+    return {'hidden_states': x, 'attentions': attentions, 'pos': pos, 'mask': mask, 'ctx': ctx}
+
+# %% ../nbs/10_model.ipynb #ef84e02f
+class EnhancedMaskDecoder(nn.Module):
+    "DeBERTa's Enhanced Mask Decoder (He et al. 2021, §3.3; the reference code's `EnhancedMaskDecoder`): the last layer re-run with queries H + z."
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.steps, self.max_len = cfg.emd_steps, cfg.max_position_embeddings
+        self.pos = nn.Embedding(cfg.max_position_embeddings, cfg.d_model)           # z: absolute positions
+
+    def forward(self, layer: EncoderLayer, h, pos, mask, pe, ctx):  # h: (b, n, D), the last layer's input
+        "`(b, n, D)` states for the MLM head; `PositionRangeError` for positions outside the table."
+        if pos.numel() and (int(pos.min()) < 0 or int(pos.max()) >= self.max_len):
+            raise PositionRangeError(f'position {int(pos.max())} is outside the Enhanced Mask Decoder\'s absolute position table '
+                                     f'(max_position_embeddings={self.max_len}): use sequences of at most {self.max_len} tokens, a larger '
+                                     f'max_position_embeddings, or emd_steps=0')
+        q = h + self.pos(pos).to(h.dtype)                                          # (b, n, D): queries H + z
+        for _ in range(self.steps): q = layer(q, mask, pe, ctx, kv=h)[0]           # keys and values: H
+        return q
 
 # %% ../nbs/10_model.ipynb #fc05c170
 class EncoderForMLM(nn.Module):
@@ -171,6 +194,7 @@ class EncoderForMLM(nn.Module):
         self.cfg, self.encoder = cfg, Encoder(cfg)
         self.head = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_model), nn.GELU(), nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps))
         self.decoder_bias = nn.Parameter(torch.zeros(cfg.vocab_size))
+        self.emd = EnhancedMaskDecoder(cfg) if cfg.emd_steps else None
         self.apply(self._init_weights)
 
     def _init_weights(self, m):
@@ -190,7 +214,10 @@ def forward(self: EncoderForMLM,
             labels: torch.Tensor | None = None,       # `(b, n)` original ids at masked positions, −100 elsewhere
             **kw):                                    # `attention_mask`, `position_ids`, … as for `Encoder`
     "Dict with `hidden_states`, `attentions`, `logits` (`(b, n, V)`, or `(m, V)` at the m masked positions when `labels` are given) and `loss`."
-    out = self.encoder(input_ids, **kw)
+    if self.emd is None: out = self.encoder(input_ids, **kw)
+    else:                                          # the encoder without its last layer, then the decoder
+        out = self.encoder(input_ids, n_layers=self.cfg.n_layers - 1, **kw)
+        out['hidden_states'] = self.emd(self.encoder.layers[-1], out['hidden_states'], out['pos'], out['mask'], self.encoder.pe, out['ctx'])
     h = out['hidden_states']
     if labels is None: return {**out, 'logits': self.logits(h), 'loss': None}
     if labels.shape != input_ids.shape:

@@ -42,6 +42,7 @@ class TrainConfig:
     d_ff: int = 512
     dropout: float = 0.1
     max_position_embeddings: int = 512
+    emd_steps: int = 0              # Enhanced Mask Decoder passes for the MLM head (DeBERTa: 2); 0 = off
     eval_every: int = 250           # steps between evaluations (and at the end)
     eval_blocks: int = 512          # validation blocks evaluated (a fixed subset; 0 = all)
     log_every: int = 25             # steps between training-loss records
@@ -82,7 +83,7 @@ def model_config(cfg: TrainConfig, vocab_size: int) -> ModelConfig:
     return ModelConfig(vocab_size=vocab_size, d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
                        d_ff=cfg.d_ff, max_position_embeddings=cfg.max_position_embeddings, pe=cfg.pe,
                        pe_kwargs=dict(cfg.pe_kwargs), dropout=cfg.dropout, attn_dropout=cfg.dropout,
-                       pad_token_id=SPECIAL_TOKENS['[PAD]'])
+                       pad_token_id=SPECIAL_TOKENS['[PAD]'], emd_steps=cfg.emd_steps)
 
 # %% ../nbs/12_training.ipynb #0cd7dade
 @functools.lru_cache(maxsize=2)
@@ -171,6 +172,7 @@ def _prepare_run_dir(out: Path, cfg: TrainConfig, resume: bool):
         if f.is_file():
             try: old = json.loads(f.read_text())
             except json.JSONDecodeError as e: raise RunDirError(f'{f} is not valid JSON ({e}); the run directory is damaged') from None
+            old = {**json.loads(json.dumps(asdict(TrainConfig()))), **old}   # options added since the run was saved: their defaults
             if old != json.loads(json.dumps(asdict(cfg))):
                 diff = {k: (old.get(k), v) for k, v in asdict(cfg).items() if old.get(k) != v}
                 raise RunDirError(f'{out} holds a run with another configuration (saved, asked): {diff}; use another --out')
