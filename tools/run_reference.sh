@@ -1,21 +1,36 @@
 #!/usr/bin/env bash
-# The reference pretraining study: one run per encoding with the `reference` preset, resumable.
-# Each run resumes from runs/reference/<pe>/checkpoint if interrupted; a finished run is skipped.
-# When a run finishes, its config.json, metrics.jsonl and summary.json are copied to results/pretraining/<pe>/, its
+# The reference pretraining study: one run per study entry with the `reference` preset, resumable.
+# Each run resumes from runs/reference/<name>/checkpoint if interrupted; a finished run is skipped.
+# When a run finishes, its config.json, metrics.jsonl and summary.json are copied to results/pretraining/<name>/, its
 # length generalization is measured (lengths.json; 21_lengths) and tools/inspect_run.py saves attention maps and the
 # learned position parameters (inspect.safetensors) — all committed; the 20_pretraining and 21_lengths notebooks read them.
-# Usage: bash tools/run_reference.sh [pe ...]   (default: every encoding of the study)
+# Usage: bash tools/run_reference.sh [name ...]   (default: every entry of the study, in the order below)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-pes=("${@:-learned sinusoidal none t5 shaw huang4}")
-for pe in ${pes[@]}; do
-  run=runs/reference/$pe
-  posenc_lit pretrain --pe "$pe" --preset reference --out "$run" --resume --quiet
-  mkdir -p results/pretraining/$pe
-  cp "$run/config.json" "$run/metrics.jsonl" "$run/summary.json" results/pretraining/$pe/
+
+# study entry -> pretrain options (an encoding name alone runs that encoding with its defaults)
+args_for() {
+  case "$1" in
+    tupe-a-tiecls)  echo "--pe tupe-a --pe-kwargs {\"untie_cls\":false}" ;;        # TUPE's tie-cls ablation
+    deberta)        echo "--pe deberta --emd-steps 2" ;;                            # DeBERTa: c2p + p2c + EMD
+    deberta-noemd)  echo "--pe deberta" ;;                                          # −EMD
+    deberta-noc2p)  echo "--pe deberta --emd-steps 2 --pe-kwargs {\"pos_att_type\":[\"p2c\"]}" ;;   # −C2P
+    deberta-nop2c)  echo "--pe deberta --emd-steps 2 --pe-kwargs {\"pos_att_type\":[\"c2p\"]}" ;;   # −P2C
+    *)              echo "--pe $1" ;;
+  esac
+}
+
+study=(learned sinusoidal none t5 huang4 shaw tupe-a tupe-r tupe-a-tiecls deberta deberta-noemd deberta-noc2p deberta-nop2c)
+names=("${@:-${study[@]}}")
+for name in "${names[@]}"; do
+  run=runs/reference/$name
+  # shellcheck disable=SC2046
+  posenc_lit pretrain $(args_for "$name") --preset reference --out "$run" --resume --quiet
+  mkdir -p results/pretraining/$name
+  cp "$run/config.json" "$run/metrics.jsonl" "$run/summary.json" results/pretraining/$name/
   posenc_lit lengths --run "$run"
-  cp "$run/lengths.json" results/pretraining/$pe/
-  python tools/inspect_run.py "$run" results/pretraining/$pe
-  echo "finished $pe: $(cat results/pretraining/$pe/summary.json | tr -d '\n ')"
+  cp "$run/lengths.json" results/pretraining/$name/
+  python tools/inspect_run.py "$run" results/pretraining/$name
+  echo "finished $name: $(tr -d '\n ' < results/pretraining/$name/summary.json)"
 done
