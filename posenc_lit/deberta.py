@@ -36,6 +36,9 @@ def deberta_delta(rel: torch.Tensor, # DeBERTa relative positions i - j (maybe b
                  ) -> torch.Tensor:  # rows `clamp(i - j + k, 0, 2k - 1)`, shape of `rel`
     "Row $\\delta(i,j)$ of the relative table $P$ for each distance $i-j$ (He et al. 2021, eq. 3)."
     _check_span(k)
+    if not isinstance(rel, torch.Tensor) or rel.dtype.is_floating_point or rel.dtype.is_complex or rel.dtype in (torch.bool, torch.uint8):
+        raise ValueError(f'rel must be a signed integer tensor of relative positions i - j; got '
+                         f'{rel.dtype if isinstance(rel, torch.Tensor) else type(rel).__name__}')
     return (rel.long() + k).clamp(0, 2 * k - 1)
 
 # %% ../nbs/06_deberta.ipynb #a289c269

@@ -158,6 +158,8 @@ def forward(self: Encoder,
             n_layers: int | None = None):               # run only the first `n_layers` layers (the Enhanced Mask Decoder)
     "Encode `input_ids`; `ValueError` for malformed inputs or positions outside a learned table. Also returns `pos`, `mask`, `ctx`."
     _check_inputs(input_ids, attention_mask, position_ids, token_type_ids)
+    if n_layers is not None and (not isinstance(n_layers, int) or isinstance(n_layers, bool) or not 0 <= n_layers <= len(self.layers)):
+        raise ValueError(f'n_layers must be an integer in 0..{len(self.layers)} (the layers to run); got {n_layers!r}')
     pos = self.positions(input_ids, position_ids)
     mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]   # (b, 1, 1, j)
     ctx = self.pe.prepare(pos, pos)                      # once per forward, shared by all layers
@@ -179,7 +181,7 @@ class EnhancedMaskDecoder(nn.Module):
     def forward(self, layer: EncoderLayer, h, pos, mask, pe, ctx):  # h: (b, n, D), the last layer's input
         "`(b, n, D)` states for the MLM head; `PositionRangeError` for positions outside the table."
         if pos.numel() and (int(pos.min()) < 0 or int(pos.max()) >= self.max_len):
-            raise PositionRangeError(f'position {int(pos.max())} is outside the Enhanced Mask Decoder\'s absolute position table '
+            raise PositionRangeError(f'position {int(pos.min()) if int(pos.min()) < 0 else int(pos.max())} is outside the Enhanced Mask Decoder\'s absolute position table '
                                      f'(max_position_embeddings={self.max_len}): use sequences of at most {self.max_len} tokens, a larger '
                                      f'max_position_embeddings, or emd_steps=0')
         q = h + self.pos(pos).to(h.dtype)                                          # (b, n, D): queries H + z
@@ -214,6 +216,7 @@ def forward(self: EncoderForMLM,
             labels: torch.Tensor | None = None,       # `(b, n)` original ids at masked positions, −100 elsewhere
             **kw):                                    # `attention_mask`, `position_ids`, … as for `Encoder`
     "Dict with `hidden_states`, `attentions`, `logits` (`(b, n, V)`, or `(m, V)` at the m masked positions when `labels` are given) and `loss`."
+    if self.emd is not None and 'n_layers' in kw: raise ValueError('n_layers cannot be set: the Enhanced Mask Decoder runs the last layer')
     if self.emd is None: out = self.encoder(input_ids, **kw)
     else:                                          # the encoder without its last layer, then the decoder
         out = self.encoder(input_ids, n_layers=self.cfg.n_layers - 1, **kw)

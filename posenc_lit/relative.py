@@ -49,6 +49,9 @@ def rel_scores(x: torch.Tensor,     # queries `(b, h, i, d)` (side='query') or k
     "Relative term $x_i\\cdot a_{ij}$ or $x_j\\cdot a_{ij}$ through `x @ Eᵀ` over the distinct rows and a gather; no `(i, j, d)` tensor."
     if side not in ('query', 'key'): raise ValueError(f"side must be 'query' or 'key'; got {side!r}")
     idx = idx if idx.ndim == 3 else idx[None]                          # (b|1, i, j)
+    if idx.shape[-2 if side == 'query' else -1] != x.shape[2]:
+        raise ValueError(f'idx {tuple(idx.shape)} is (b|1, i, j) for {idx.shape[-2]} queries and {idx.shape[-1]} keys, but x has '
+                         f'{x.shape[2]} {"queries" if side == "query" else "keys"}: build idx (the context) for these positions')
     if idx.numel() == 0: return x.new_zeros(x.shape[0], x.shape[1], idx.shape[-2], idx.shape[-1])  # an empty sequence
     lo, hi = _used_rows(idx, table, x.shape[-1], x.shape[1])
     s = x @ table[..., lo:hi + 1, :].to(x.dtype).transpose(-1, -2)     # (b, h, n, r): one dot per distinct distance
@@ -59,16 +62,16 @@ def rel_scores(x: torch.Tensor,     # queries `(b, h, i, d)` (side='query') or k
 
 # %% ../nbs/03_relative.ipynb #c096b138
 def rel_values(probs: torch.Tensor,  # attention probabilities `(b, h, i, j)`
-               table: torch.Tensor,  # relative value vectors `(2k+1, d_v)`
+               table: torch.Tensor,  # relative value vectors `(2k+1, d_v)`, or per head `(h, rows, d_v)`
                idx: torch.Tensor,    # rows from `rel_index`, `(i, j)` or `(b|1, i, j)`
               ) -> torch.Tensor:     # `(b, h, i, d_v)`, probs' dtype
     "$\\sum_j \\alpha_{ij}\\, a^V_{ij}$ (Shaw et al. 2018, eq. 3) by summing probabilities per distance, then one matmul."
     idx = idx if idx.ndim == 3 else idx[None]
     if idx.numel() == 0: return probs.new_zeros(*probs.shape[:3], table.shape[-1])   # no keys (or no queries)
-    lo, hi = _used_rows(idx, table)
+    lo, hi = _used_rows(idx, table, h=probs.shape[1])
     ix = (idx - lo)[:, None].expand_as(probs)                                     # (b, h, i, j)
     per_row = probs.new_zeros(*probs.shape[:3], hi - lo + 1).scatter_add_(-1, ix, probs)  # (b, h, i, r)
-    return per_row @ table[lo:hi + 1].to(probs.dtype)                              # (b, h, i, d_v)
+    return per_row @ table[..., lo:hi + 1, :].to(probs.dtype)                      # (b, h, i, d_v)
 
 # %% ../nbs/03_relative.ipynb #e45225e7
 class RelativeVectors(PositionEncoding):

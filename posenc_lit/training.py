@@ -174,7 +174,8 @@ def _prepare_run_dir(out: Path, cfg: TrainConfig, resume: bool):
             except json.JSONDecodeError as e: raise RunDirError(f'{f} is not valid JSON ({e}); the run directory is damaged') from None
             old = {**json.loads(json.dumps(asdict(TrainConfig()))), **old}   # options added since the run was saved: their defaults
             if old != json.loads(json.dumps(asdict(cfg))):
-                diff = {k: (old.get(k), v) for k, v in asdict(cfg).items() if old.get(k) != v}
+                new = json.loads(json.dumps(asdict(cfg)))
+                diff = {k: (old.get(k), new.get(k)) for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)}
                 raise RunDirError(f'{out} holds a run with another configuration (saved, asked): {diff}; use another --out')
         ck, old = out / 'checkpoint', out / 'checkpoint.old'
         if not ck.exists() and old.exists(): old.rename(ck)   # interrupted between the two renames of a save

@@ -26,8 +26,11 @@ class TUPE(PositionEncoding):
                  reset_relative: bool = False,  # also reset the relative bias at [CLS] (the authors' code); False: the paper
                  pos_ln: bool = True,         # LayerNorm on p before U^Q, U^K (the authors' code)
                  num_buckets: int = 32, max_distance: int = 128,  # TUPE-R's buckets (the paper's values)
-                 init_std: float = 0.02):
+                 init_std: float = 0.02):     # std of p (and of U^Q, U^K outside a model: EncoderForMLM initialises all Linear layers with initializer_range)
         super().__init__()
+        if not isinstance(n_heads, int) or n_heads < 1: raise ValueError(f'n_heads must be an integer ≥ 1; got {n_heads!r}')
+        if not isinstance(init_std, (int, float)) or isinstance(init_std, bool) or not 0 <= init_std < math.inf:
+            raise ValueError(f'init_std must be a finite number ≥ 0; got {init_std!r}')
         for name, flag in (('relative', relative), ('untie_cls', untie_cls), ('reset_relative', reset_relative), ('pos_ln', pos_ln)):
             if not isinstance(flag, bool): raise ValueError(f'{name} must be true or false; got {flag!r}')
         if d_model % n_heads: raise ValueError(f'd_model={d_model} must be divisible by n_heads={n_heads}')
@@ -47,6 +50,8 @@ class TUPE(PositionEncoding):
 @patch
 def positional_term(self: TUPE, q_pos, k_pos):  # integer positions `(b|1, i)`, `(b|1, j)`
     "$(p_i U^Q)(p_j U^K)^\\top/\\sqrt{2d}$, `(b|1, h, i, j)`; `PositionRangeError` for positions outside the table."
+    q_pos, k_pos = (p[None] if isinstance(p, torch.Tensor) and p.ndim == 1 else p for p in (q_pos, k_pos))
+    rel_pos(q_pos, k_pos)                                 # the same checks as every encoding: signed integer (n,) or (b, n)
     for p in (q_pos, k_pos):
         if p.numel() and (int(p.min()) < 0 or int(p.max()) >= self.max_len):
             raise PositionRangeError(f'position {int(p.max()) if int(p.max()) >= self.max_len else int(p.min())} is outside TUPE\'s '
@@ -70,6 +75,7 @@ def reset_cls(self: TUPE, v, q_pos, k_pos):  # v `(b|1, h, i, j)`; integer posit
 @patch
 def prepare(self: TUPE, q_pos, k_pos):
     "The shared logit term `(b|1, h, i, j)`: positional correlation, [CLS] reset, and (TUPE-R) the T5 bias."
+    q_pos, k_pos = (p[None] if isinstance(p, torch.Tensor) and p.ndim == 1 else p for p in (q_pos, k_pos))   # (b|1, n)
     bias = self.positional_term(q_pos, k_pos)                                    # (b|1, h, i, j)
     rel = None if self.rel is None else self.rel.bias(q_pos, k_pos)              # (b|1, h, i, j)
     if rel is not None and self.reset_relative: bias, rel = bias + rel, None     # the authors' code resets both
@@ -83,7 +89,12 @@ def score_terms(self: TUPE, q, k, ctx, attn): return [ctx['tupe_bias']]
 # %% ../nbs/05_tupe.ipynb #173e9638
 @register_encoding('tupe-a', 'score', 'untied positional correlation (p_i U^Q)(p_j U^K)/sqrt(2d), shared by all layers, [CLS] untied',
                    'Ke et al. 2021, §3, eq. 6-8')
-def _tupe_a(cfg): return TUPE(cfg.d_model, cfg.n_heads, cfg.max_position_embeddings, relative=False, **cfg.pe_kwargs)
+def _tupe_a(cfg):
+    extra = sorted({'num_buckets', 'max_distance', 'reset_relative', 'relative'} & set(cfg.pe_kwargs))
+    if extra: raise ValueError(f'{extra} apply to tupe-r (the relative bias) only; tupe-a takes untie_cls, pos_ln, init_std')
+    return TUPE(cfg.d_model, cfg.n_heads, cfg.max_position_embeddings, relative=False, **cfg.pe_kwargs)
 
 @register_encoding('tupe-r', 'score', 'TUPE-A plus the T5 relative bias (shared by all layers)', 'Ke et al. 2021, §3.3')
-def _tupe_r(cfg): return TUPE(cfg.d_model, cfg.n_heads, cfg.max_position_embeddings, relative=True, **cfg.pe_kwargs)
+def _tupe_r(cfg):
+    if 'relative' in cfg.pe_kwargs: raise ValueError("tupe-r always has the relative bias; use pe='tupe-a' for none")
+    return TUPE(cfg.d_model, cfg.n_heads, cfg.max_position_embeddings, relative=True, **cfg.pe_kwargs)
