@@ -11,10 +11,8 @@ import re
 import pytest
 import torch
 
-pytest.importorskip('transformers')
-from transformers import DebertaV2Config
+from transformers import DebertaV2Config   # a dev dependency (settings.ini): a missing install fails, it does not skip
 from transformers.models.deberta_v2 import modeling_deberta_v2 as hf
-import posenc_lit.deberta  # noqa: F401  registers 'deberta' (until core's ENCODING_MODULES lists posenc_lit.deberta)
 from posenc_lit.deberta import DebertaRelative, build_relative_position, make_log_bucket_position
 from posenc_lit.attention import MultiHeadAttention
 from posenc_lit.model import ModelConfig, Encoder
