@@ -22,7 +22,7 @@ class TUPE(PositionEncoding):
     def __init__(self, d_model: int, n_heads: int,
                  max_len: int = 512,          # rows of the position table p; positions must be < max_len
                  relative: bool = False,      # TUPE-R: add T5's relative bias b_{bucket(j-i)} (shared by all layers)
-                 untie_cls: bool = True,      # reset [CLS]'s row and column to learned θ1, θ2 (§3.2); False: the tie-cls ablation
+                 untie_cls: bool = True,      # reset [CLS]'s row and column to learned θ1, θ2; False: the tie-cls ablation
                  reset_relative: bool = False,  # also reset the relative bias at [CLS] (the authors' code); False: the paper
                  pos_ln: bool = True,         # LayerNorm on p before U^Q, U^K (the authors' code)
                  num_buckets: int = 32, max_distance: int = 128,  # TUPE-R's buckets (the paper's values)
@@ -44,7 +44,7 @@ class TUPE(PositionEncoding):
         self.theta = nn.Parameter(torch.zeros(2, n_heads)) if untie_cls else None    # θ1 (CLS→others), θ2 (others→CLS), logit units
         self.rel = T5RelativeBias(n_heads, num_buckets, max_distance, init_std=init_std) if relative else None
 
-    def content_scale(self, d): return (2 * d) ** -0.5       # 1/sqrt(2d), eq. 7
+    def content_scale(self, d): return (2 * d) ** -0.5       # 1/sqrt(2d) on the content, as on the positional term
 
 # %% ../nbs/05_tupe.ipynb #f4df37ba
 @patch
@@ -65,7 +65,7 @@ def positional_term(self: TUPE, q_pos, k_pos):  # integer positions `(b|1, i)`, 
 # %% ../nbs/05_tupe.ipynb #858f8469
 @patch
 def reset_cls(self: TUPE, v, q_pos, k_pos):  # v `(b|1, h, i, j)`; integer positions `(b|1, i)`, `(b|1, j)`
-    "TUPE's $\\mathrm{reset}_\\theta$ (eq. 8): rows of queries at position 0 ([CLS]) become θ1, columns of keys at position 0 become θ2 (other queries)."
+    "TUPE's $\\mathrm{reset}_\\theta$: rows of queries at position 0 ([CLS]) become θ1, columns of keys at position 0 become θ2 (other queries)."
     cls_q, cls_k = (q_pos == 0)[:, None, :, None], (k_pos == 0)[:, None, None, :]        # (b|1, 1, i, 1), (b|1, 1, 1, j)
     th1, th2 = (self.theta[a].to(v.dtype)[None, :, None, None] for a in (0, 1))          # (1, h, 1, 1)
     v = torch.where(cls_k & ~cls_q, th2, v)                                             # others -> [CLS]
@@ -88,13 +88,13 @@ def score_terms(self: TUPE, q, k, ctx, attn): return [ctx['tupe_bias']]
 
 # %% ../nbs/05_tupe.ipynb #173e9638
 @register_encoding('tupe-a', 'score', 'untied positional correlation (p_i U^Q)(p_j U^K)/sqrt(2d), shared by all layers, [CLS] untied',
-                   'Ke et al. 2021, §3, eq. 6-8')
+                   'Ke et al. 2021, §3 (untied positional correlation, [CLS] reset)')
 def _tupe_a(cfg):
     extra = sorted({'num_buckets', 'max_distance', 'reset_relative', 'relative'} & set(cfg.pe_kwargs))
     if extra: raise ValueError(f'{extra} apply to tupe-r (the relative bias) only; tupe-a takes untie_cls, pos_ln, init_std')
     return TUPE(cfg.d_model, cfg.n_heads, cfg.max_position_embeddings, relative=False, **cfg.pe_kwargs)
 
-@register_encoding('tupe-r', 'score', 'TUPE-A plus the T5 relative bias (shared by all layers)', 'Ke et al. 2021, §3.3')
+@register_encoding('tupe-r', 'score', 'TUPE-A plus the T5 relative bias (shared by all layers)', 'Ke et al. 2021, §3 (TUPE-R)')
 def _tupe_r(cfg):
     if 'relative' in cfg.pe_kwargs: raise ValueError("tupe-r always has the relative bias; use pe='tupe-a' for none")
     return TUPE(cfg.d_model, cfg.n_heads, cfg.max_position_embeddings, relative=True, **cfg.pe_kwargs)
