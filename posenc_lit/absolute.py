@@ -52,12 +52,8 @@ class LearnedEncoding(PositionEncoding):
         self.weight = nn.Parameter(torch.randn(max_len, d_model) * init_std)   # (L_max, D)
     def embed(self, pos): # `(b|1, n)` integer positions, each in `[0, max_len)`
         "`(b|1, n, D)` rows of the table; `PositionRangeError` (a `ValueError`) naming the table size for positions outside it."
-        lo, hi = int(pos.min()), int(pos.max())
-        if lo < 0 or hi >= self.max_len:
-            raise PositionRangeError(f'position {hi if hi >= self.max_len else lo} is outside the learned position table '
-                             f'(max_position_embeddings={self.max_len}, valid positions 0..{self.max_len - 1}): use '
-                             f'sequences of at most {self.max_len} tokens, a larger max_position_embeddings, or an '
-                             f'encoding without a maximum length (sinusoidal, none, t5, or shaw/huang4 with clip=true)')
+        check_positions(pos, self.max_len, 'the learned position table',
+                        ', or an encoding without a maximum length (sinusoidal, none, t5, or shaw/huang4 with clip=true)')
         return self.weight[pos]
 
 # %% ../nbs/02_absolute.ipynb #a1588e7c

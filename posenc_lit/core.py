@@ -12,9 +12,9 @@ import torch
 import matplotlib.pyplot as plt
 
 # %% auto #0
-__all__ = ['CONVENTIONS', 'KINDS', 'ENCODING_MODULES', 'rel_pos', 'PositionRangeError', 'to_convention', 'test_close_rel',
-           'EncodingSpec', 'register_encoding', 'list_encodings', 'get_encoding', 'atomic_write', 'plot_curves',
-           'plot_heatmaps']
+__all__ = ['CONVENTIONS', 'KINDS', 'ENCODING_MODULES', 'rel_pos', 'PositionRangeError', 'check_positions', 'to_convention',
+           'test_close_rel', 'EncodingSpec', 'register_encoding', 'list_encodings', 'get_encoding', 'atomic_write',
+           'plot_curves', 'plot_heatmaps']
 
 # %% ../nbs/00_core.ipynb #2283af21
 def rel_pos(q_pos: torch.Tensor, # query positions, integer, `(i,)` or `(b, i)`
@@ -30,6 +30,19 @@ def rel_pos(q_pos: torch.Tensor, # query positions, integer, `(i,)` or `(b, i)`
 # %% ../nbs/00_core.ipynb #801254e8
 class PositionRangeError(ValueError):
     "A position or relative distance lies outside what an encoding's table covers; the message says the limit and what to change."
+
+def check_positions(pos: torch.Tensor, # integer positions, any shape
+                    max_len: int,      # rows of the absolute table: valid positions are 0 … max_len-1
+                    table: str,        # the table, for the message, e.g. 'the learned position table'
+                    remedy: str = '',  # a further way out, appended to the message, e.g. ', or emd_steps=0'
+                   ):
+    "`PositionRangeError` naming the table, its size and what to change, unless every position is in `[0, max_len)`."
+    if pos.numel() == 0: return
+    lo, hi = int(pos.min()), int(pos.max())
+    if lo < 0 or hi >= max_len:
+        raise PositionRangeError(f'position {lo if lo < 0 else hi} is outside {table} (max_position_embeddings={max_len}, '
+                                 f'valid positions 0..{max_len - 1}): use sequences of at most {max_len} tokens, a larger '
+                                 f'max_position_embeddings{remedy}')
 
 # %% ../nbs/00_core.ipynb #e3810170
 CONVENTIONS = {

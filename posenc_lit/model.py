@@ -180,10 +180,7 @@ class EnhancedMaskDecoder(nn.Module):
 
     def forward(self, layer: EncoderLayer, h, pos, mask, pe, ctx):  # h: (b, n, D), the last layer's input
         "`(b, n, D)` states for the MLM head; `PositionRangeError` for positions outside the table."
-        if pos.numel() and (int(pos.min()) < 0 or int(pos.max()) >= self.max_len):
-            raise PositionRangeError(f'position {int(pos.min()) if int(pos.min()) < 0 else int(pos.max())} is outside the Enhanced Mask Decoder\'s absolute position table '
-                                     f'(max_position_embeddings={self.max_len}): use sequences of at most {self.max_len} tokens, a larger '
-                                     f'max_position_embeddings, or emd_steps=0')
+        check_positions(pos, self.max_len, "the Enhanced Mask Decoder's absolute position table", ', or emd_steps=0')
         q = h + self.pos(pos).to(h.dtype)                                          # (b, n, D): queries H + z
         for _ in range(self.steps): q = layer(q, mask, pe, ctx, kv=h)[0]           # keys and values: H
         return q

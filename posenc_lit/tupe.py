@@ -52,11 +52,7 @@ def positional_term(self: TUPE, q_pos, k_pos):  # integer positions `(b|1, i)`, 
     "$(p_i U^Q)(p_j U^K)^\\top/\\sqrt{2d}$, `(b|1, h, i, j)`; `PositionRangeError` for positions outside the table."
     q_pos, k_pos = (p[None] if isinstance(p, torch.Tensor) and p.ndim == 1 else p for p in (q_pos, k_pos))
     rel_pos(q_pos, k_pos)                                 # the same checks as every encoding: signed integer (n,) or (b, n)
-    for p in (q_pos, k_pos):
-        if p.numel() and (int(p.min()) < 0 or int(p.max()) >= self.max_len):
-            raise PositionRangeError(f'position {int(p.max()) if int(p.max()) >= self.max_len else int(p.min())} is outside TUPE\'s '
-                                     f'position table (max_position_embeddings={self.max_len}, positions 0..{self.max_len - 1}): use '
-                                     f'sequences of at most {self.max_len} tokens or a larger max_position_embeddings')
+    for p in (q_pos, k_pos): check_positions(p, self.max_len, "TUPE's position table")
     def heads(t): return t.view(*t.shape[:2], self.n_heads, self.d_head).transpose(1, 2)   # (b|1, h, n, d)
     def norm(t): return t if self.pos_ln is None else self.pos_ln(t)
     pq, pk = heads(self.u_q(norm(self.pos[q_pos]))), heads(self.u_k(norm(self.pos[k_pos])))
