@@ -23,6 +23,12 @@ def _check_attend_inputs(q, k, v, score_terms, mask):
     if q.shape[:2] != k.shape[:2] or k.shape[:3] != v.shape[:3] or q.shape[-1] != k.shape[-1]:
         raise ValueError(f'incompatible shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: need '
                          'q (b, h, i, d), k (b, h, j, d), v (b, h, j, d_v)')
+    if not q.dtype == k.dtype == v.dtype:
+        raise ValueError(f'q, k and v must have one dtype; got q {q.dtype}, k {k.dtype}, v {v.dtype}')
+    others = [('k', k), ('v', v), *((f'score_terms[{a}]', t) for a, t in enumerate(score_terms) if isinstance(t, torch.Tensor)),
+              *((('mask', mask),) if isinstance(mask, torch.Tensor) else ())]
+    for name, t in others:
+        if t.device != q.device: raise ValueError(f'{name} is on device {t.device} but q is on {q.device}: put all inputs on one device')
     full = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])  # (b, h, i, j)
     def _bcast(t): return t.ndim == 4 and all(s in (1, f) for s, f in zip(t.shape, full))
     for a, t in enumerate(score_terms):
@@ -40,10 +46,11 @@ def _check_attend_inputs(q, k, v, score_terms, mask):
 def attend_manual(q, k, v, score_terms=(), mask=None, scale=None, dropout_p=0.0, value_terms=()):
     "Readable reference path of `attend`; returns `(out (b, h, i, d_v), probs (b, h, i, j))`."
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    logits = (q @ k.transpose(-1, -2)) * scale               # (b, h, i, j)
-    for t in score_terms: logits = logits + t.to(logits.dtype)  # (b, h, i, j); terms follow q's dtype, as on the fast path
+    acc = torch.promote_types(q.dtype, torch.float32)          # fp16/bf16 inputs: sum and softmax in float32
+    logits = ((q * scale) @ k.transpose(-1, -2)).to(acc)       # (b, h, i, j); scaled first: s·q·kᵀ fits fp16 where q·kᵀ may not
+    for t in score_terms: logits = logits + t.to(q.dtype).to(acc)  # (b, h, i, j); terms follow q's dtype, as on the fast path
     if mask is not None: logits = logits.masked_fill(~mask, float('-inf'))
-    probs = logits.softmax(-1)                                 # (b, h, i, j)
+    probs = logits.softmax(-1).to(q.dtype)                     # (b, h, i, j)
     p = F.dropout(probs, dropout_p) if dropout_p > 0 else probs
     out = p @ v                                                # (b, h, i, d_v)
     for f in value_terms: out = out + f(p)                     # (b, h, i, d_v)
@@ -102,6 +109,12 @@ class PositionEncoding(nn.Module):
     def value_terms(self, ctx: dict, attn) -> list: return []
     def content_scale(self, d: int) -> float: return d ** -0.5
 
+# %% ../nbs/01_attention.ipynb #75e1e1d5
+@patch(as_prop=True)
+def relative_only(self: PositionEncoding) -> bool:
+    "True when positions enter only through distances $j-i$, so adding one offset to all positions changes nothing."
+    return self.kind != 'absolute' and getattr(self, 'max_len', None) is None
+
 # %% ../nbs/01_attention.ipynb #7d028a94
 def default_positions(n: int, device=None) -> torch.Tensor:
     "0-based positions `(1, n)` for an unpadded sequence of length `n`."
@@ -120,6 +133,19 @@ class MultiHeadAttention(nn.Module):
         return x.view(*x.shape[:2], self.n_heads, self.d_head).transpose(1, 2)
 
 # %% ../nbs/01_attention.ipynb #aa9ab004
+def _check_mha_inputs(attn, x, kv, ctx):
+    for name, t in (('x', x), ('kv', kv)):
+        if not isinstance(t, torch.Tensor) or t.ndim != 3 or t.shape[-1] != attn.d_model or not t.dtype.is_floating_point:
+            got = f'{t.dtype} tensor of shape {tuple(t.shape)}' if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f'{name} must be a float tensor of shape (b, n, D) with D = d_model = {attn.d_model}; got {got}')
+    if kv.shape[0] != x.shape[0]: raise ValueError(f'kv has batch size {kv.shape[0]} but x has {x.shape[0]}')
+    for key, t, who in (('q_pos', x, 'x'), ('k_pos', kv, 'kv')):
+        p = (ctx or {}).get(key)
+        if isinstance(p, torch.Tensor) and (p.shape[-1] != t.shape[1] or (p.ndim == 2 and p.shape[0] not in (1, t.shape[0]))):
+            raise ValueError(f'ctx[{key!r}] has shape {tuple(p.shape)} but {who} is {tuple(t.shape[:2])} (b, n): '
+                             f'prepare ctx with pe.prepare(q_pos, k_pos) for the positions of this forward')
+
+# %% ../nbs/01_attention.ipynb #d0dc2bef
 @patch
 def forward(self: MultiHeadAttention,
                  x: torch.Tensor,             # queries' hidden states `(b, i, D)`
@@ -130,6 +156,7 @@ def forward(self: MultiHeadAttention,
     "Attend from `x` to `kv` (default `x`) with the position signal of `pe`; returns `(b, i, D)` (and probs `(b, h, i, j)`)."
     pe = PositionEncoding() if pe is None else pe
     kv = x if kv is None else kv
+    _check_mha_inputs(self, x, kv, ctx)
     if ctx is None: ctx = pe.prepare(default_positions(x.shape[1], x.device), default_positions(kv.shape[1], x.device))
     q, k, v = self.split_heads(self.q_proj(x)), self.split_heads(self.k_proj(kv)), self.split_heads(self.v_proj(kv))  # (b, h, n, d)
     q, k = pe.transform_qk(q, k, ctx, self)

@@ -71,7 +71,7 @@ def test_close_rel(a, b, # tensors (or array-likes) to compare; `a` is the actua
 
 # %% ../nbs/00_core.ipynb #b5c3fcca
 KINDS = ('absolute', 'qk', 'score', 'none')
-ENCODING_MODULES = ['posenc_lit.absolute', 'posenc_lit.relative', 'posenc_lit.t5', 'posenc_lit.tupe', 'posenc_lit.deberta']  # modules whose import registers encodings; later notebooks append theirs
+ENCODING_MODULES = ['posenc_lit.absolute', 'posenc_lit.relative', 'posenc_lit.t5', 'posenc_lit.tupe', 'posenc_lit.deberta', 'posenc_lit.rope', 'posenc_lit.alibi']  # modules whose import registers encodings; later notebooks append theirs
 
 @dataclass
 class EncodingSpec:

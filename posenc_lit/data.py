@@ -45,17 +45,57 @@ def _builder(path: Path) -> str:
     return kind
 
 # %% ../nbs/11_data.ipynb #ed7f4ca1
+def _json_line(path, n, line):
+    "Check line `n` of a JSON Lines file: one JSON object, with a string (or null) `text` if it has one."
+    try: rec = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise CorpusError(f'{path}, line {n}: not valid JSON ({e.msg.removesuffix(" at")} at column {e.colno}); expected one JSON object '
+                          'per line, such as {"text": "..."}') from None
+    if not isinstance(rec, dict) or not isinstance(rec.get('text'), (str, type(None))):
+        raise CorpusError(f'{path}, line {n}: expected a JSON object with a string `text` field; got {line.strip()[:60]}')
+
+def _scan_text(path: Path, f, kind: str) -> bool:
+    "Read binary `f` line by line: UTF-8 everywhere, JSON per line for JSON Lines; True if a line is not blank."
+    jsonl = kind == 'json' and path.suffixes[-2 if path.suffix.lower() == '.gz' else -1].lower() == '.jsonl'
+    nonblank, doc = False, []
+    for n, raw in enumerate(f, 1):
+        try: line = raw.decode('utf-8')
+        except UnicodeDecodeError as e:
+            raise CorpusError(f'{path}, line {n}: not valid UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1}); '
+                              'expected UTF-8 text') from None
+        if kind == 'json' and not jsonl: doc.append(line)
+        if not line.strip(): continue
+        nonblank = True
+        if jsonl: _json_line(path, n, line)
+    if nonblank and doc:   # .json: one JSON document, or JSON Lines
+        try: json.loads(''.join(doc))
+        except json.JSONDecodeError as e:
+            if e.msg != 'Extra data': raise CorpusError(f'{path}, line {e.lineno}: not valid JSON ({e.msg.removesuffix(" at")} at column {e.colno})') from None
+            for n, line in enumerate(doc, 1):
+                if line.strip(): _json_line(path, n, line)
+    return nonblank
+
+# %% ../nbs/11_data.ipynb #af2ebb52
+_CHECKED = set()   # (path, size, mtime) of files that passed: a file is read once per process, not on every load
+
 def _check_file(path: Path):
-    "Raise `CorpusError` unless `path` is a readable, non-empty data file (gzip streams are read to the end)."
-    _builder(path)
+    "Raise `CorpusError` unless `path` is a readable, non-empty, well-formed data file (read to the end)."
+    kind = _builder(path)
     if not path.is_file(): raise CorpusError(f'{path}: file not found; expected a data file ({_EXPECTED})')
-    if path.suffix.lower() == '.parquet':
+    st = path.stat(); key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if key in _CHECKED: return
+    _check_contents(path, kind)
+    _CHECKED.add(key)
+
+def _check_contents(path: Path, kind: str):
+    "Parquet: the magic bytes; text files: read to the end with `_scan_text` (gzip errors become `CorpusError`)."
+    if kind == 'parquet':
         with open(path, 'rb') as f: head = f.read(4); f.seek(-4, 2); tail = f.read(4)
         if head != b'PAR1' or tail != b'PAR1': raise CorpusError(f'{path}: not a parquet file (no PAR1 magic bytes)')
         return
     opener = gzip.open if path.suffix.lower() == '.gz' else open
     try:
-        with opener(path, 'rb') as f: nonblank = any(chunk.strip() for chunk in iter(lambda: f.read(1 << 20), b''))
+        with opener(path, 'rb') as f: nonblank = _scan_text(path, f, kind)
     except (OSError, EOFError, zlib.error) as e:
         raise CorpusError(f'{path}: corrupt or truncated gzip file ({e}); expected a complete gzip stream — '
                           'rebuild with `python tools/build_corpus.py` or re-download it') from None
@@ -73,11 +113,12 @@ def _split_files(folder: Path) -> dict:
 # %% ../nbs/11_data.ipynb #7d128de0
 @contextlib.contextmanager
 def _quiet():
-    "Silence `datasets` progress bars inside the block, restoring the previous state."
-    was = datasets.utils.are_progress_bars_disabled()
-    datasets.disable_progress_bars()
+    "Silence `datasets` progress bars and its error log (our `CorpusError` says it better) inside the block."
+    was, level = datasets.utils.are_progress_bars_disabled(), datasets.logging.get_verbosity()
+    datasets.disable_progress_bars(); datasets.logging.set_verbosity(datasets.logging.CRITICAL)
     try: yield
     finally:
+        datasets.logging.set_verbosity(level)
         if not was: datasets.enable_progress_bars()
 
 def _checked(dd, what: str) -> datasets.DatasetDict:
@@ -98,12 +139,25 @@ def _load_local(files: Mapping, cache_dir=None) -> datasets.DatasetDict:
     for p in (p for fs in files.values() for p in fs): _check_file(p)
     kinds = {_builder(p) for fs in files.values() for p in fs}
     if len(kinds) > 1: raise CorpusError(f'{dict(files)}: mixed file types {sorted(kinds)}; expected one type')
-    data_files = {s: [str(p) for p in fs] for s, fs in files.items() if s in SPLITS}
+    data_files, kind = {s: [str(p) for p in fs] for s, fs in files.items() if s in SPLITS}, kinds.pop()
     try:
-        with _quiet(): dd = datasets.load_dataset(kinds.pop(), data_files=data_files, cache_dir=cache_dir)
+        with _quiet(): dd = datasets.load_dataset(kind, data_files=data_files, cache_dir=cache_dir)
     except Exception as e:
-        raise CorpusError(f'{data_files}: could not be read ({type(e).__name__}: {str(e)[:300]}); {_EXPECTED}') from e
+        raise CorpusError(f'{_failing_file(kind, data_files, cache_dir)}: could not be read as {kind} '
+                          f'({_root_cause(e)}); {_EXPECTED}') from e
     return _checked(dd, str(data_files))
+
+def _root_cause(e: BaseException) -> str:   # datasets wraps the reader's error (pandas, pyarrow) in its own
+    while e.__cause__ is not None: e = e.__cause__
+    return f'{type(e).__name__}: {str(e)[:300]}'
+
+def _failing_file(kind, data_files, cache_dir):
+    "The first file `datasets` cannot read on its own (all of them if it can read each)."
+    for p in (p for fs in data_files.values() for p in fs):
+        try:
+            with _quiet(): datasets.load_dataset(kind, data_files={'train': [p]}, cache_dir=cache_dir)
+        except Exception: return p
+    return data_files
 
 # %% ../nbs/11_data.ipynb #433b2b1b
 def _load_hub(name: str, cache_dir=None) -> datasets.DatasetDict:

@@ -115,19 +115,30 @@ class EncoderLayer(nn.Module):
         return x, probs
 
 # %% ../nbs/10_model.ipynb #19328af6
+def _is_int(t): return isinstance(t, torch.Tensor) and not (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool)
+def _desc(t): return f'{t.dtype} tensor of shape {tuple(t.shape)}' if isinstance(t, torch.Tensor) else type(t).__name__
+
 def _check_inputs(input_ids, attention_mask, position_ids, token_type_ids=None):
-    if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2 or input_ids.dtype.is_floating_point:
-        got = f'{input_ids.dtype} tensor of shape {tuple(input_ids.shape)}' if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
-        raise ValueError(f'input_ids must be an integer tensor of shape (b, n); got {got}')
+    if not _is_int(input_ids) or input_ids.ndim != 2:
+        raise ValueError(f'input_ids must be an integer tensor of shape (b, n); got {_desc(input_ids)}')
     b, n = input_ids.shape
-    if attention_mask is not None and (attention_mask.shape != (b, n) or attention_mask.dtype.is_floating_point):
-        raise ValueError(f'attention_mask must be a bool or 0/1 integer tensor of shape (b, n) = {(b, n)} '
-                         f'(True/1 = real token); got {attention_mask.dtype} {tuple(attention_mask.shape)}')
-    if token_type_ids is not None and (not isinstance(token_type_ids, torch.Tensor) or token_type_ids.shape != (b, n)):
-        raise ValueError(f'token_type_ids must be an integer tensor of shape (b, n) = {(b, n)}')
-    if position_ids is not None and (position_ids.shape not in ((b, n), (1, n), (n,)) or position_ids.dtype.is_floating_point or position_ids.dtype == torch.bool):
-        raise ValueError(f'position_ids must be an integer tensor of shape (b, n), (1, n) or (n,) with n={n}; '
-                         f'got {position_ids.dtype} {tuple(position_ids.shape)}')
+    m = attention_mask
+    if m is not None and (not (_is_int(m) or isinstance(m, torch.Tensor) and m.dtype == torch.bool) or m.shape != (b, n)):
+        raise ValueError(f'attention_mask must be a bool or 0/1 integer tensor of shape (b, n) = {(b, n)} (True/1 = real token); got {_desc(m)}')
+    if m is not None and m.dtype != torch.bool and m.device.type != 'meta' and not ((m == 0) | (m == 1)).all():
+        raise ValueError(f'attention_mask must hold only 0 (padding) and 1 (real token); got values {sorted(set(m.unique().tolist()))[:6]} '
+                         '(an additive mask of 0 / -inf is not accepted: pass 1 / 0)')
+    if token_type_ids is not None and (not _is_int(token_type_ids) or token_type_ids.shape != (b, n)):
+        raise ValueError(f'token_type_ids must be an integer tensor of shape (b, n) = {(b, n)}; got {_desc(token_type_ids)}')
+    if position_ids is not None and (not _is_int(position_ids) or position_ids.shape not in ((b, n), (1, n), (n,))):
+        raise ValueError(f'position_ids must be an integer tensor of shape (b, n), (1, n) or (n,) with n={n}; got {_desc(position_ids)}')
+    for name, t in (('attention_mask', m), ('position_ids', position_ids), ('token_type_ids', token_type_ids)):
+        if t is not None and t.device != input_ids.device:
+            raise ValueError(f'{name} is on device {t.device} but input_ids is on {input_ids.device}: put all inputs on one device')
+
+def _check_ids(t, size, name, field):  # token or segment ids must index their table
+    if t.numel() and (int(t.min()) < 0 or int(t.max()) >= size):
+        raise ValueError(f'{name} must lie in [0, {field}={size}); got values {int(t.min())}..{int(t.max())}')
 
 # %% ../nbs/10_model.ipynb #1e6d245f
 class Encoder(nn.Module):
@@ -158,6 +169,10 @@ def forward(self: Encoder,
             n_layers: int | None = None):               # run only the first `n_layers` layers (the Enhanced Mask Decoder)
     "Encode `input_ids`; `ValueError` for malformed inputs or positions outside a learned table. Also returns `pos`, `mask`, `ctx`."
     _check_inputs(input_ids, attention_mask, position_ids, token_type_ids)
+    dev = self.embeddings.word.weight.device
+    if input_ids.device != dev: raise ValueError(f'input_ids are on device {input_ids.device} but the model is on {dev}: move one to the other')
+    _check_ids(input_ids, self.cfg.vocab_size, 'input_ids', 'vocab_size')
+    if token_type_ids is not None and self.cfg.type_vocab_size: _check_ids(token_type_ids, self.cfg.type_vocab_size, 'token_type_ids', 'type_vocab_size')
     if n_layers is not None and (not isinstance(n_layers, int) or isinstance(n_layers, bool) or not 0 <= n_layers <= len(self.layers)):
         raise ValueError(f'n_layers must be an integer in 0..{len(self.layers)} (the layers to run); got {n_layers!r}')
     pos = self.positions(input_ids, position_ids)
@@ -220,8 +235,10 @@ def forward(self: EncoderForMLM,
         out['hidden_states'] = self.emd(self.encoder.layers[-1], out['hidden_states'], out['pos'], out['mask'], self.encoder.pe, out['ctx'])
     h = out['hidden_states']
     if labels is None: return {**out, 'logits': self.logits(h), 'loss': None}
-    if labels.shape != input_ids.shape:
-        raise ValueError(f'labels must have the shape of input_ids {tuple(input_ids.shape)}; got {tuple(labels.shape)}')
+    if not _is_int(labels) or labels.shape != input_ids.shape:
+        raise ValueError(f'labels must be an integer tensor with the shape of input_ids {tuple(input_ids.shape)}; got {_desc(labels)}')
+    bad = (labels != -100) & ((labels < 0) | (labels >= self.cfg.vocab_size))
+    if bad.any(): raise ValueError(f'labels must be token ids in [0, vocab_size={self.cfg.vocab_size}) or -100 (no loss); got {int(labels[bad][0])}')
     sel = labels != -100                                                          # (b, n)
     logits = self.logits(h[sel])                                                  # (m, V)
     loss = F.cross_entropy(logits.float(), labels[sel]) if sel.any() else logits.sum() * 0.0
@@ -272,13 +289,13 @@ def load_model(path) -> EncoderForMLM:
     return model
 
 # %% ../nbs/10_model.ipynb #7f98a820
-def four_term_scores(model: EncoderForMLM, # a model with an absolute encoding (`learned`, `sinusoidal`)
+def four_term_scores(model: EncoderForMLM | Encoder, # a model with an absolute encoding (`learned`, `sinusoidal`)
                      input_ids: torch.Tensor, # `(b, n)`
                      position_ids: torch.Tensor | None = None,
                      token_type_ids: torch.Tensor | None = None, # segments, counted on the word side
                     ) -> dict: # 'word-word', 'word-pos', 'pos-word', 'pos-pos' → `(b, h, i, j)` logits of layer 0
     "The first layer's logits split into the four terms of Ke et al. 2021, §3.1 (they sum to the logits)."
-    enc = model.encoder
+    enc = model if isinstance(model, Encoder) else model.encoder
     if enc.pe.kind != 'absolute': raise ValueError(f"four_term_scores needs an absolute encoding; the model uses {enc.cfg.pe!r} ({enc.pe.kind})")
     _check_inputs(input_ids, None, position_ids, token_type_ids)
     w, p = enc.embeddings.parts(input_ids, enc.positions(input_ids, position_ids), enc.pe, token_type_ids)

