@@ -54,7 +54,8 @@ class ALiBi(PositionEncoding):
 @patch
 def prepare(self: ALiBi, q_pos, k_pos):  # integer positions `(b|1, i)`, `(b|1, j)` (or 1-D)
     "Per-forward context with `alibi_bias` `(b|1, h, i, j)`, float32, shared by all layers."
-    bias = alibi_bias(q_pos, k_pos, alibi_slopes(self.n_heads, q_pos.device), self.bidirectional)
+    dev = q_pos.device if isinstance(q_pos, torch.Tensor) else None      # a list is refused by `rel_pos`, naming it
+    bias = alibi_bias(q_pos, k_pos, alibi_slopes(self.n_heads, dev), self.bidirectional)
     return {'q_pos': q_pos, 'k_pos': k_pos, 'alibi_bias': bias}
 
 @patch

@@ -20,6 +20,10 @@ def _positive_int(s: str) -> int:
     if v < 1: raise argparse.ArgumentTypeError(f'must be an integer ≥ 1; got {v}')
     return v
 
+def _path(s: str) -> str:
+    if not s.strip(): raise argparse.ArgumentTypeError('must not be empty (an empty path would be read as the current folder)')
+    return s
+
 # %% ../nbs/13_cli.ipynb #014e55d8
 def cmd_encodings(args) -> int:
     "Print each registered encoding: name, kind, one-line summary (and the source with `--verbose`)."
@@ -40,7 +44,7 @@ _TRAIN_FLAGS = [  # (flag, type, help) — each overrides the preset's value
     ('--emd-steps', int, 'Enhanced Mask Decoder passes of the last layer for the MLM head (DeBERTa: 2; default 0 = off)'),
     ('--eval-every', int, 'steps between evaluations'), ('--eval-blocks', int, 'validation blocks evaluated (0 = all)'),
     ('--log-every', int, 'steps between training-loss records'), ('--save-every', int, 'steps between checkpoints'),
-    ('--seed', int, 'random seed'), ('--data', str, "corpus: 'default', a local folder, or a hub dataset name[:config]"),
+    ('--seed', int, 'random seed'), ('--data', _path, "corpus: 'default', a local folder, or a hub dataset name[:config]"),
 ]
 
 def _json_object(s: str) -> dict:
@@ -56,7 +60,7 @@ def _add_pretrain(sub):
     p.add_argument('--pe', required=True, help='position encoding (see `posenc_lit encodings`)')
     p.add_argument('--preset', default='quick', help='quick: 2 layers, D=128, 1,200 steps of 32×64 tokens (~5 min on '
                    '2 idle cores); reference: 4 layers, 2,500 steps of 32×128 (~20 min); smoke: a tiny model, 20 steps (default: quick)')
-    p.add_argument('--out', required=True, help='run directory')
+    p.add_argument('--out', type=_path, required=True, help='run directory')
     how = p.add_mutually_exclusive_group()
     how.add_argument('--resume', action='store_true', help='continue the run in --out from its checkpoint (a finished run is left as is)')
     how.add_argument('--overwrite', action='store_true', help='replace the run in --out (a non-empty --out is never replaced without it)')
@@ -70,10 +74,12 @@ def _add_pretrain(sub):
 # %% ../nbs/13_cli.ipynb #8ed4af13
 def cmd_pretrain(args) -> int:
     "Run `pretrain` with the preset and overrides from `args`; prints the summary as JSON. Status 128 + n after signal n."
-    from posenc_lit.training import make_train_config, pretrain
+    from posenc_lit.training import make_train_config, pretrain, check_creatable_dir
     over = {f[2:].replace('-', '_'): getattr(args, f[2:].replace('-', '_')) for f, _, _ in _TRAIN_FLAGS}
     try: cfg = make_train_config(args.preset, pe=args.pe, pe_kwargs=args.pe_kwargs, mixed_precision=args.mixed_precision, **over)
     except ValueError as e: raise UsageError(str(e)) from None
+    try: check_creatable_dir(args.out)
+    except ValueError as e: raise UsageError(f'argument --out: {e}') from None
     summary = pretrain(cfg, args.out, resume=args.resume, overwrite=args.overwrite, stop_at=args.stop_at, progress=not args.quiet)
     if 'signal' in summary:
         print(f"interrupted by {summary['signal']} at step {summary['stopped_at_step']} of {summary['steps']}: "
@@ -90,7 +96,7 @@ def _add_lengths(sub):
     p = sub.add_parser('lengths', help='evaluate a pretrained run at longer sequence lengths',
                        description='Masked-token loss of a pretraining run at several block lengths, on the same masked '
                                    'validation tokens at every length; writes (replaces) lengths.json in the run directory.')
-    p.add_argument('--run', required=True, help='run directory written by `posenc_lit pretrain`')
+    p.add_argument('--run', type=_path, required=True, help='run directory written by `posenc_lit pretrain`')
     p.add_argument('--lengths', type=_positive_int, nargs='+', default=[128, 256, 512, 1024], help='block lengths in tokens (default: 128 256 512 1024)')
     p.add_argument('--max-tokens', type=_positive_int, default=65536, help='validation tokens evaluated (default: 65536)')
     p.set_defaults(func=cmd_lengths, parser=p)
@@ -132,9 +138,9 @@ def _add_finetune(sub):
                        description='Fine-tune the encoder of a pretraining checkpoint on a task (MLM head and Enhanced Mask Decoder '
                                    'dropped), once per seed, into OUT/seed{N}/; OUT/summary.json reports each test metric as mean ± std '
                                    'over the seeds, beside the majority and bag-of-words baselines.')
-    p.add_argument('--checkpoint', required=True, help='checkpoint/ folder of a `posenc_lit pretrain` run, or the run directory')
+    p.add_argument('--checkpoint', type=_path, required=True, help='checkpoint/ folder of a `posenc_lit pretrain` run, or the run directory')
     p.add_argument('--task', required=True, help='task name (see `posenc_lit tasks`)')
-    p.add_argument('--out', required=True, help='output folder (one run directory per seed inside)')
+    p.add_argument('--out', type=_path, required=True, help='output folder (one run directory per seed inside)')
     p.add_argument('--preset', default='quick', help='quick: 2 epochs (about a minute per seed for sentiment with a quick-pretrained model); '
                    'reference: 4 epochs; smoke: 256 examples, 1 epoch (default: quick)')
     p.add_argument('--seeds', type=int, nargs='+', default=[0], help='seeds, one run each (default: 0)')

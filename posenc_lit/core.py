@@ -25,6 +25,9 @@ def rel_pos(q_pos: torch.Tensor, # query positions, integer, `(i,)` or `(b, i)`
         if not isinstance(p, torch.Tensor) or p.dtype not in (torch.int8, torch.int16, torch.int32, torch.int64) or p.ndim not in (1, 2):
             got = f'{p.dtype} tensor of shape {tuple(p.shape)}' if isinstance(p, torch.Tensor) else type(p).__name__
             raise TypeError(f'{name} must be a signed integer tensor of shape (n,) or (b, n); got {got}')
+    if q_pos.ndim == k_pos.ndim == 2 and len(q_pos) != len(k_pos) and 1 not in (len(q_pos), len(k_pos)):
+        raise ValueError(f'q_pos {tuple(q_pos.shape)} and k_pos {tuple(k_pos.shape)} have batch sizes {len(q_pos)} and {len(k_pos)}: '
+                         'they must be equal, or one of them 1 (or 1-D, shared by the batch)')
     return k_pos.long().unsqueeze(-2) - q_pos.long().unsqueeze(-1)  # (…, i, j); int64, so narrow inputs cannot wrap
 
 # %% ../nbs/00_core.ipynb #801254e8

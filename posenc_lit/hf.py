@@ -4,13 +4,13 @@
 
 # %% ../nbs/14_hf.ipynb #b7e1ceec
 from __future__ import annotations
-import importlib.util, json, re
+import importlib.util, json, math, re
 from pathlib import Path
 import torch
 from safetensors.torch import load_file
 from tokenizers import Tokenizer
 from .core import *
-from .model import ModelConfig, Encoder, EncoderForMLM, CheckpointError
+from .model import ModelConfig, Encoder, EncoderForMLM, CheckpointError, check_weight_dtypes
 
 # %% auto #0
 __all__ = ['MINILM_PIP', 'SUPPORTED_MODEL_TYPES', 'minilm_folder', 'hf_folder', 'hf_to_config', 'read_hf_config', 'hf_weight_map',
@@ -55,6 +55,20 @@ SUPPORTED_MODEL_TYPES = ('bert', 'deberta-v2')
 
 def _refuse(what): raise CheckpointError(f'{what}: posenc_lit cannot load this checkpoint exactly')
 
+_HF_INTS = ('vocab_size', 'hidden_size', 'num_hidden_layers', 'num_attention_heads', 'intermediate_size', 'max_position_embeddings')
+_HF_OPTIONAL = {'type_vocab_size': int, 'pad_token_id': int, 'max_relative_positions': int, 'position_buckets': int,
+                'hidden_dropout_prob': float, 'attention_probs_dropout_prob': float, 'layer_norm_eps': float, 'initializer_range': float}
+_HF_NULLABLE = ('pad_token_id', 'max_relative_positions', 'position_buckets')   # null means "none" in transformers too
+
+def _check_hf_fields(hf: dict):  # the numbers we read: required ones present, every one an int (not a bool) or a finite number
+    missing = [k for k in _HF_INTS if k not in hf]
+    if missing: raise CheckpointError(f'lacks {missing} (a BERT / DeBERTa-v2 config.json names its sizes)')
+    for k, t in {**dict.fromkeys(_HF_INTS, int), **_HF_OPTIONAL}.items():
+        v = hf.get(k)
+        if k in _HF_OPTIONAL and (k not in hf or v is None and k in _HF_NULLABLE): continue
+        ok = type(v) is int if t is int else isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        if not ok: raise CheckpointError(f'{k} must be {"an integer" if t is int else "a finite number"}; got {v!r}')
+
 def _common_config(hf: dict) -> dict:
     if (hf.get('hidden_act') or 'gelu') != 'gelu': _refuse(f"hidden_act={hf['hidden_act']!r} (only 'gelu', the exact erf GELU)")
     if hf.get('is_decoder') or hf.get('add_cross_attention'): _refuse('a decoder (is_decoder / add_cross_attention)')
@@ -71,12 +85,15 @@ def _deberta_pe(hf: dict) -> dict:
         if not ok(hf.get(key)): _refuse(f'{key}={hf[key]!r}')
     rel, absolute = hf.get('relative_attention', False), hf.get('position_biased_input', True)
     if rel and absolute: _refuse('relative_attention and position_biased_input together (two position encodings)')
-    types = hf.get('pos_att_type') or []
-    types = [t.strip().lower() for t in (types.split('|') if isinstance(types, str) else types)]
+    types = hf.get('pos_att_type') or []   # transformers lower-cases a '|' string, but compares list entries as they are
+    types = [t.strip() for t in types.lower().split('|')] if isinstance(types, str) else types
+    if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
+        _refuse(f'pos_att_type={hf["pos_att_type"]!r} (a list of "c2p" and/or "p2c", or a "p2c|c2p" string)')
     if not rel:   # transformers scales by 1/sqrt((1 + len(pos_att_type)) d) even without relative terms
         if types: _refuse(f'pos_att_type={hf["pos_att_type"]!r} without relative_attention (the logits would be scaled for absent terms)')
         return {'pe': 'learned' if absolute else 'none'}
-    if not types or set(types) - {'c2p', 'p2c'}: _refuse(f'pos_att_type={hf.get("pos_att_type")!r} (c2p and/or p2c)')
+    if not types or set(types) - {'c2p', 'p2c'}:
+        _refuse(f'pos_att_type={hf.get("pos_att_type")!r} (c2p and/or p2c, lower case in a list: transformers ignores other entries)')
     k = hf.get('max_relative_positions') or -1
     norm = [s.strip() for s in str(hf.get('norm_rel_ebd') or 'none').lower().split('|')]
     kw = {'k': k if k >= 1 else hf['max_position_embeddings'], 'position_buckets': max(hf.get('position_buckets') or -1, 0),
@@ -85,8 +102,15 @@ def _deberta_pe(hf: dict) -> dict:
 
 # %% ../nbs/14_hf.ipynb #e1f52a93
 def hf_to_config(hf: dict, # the parsed `config.json`
+                 source='config.json', # the file it was read from, named in errors
                 ) -> ModelConfig:
-    "The `ModelConfig` of a Hugging Face BERT or DeBERTa-v2 `config.json`; `CheckpointError` naming what cannot be loaded exactly."
+    "The `ModelConfig` of a Hugging Face BERT or DeBERTa-v2 `config.json`; `CheckpointError` naming the file and what cannot be loaded exactly."
+    try: return _hf_to_config(hf)
+    except CheckpointError as e: raise CheckpointError(f'{source}: {e}') from None
+
+def _hf_to_config(hf):
+    if not isinstance(hf, dict): raise CheckpointError(f'must hold a JSON object (the model configuration); got {type(hf).__name__} {hf!r:.40}')
+    _check_hf_fields(hf)
     mt = hf.get('model_type')
     if mt not in SUPPORTED_MODEL_TYPES: _refuse(f'model_type={mt!r} (supported: {", ".join(SUPPORTED_MODEL_TYPES)})')
     cfg = _common_config(hf)
@@ -96,15 +120,17 @@ def hf_to_config(hf: dict, # the parsed `config.json`
     else:
         cfg.update(_deberta_pe(hf), type_vocab_size=hf.get('type_vocab_size', 0), layer_norm_eps=hf.get('layer_norm_eps', 1e-7))
     try: return ModelConfig(**cfg)
-    except ValueError as e: raise CheckpointError(f'config.json does not make a valid ModelConfig: {e}') from None
+    except (TypeError, ValueError) as e: raise CheckpointError(f'does not make a valid ModelConfig: {e}') from None
 
 # %% ../nbs/14_hf.ipynb #33608f07
 def read_hf_config(folder) -> dict:
     "The parsed `config.json` of a checkpoint folder; `CheckpointError` if missing or not JSON."
     f = Path(folder) / 'config.json'
     if not f.is_file(): raise CheckpointError(f'no config.json in {folder}: a Hugging Face model folder holds config.json and the weights')
-    try: return json.loads(f.read_text())
+    try: hf = json.loads(f.read_text())
     except json.JSONDecodeError as e: raise CheckpointError(f'invalid {f}: {e}') from None
+    if not isinstance(hf, dict): raise CheckpointError(f'{f} must hold a JSON object (the model configuration); got {type(hf).__name__} {hf!r:.40}')
+    return hf
 
 # %% ../nbs/14_hf.ipynb #0f2fd636
 _W = r'(?P<w>weight|bias)'
@@ -166,7 +192,12 @@ def hf_weight_map(names, # our state-dict names (`Encoder` or `EncoderForMLM`)
 def _weight_files(folder: Path) -> list[Path]:
     for index, single in (('model.safetensors.index.json', 'model.safetensors'), ('pytorch_model.bin.index.json', 'pytorch_model.bin')):
         if (folder / index).is_file():
-            shards = sorted(set(json.loads((folder / index).read_text())['weight_map'].values()))
+            try: wm = json.loads((folder / index).read_text())['weight_map']
+            except (json.JSONDecodeError, TypeError, KeyError) as e: wm = e
+            if not (isinstance(wm, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in wm.items())):
+                raise CheckpointError(f'{folder / index} is damaged: it must be a JSON object whose "weight_map" maps tensor '
+                                      f'names to shard files ({type(wm).__name__}: {str(wm)[:60]})')
+            shards = sorted(set(wm.values()))
             missing = [s for s in shards if not (folder / s).is_file()]
             if missing: raise CheckpointError(f'{folder / index} lists shard files that are not there: {missing}')
             return [folder / s for s in shards]
@@ -174,15 +205,23 @@ def _weight_files(folder: Path) -> list[Path]:
     raise CheckpointError(f'no weights in {folder}: expected model.safetensors (or its .index.json shards) or pytorch_model.bin')
 
 def _read(f: Path) -> dict:
-    try: return load_file(f) if f.suffix == '.safetensors' else torch.load(f, map_location='cpu', weights_only=True)
+    try: sd = load_file(f) if f.suffix == '.safetensors' else torch.load(f, map_location='cpu', weights_only=True)
     except Exception as e: raise CheckpointError(f'corrupt weights file {f} ({type(e).__name__}: {e})') from None
+    if not (isinstance(sd, dict) and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in sd.items())):
+        raise CheckpointError(f'{f} must hold a dict of tensor names (str) to tensors; got {type(sd).__name__} {str(sd)[:60]!r}')
+    return sd
 
 # %% ../nbs/14_hf.ipynb #7f131285
 def load_hf_weights(folder) -> dict[str, torch.Tensor]:
     "Every tensor of a checkpoint folder (safetensors or `.bin`, sharded or not), LayerNorm `gamma`/`beta` renamed `weight`/`bias`."
-    sd = {}
-    for f in _weight_files(Path(folder)): sd.update(_read(f))
-    return {re.sub(r'(LayerNorm\.)gamma$', r'\1weight', re.sub(r'(LayerNorm\.)beta$', r'\1bias', k)): v for k, v in sd.items()}
+    sd, src = {}, {}
+    for f in _weight_files(Path(folder)):
+        for k, v in _read(f).items():
+            name = re.sub(r'(LayerNorm\.)gamma$', r'\1weight', re.sub(r'(LayerNorm\.)beta$', r'\1bias', k))
+            if name in sd: raise CheckpointError(f'{src[name]} and {f}: {k} both load as {name} (gamma/beta are the old names of '
+                                                 'weight/bias, or a tensor is in two shards); a checkpoint holds each tensor once')
+            sd[name], src[name] = v, f'{f}: {k}'
+    return sd
 
 # %% ../nbs/14_hf.ipynb #70046960
 def _strip_prefix(sd: dict, prefix: str) -> dict:   # task models hold the encoder under 'bert.' / 'deberta.'
@@ -192,9 +231,10 @@ def _strip_prefix(sd: dict, prefix: str) -> dict:   # task models hold the encod
 def _check_buffers(sd: dict):  # saved index buffers must hold what our model assumes: positions 0 … L-1, segment 0
     for name in _INDEX_BUFFERS:
         if name not in sd: continue
-        t = sd[name].reshape(-1).long()
-        expected, what = (torch.arange(t.numel()), '0 … L-1') if name.endswith('position_ids') else (torch.zeros_like(t), 'all zeros')
-        if not torch.equal(t, expected): raise CheckpointError(f'{name} in the checkpoint is not {what}, which posenc_lit assumes')
+        t = sd[name].reshape(-1)
+        expected, what = (torch.arange(t.numel()), '0 … L-1') if name.endswith('position_ids') else (torch.zeros(t.numel()), 'all zeros')
+        if t.dtype.is_complex or not torch.equal(t.double(), expected.double()):   # exactly: 2.4 is not position 2
+            raise CheckpointError(f'{name} in the checkpoint is not {what}, which posenc_lit assumes')
 
 # %% ../nbs/14_hf.ipynb #f10ec74e
 def match_hf_weights(model: torch.nn.Module, # our `Encoder` or `EncoderForMLM`, built by `hf_to_config`
@@ -213,6 +253,8 @@ def match_hf_weights(model: torch.nn.Module, # our `Encoder` or `EncoderForMLM`,
         raise CheckpointError(f'the checkpoint does not match a {model_type} model of this config.json: missing {missing}, '
                               f'unexpected {unexpected}')
     _check_buffers(sd)
+    ref = model.state_dict()
+    check_weight_dtypes({t: sd[t] for t in wmap.values()}, {t: ref[o] for o, t in wmap.items()}, f'the {model_type} checkpoint')
     for tied, source in _TIED.items():                      # with the MLM head: the decoder must be tied, as ours is
         if isinstance(model, EncoderForMLM) and tied in sd and source in sd and not torch.equal(sd[tied], sd[source]):
             raise CheckpointError(f'{tied} differs from {source}: an untied MLM decoder, which posenc_lit (tied, as BERT) cannot hold')
@@ -226,7 +268,7 @@ def from_hf(path_or_name, # a local Hugging Face folder, or a hub name (fetched 
     "A BERT or DeBERTa-v2 checkpoint as our `Encoder` (or `EncoderForMLM`), every weight mapped by `hf_weight_map`; `CheckpointError` otherwise."
     folder = hf_folder(path_or_name, revision)
     hf = read_hf_config(folder)
-    cfg = hf_to_config(hf)
+    cfg = hf_to_config(hf, folder / 'config.json')
     model = EncoderForMLM(cfg) if mlm else Encoder(cfg)
     state, _ = match_hf_weights(model, load_hf_weights(folder), hf['model_type'])
     try: model.load_state_dict(state)

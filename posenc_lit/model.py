@@ -4,7 +4,7 @@
 
 # %% ../nbs/10_model.ipynb #a2560224
 from __future__ import annotations
-import json, math, os, tempfile
+import json, math, os, re, tempfile
 from dataclasses import dataclass, field, asdict, fields
 from pathlib import Path
 import torch
@@ -17,11 +17,23 @@ from .attention import *
 from .absolute import four_terms
 
 # %% auto #0
-__all__ = ['ModelConfig', 'Embeddings', 'EncoderLayer', 'Encoder', 'EnhancedMaskDecoder', 'EncoderForMLM',
-           'padding_invariance_error', 'CheckpointError', 'save_model', 'load_config', 'load_model', 'four_term_scores',
-           'count_parameters']
+__all__ = ['check_field_types', 'ModelConfig', 'Embeddings', 'EncoderLayer', 'Encoder', 'EnhancedMaskDecoder', 'EncoderForMLM',
+           'padding_invariance_error', 'CheckpointError', 'check_weight_dtypes', 'save_model', 'load_config',
+           'load_model', 'four_term_scores', 'count_parameters']
 
 # %% ../nbs/10_model.ipynb #14ec465d
+_KINDS = {'int': 'an integer', 'float': 'a finite number', 'bool': 'True or False', 'str': 'a string', 'dict': 'a dict'}
+
+def check_field_types(cfg):
+    "`ValueError` naming the first field of dataclass `cfg` whose value does not fit its annotation (int, float, bool, str, dict)."
+    for f in fields(cfg):
+        v, t = getattr(cfg, f.name), str(f.type)
+        if t not in _KINDS: continue
+        ok = {'int': type(v) is int, 'bool': isinstance(v, bool), 'str': isinstance(v, str), 'dict': isinstance(v, dict),
+              'float': isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}[t]
+        if not ok: raise ValueError(f'{f.name} must be {_KINDS[t]}; got {v!r}')
+
+# %% ../nbs/10_model.ipynb #948948d1
 @dataclass
 class ModelConfig:
     "Configuration of `Encoder` / `EncoderForMLM`; `pe` names a registered position encoding."
@@ -45,26 +57,33 @@ class ModelConfig:
     def __post_init__(self):
         for f in ('vocab_size', 'd_model', 'n_layers', 'n_heads', 'd_ff', 'max_position_embeddings'):
             v = getattr(self, f)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1: raise ValueError(f'{f} must be a positive integer; got {v!r}')
+            if type(v) is not int or v < 1: raise ValueError(f'{f} must be a positive integer; got {v!r}')
+        check_field_types(self)   # types before ranges: `dropout='0.1'` names the field, not a comparison deep inside
         if not 0 <= self.pad_token_id < self.vocab_size: raise ValueError(f'pad_token_id={self.pad_token_id} must be in [0, vocab_size={self.vocab_size})')
         if self.type_vocab_size < 0: raise ValueError(f'type_vocab_size must be ≥ 0; got {self.type_vocab_size}')
         if not self.layer_norm_eps > 0: raise ValueError(f'layer_norm_eps must be > 0; got {self.layer_norm_eps}')
+        if self.initializer_range < 0: raise ValueError(f'initializer_range (a standard deviation) must be ≥ 0; got {self.initializer_range}')
         if not isinstance(self.pe_kwargs, dict): raise ValueError(f'pe_kwargs must be a dict; got {self.pe_kwargs!r}')
         if self.d_model % self.n_heads:
             raise ValueError(f'd_model={self.d_model} must be divisible by n_heads={self.n_heads}')
         for f in ('dropout', 'attn_dropout'):
             if not 0 <= getattr(self, f) < 1: raise ValueError(f'{f} must be in [0, 1); got {getattr(self, f)}')
-        if not isinstance(self.emd_steps, int) or isinstance(self.emd_steps, bool) or self.emd_steps < 0:
+        if self.emd_steps < 0:
             raise ValueError(f'emd_steps must be an integer ≥ 0 (0: no Enhanced Mask Decoder; DeBERTa uses 2); got {self.emd_steps!r}')
         spec = get_encoding(self.pe)  # unknown names fail here, listing the valid ones
         try:                          # so do options the encoding does not accept (built once, RNG left untouched)
             with torch.random.fork_rng(devices=[]): spec.factory(self)
-        except TypeError as e: raise ValueError(f'pe_kwargs {self.pe_kwargs} are not accepted by pe={self.pe!r}: {e}') from None
+        except TypeError as e:
+            taken = re.search(r"multiple values for argument '(\w+)'", str(e))   # an argument the model passes itself
+            if taken: raise ValueError(f'pe_kwargs cannot set {taken[1]!r}: pe={self.pe!r} takes it from the model (d_model={self.d_model}, '
+                                       f'n_heads={self.n_heads}, head dimension d_model/n_heads={self.d_model // self.n_heads})') from None
+            raise ValueError(f'pe_kwargs {self.pe_kwargs} are not accepted by pe={self.pe!r}: {e}') from None
 
-# %% ../nbs/10_model.ipynb #948948d1
+# %% ../nbs/10_model.ipynb #c1632869
 def _config_to_json(cfg) -> str: return json.dumps(asdict(cfg), indent=2, sort_keys=True)
 
 def _config_from_dict(cls, d: dict):
+    if not isinstance(d, dict): raise ValueError(f'a {cls.__name__} is a JSON object of options; got {type(d).__name__} {d!r:.60}')
     names = {f.name for f in fields(cls)}
     unknown = sorted(set(d) - names)
     if unknown: raise ValueError(f'unknown {cls.__name__} option(s) {unknown}; valid: {sorted(names)}')
@@ -119,6 +138,7 @@ def _is_int(t): return isinstance(t, torch.Tensor) and not (t.dtype.is_floating_
 def _desc(t): return f'{t.dtype} tensor of shape {tuple(t.shape)}' if isinstance(t, torch.Tensor) else type(t).__name__
 
 def _check_inputs(input_ids, attention_mask, position_ids, token_type_ids=None):
+    "Check the model's inputs; returns `(input_ids, position_ids, token_type_ids)` as int64, whatever integer dtype was given."
     if not _is_int(input_ids) or input_ids.ndim != 2:
         raise ValueError(f'input_ids must be an integer tensor of shape (b, n); got {_desc(input_ids)}')
     b, n = input_ids.shape
@@ -135,6 +155,7 @@ def _check_inputs(input_ids, attention_mask, position_ids, token_type_ids=None):
     for name, t in (('attention_mask', m), ('position_ids', position_ids), ('token_type_ids', token_type_ids)):
         if t is not None and t.device != input_ids.device:
             raise ValueError(f'{name} is on device {t.device} but input_ids is on {input_ids.device}: put all inputs on one device')
+    return tuple(None if t is None else t.long() for t in (input_ids, position_ids, token_type_ids))   # uint8 would index as a mask
 
 def _check_ids(t, size, name, field):  # token or segment ids must index their table
     if t.numel() and (int(t.min()) < 0 or int(t.max()) >= size):
@@ -168,7 +189,7 @@ def forward(self: Encoder,
             output_attentions: bool = False,            # also return each layer's probabilities (manual path)
             n_layers: int | None = None):               # run only the first `n_layers` layers (the Enhanced Mask Decoder)
     "Encode `input_ids`; `ValueError` for malformed inputs or positions outside a learned table. Also returns `pos`, `mask`, `ctx`."
-    _check_inputs(input_ids, attention_mask, position_ids, token_type_ids)
+    input_ids, position_ids, token_type_ids = _check_inputs(input_ids, attention_mask, position_ids, token_type_ids)
     dev = self.embeddings.word.weight.device
     if input_ids.device != dev: raise ValueError(f'input_ids are on device {input_ids.device} but the model is on {dev}: move one to the other')
     _check_ids(input_ids, self.cfg.vocab_size, 'input_ids', 'vocab_size')
@@ -259,6 +280,13 @@ def padding_invariance_error(model: nn.Module, ids: torch.Tensor, n_pad: int = 3
 class CheckpointError(ValueError):
     "A checkpoint folder or file is missing, corrupt, or does not match the model configuration."
 
+def check_weight_dtypes(sd: dict, ref: dict, f) -> None:
+    "`CheckpointError` naming file `f` and the first tensor of `sd` whose kind (float, integer, bool, complex) differs from `ref`'s."
+    kind = lambda t: 'complex' if t.dtype.is_complex else 'float' if t.dtype.is_floating_point else 'bool' if t.dtype == torch.bool else 'integer'
+    for k, v in sd.items():
+        if k in ref and kind(v) != kind(ref[k]):
+            raise CheckpointError(f'{f}: {k} must be a {kind(ref[k])} tensor (loading would cast it silently); got {v.dtype}')
+
 def save_model(model: EncoderForMLM, path) -> Path:
     "Write `config.json` and `model.safetensors` into folder `path` (each file written atomically)."
     path = Path(path)
@@ -284,6 +312,7 @@ def load_model(path) -> EncoderForMLM:
     model = EncoderForMLM(cfg)
     missing, unexpected = sorted(set(model.state_dict()) - set(sd)), sorted(set(sd) - set(model.state_dict()))
     if missing or unexpected: raise CheckpointError(f'{f} does not match its config: missing {missing}, unexpected {unexpected}')
+    check_weight_dtypes(sd, model.state_dict(), f)
     try: model.load_state_dict(sd)
     except RuntimeError as e: raise CheckpointError(f'{f} does not match its config: {e}') from None
     return model
@@ -297,7 +326,7 @@ def four_term_scores(model: EncoderForMLM | Encoder, # a model with an absolute 
     "The first layer's logits split into the four terms of Ke et al. 2021, §3.1 (they sum to the logits)."
     enc = model if isinstance(model, Encoder) else model.encoder
     if enc.pe.kind != 'absolute': raise ValueError(f"four_term_scores needs an absolute encoding; the model uses {enc.cfg.pe!r} ({enc.pe.kind})")
-    _check_inputs(input_ids, None, position_ids, token_type_ids)
+    input_ids, position_ids, token_type_ids = _check_inputs(input_ids, None, position_ids, token_type_ids)
     w, p = enc.embeddings.parts(input_ids, enc.positions(input_ids, position_ids), enc.pe, token_type_ids)
     a = enc.layers[0].attn
     return four_terms(w, p, a.q_proj, a.k_proj, a.n_heads, ln=enc.embeddings.ln, scale=enc.pe.content_scale(a.d_head))

@@ -21,9 +21,17 @@ def _is_num(v): return isinstance(v, (int, float)) and not isinstance(v, bool) a
 def _check_base(base):
     if not _is_num(base) or base <= 1: raise ValueError(f'base must be a finite number > 1 (RoFormer: 10000); got {base!r}')
 
+def _check_freqs(theta, what):  # θ as computed: every frequency must be a positive float32 number
+    if not (torch.isfinite(theta).all() and (theta > 0).all()):
+        raise ValueError(f'{what} give frequencies θ_i that underflow or overflow float32 ({theta.tolist()[-2:]} for the slowest pairs): '
+                         'RoPE needs every θ_i finite and > 0; use a smaller base or factor (RoFormer: base 10000, factor 1)')
+    return theta
+
 # %% ../nbs/07_rope.ipynb #3e0e1719
 def _check_rotary_dim(rotary_dim, d_head=None):
     "`rotary_dim` (`None`: all of `d_head`) checked: an even integer ≥ 2, at most `d_head`."
+    if d_head is not None and d_head < 2:
+        raise ValueError(f'RoPE needs a head dimension d ≥ 2 (it rotates pairs of dimensions; in a model d = d_model / n_heads); got d={d_head}')
     if rotary_dim is None and d_head is not None:
         if d_head % 2: raise ValueError(f'the head dimension d={d_head} is odd and RoPE rotates pairs of dimensions: set '
                                         f'rotary_dim to an even number ≤ {d_head} (e.g. {d_head - 1}), or use an even head dimension')
@@ -44,6 +52,9 @@ def rope_inv_freq(rotary_dim: int,        # d_r: the number of rotated dimension
                  ) -> torch.Tensor:       # θ_i = b^(-2i/d_r), i = 0 … d_r/2-1: radians per token, float32, `(d_r/2,)`
     "RoPE's frequencies $\\theta_i = b^{-2i/d_r}$ in float32 (Su et al. 2021, §3.2); `ValueError` for an odd `rotary_dim` or a `base` ≤ 1."
     _check_rotary_dim(rotary_dim); _check_base(base)
+    return _check_freqs(_theta(rotary_dim, base, device), f'base={base!r}')
+
+def _theta(rotary_dim, base, device):
     two_i = torch.arange(0, rotary_dim, 2, device=device).to(torch.float32)    # 2i, exact in float32
     return 1.0 / base ** (two_i / rotary_dim)                                    # (d_r/2,)
 
@@ -55,6 +66,8 @@ def rope_cos_sin(pos: torch.Tensor,       # integer token positions `(n,)` or `(
     if not isinstance(pos, torch.Tensor) or pos.dtype.is_floating_point or pos.dtype.is_complex or pos.dtype == torch.bool:
         got = pos.dtype if isinstance(pos, torch.Tensor) else type(pos).__name__
         raise TypeError(f'positions must be an integer tensor of token indices; got {got}')
+    if not isinstance(inv_freq, torch.Tensor) or inv_freq.ndim != 1 or not inv_freq.dtype.is_floating_point:
+        raise TypeError(f'inv_freq must be a float tensor (d_r/2,) of frequencies (see `rope_inv_freq`); got {_desc(inv_freq)}')
     angles = pos.to(inv_freq.dtype)[..., None] * inv_freq      # (…, n, d_r/2): m·θ_i
     return angles.cos(), angles.sin()
 
@@ -67,6 +80,22 @@ PAIRINGS = {
 def _check_pairing(pairing):
     if pairing not in PAIRINGS: raise ValueError(f"pairing must be 'half' or 'interleaved' ({PAIRINGS}); got {pairing!r}")
 
+def _desc(t): return f'{t.dtype} tensor of shape {tuple(t.shape)}' if isinstance(t, torch.Tensor) else f'{type(t).__name__} {t!r:.40}'
+
+def _check_rope_args(x, cos, sin):  # x float (…, n, d); cos, sin the same float (…, n, d_r/2) shape, broadcastable with x
+    if not isinstance(x, torch.Tensor) or x.ndim < 1 or not x.dtype.is_floating_point:
+        raise TypeError(f'x must be a float tensor of queries or keys (…, n, d) (an integer x would truncate the rotation); got {_desc(x)}')
+    for name, t in (('cos', cos), ('sin', sin)):
+        if not isinstance(t, torch.Tensor) or t.ndim < 1 or not t.dtype.is_floating_point:
+            raise TypeError(f'{name} must be a float tensor (…, n, d_r/2) from `rope_cos_sin`; got {_desc(t)}')
+    if cos.shape != sin.shape: raise ValueError(f'cos and sin must have the same shape; got {tuple(cos.shape)} and {tuple(sin.shape)}')
+    r = 2 * cos.shape[-1]
+    if r > x.shape[-1]: raise ValueError(f'cos and sin rotate {r} dimensions but x has only {x.shape[-1]} (shape {tuple(x.shape)})')
+    try: torch.broadcast_shapes(cos.shape, (*x.shape[:-1], cos.shape[-1]))
+    except RuntimeError: raise ValueError(f'cos and sin of shape {tuple(cos.shape)} (…, n, d_r/2) do not broadcast with x of shape '
+                                          f'{tuple(x.shape)} (…, n, d): one angle per position of x is needed') from None
+    return r
+
 def _pairs(x, r, pairing):  # the two members of each pair among the first r dimensions: (x1, x2), each (…, r/2)
     return (x[..., :r // 2], x[..., r // 2:r]) if pairing == 'half' else (x[..., 0:r:2], x[..., 1:r:2])
 
@@ -76,9 +105,7 @@ def apply_rope(x: torch.Tensor,    # queries or keys `(…, n, d)`, float
                pairing: str = 'half',  # which dimensions pair up: 'half' or 'interleaved' (see `PAIRINGS`)
               ) -> torch.Tensor:       # `x` with its first d_r dimensions rotated pair by pair; same shape and dtype
     "Rotate each pair of the first $d_r$ dimensions of `x` by its angle (Su et al. 2021, §3.2); the other $d - d_r$ pass unchanged."
-    _check_pairing(pairing)
-    r = 2 * cos.shape[-1]
-    if r > x.shape[-1]: raise ValueError(f'cos and sin rotate {r} dimensions but x has only {x.shape[-1]} (shape {tuple(x.shape)})')
+    _check_pairing(pairing); r = _check_rope_args(x, cos, sin)
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     x1, x2 = _pairs(x, r, pairing)
     y1, y2 = x1 * cos - x2 * sin, x1 * sin + x2 * cos                       # (…, n, d_r/2) each
@@ -123,9 +150,12 @@ def rope_frequencies(rotary_dim: int,         # d_r, even
                     ) -> torch.Tensor:        # θ `(d_r/2,)`, float32, radians per token
     "RoPE's frequencies for inputs `factor` times longer than trained (Chen et al. 2023; NTK-aware base); `ValueError` for a bad configuration."
     _check_rotary_dim(rotary_dim); _check_base(base); _check_scaling(scaling, factor, rotary_dim)
-    if scaling == 'ntk': base = base * factor ** (rotary_dim / (rotary_dim - 2))     # b' = b·s^(d_r/(d_r-2))
-    inv_freq = rope_inv_freq(rotary_dim, base, device)
-    return inv_freq / factor if scaling == 'linear' else inv_freq
+    what = f'base={base!r}, scaling={scaling!r}, factor={factor!r}'
+    if scaling == 'ntk':
+        try: base = base * factor ** (rotary_dim / (rotary_dim - 2))            # b' = b·s^(d_r/(d_r-2))
+        except OverflowError: base = math.inf                                     # then θ_i = 0, refused below
+    inv_freq = _theta(rotary_dim, base, device)
+    return _check_freqs(inv_freq / factor if scaling == 'linear' else inv_freq, what)
 
 # %% ../nbs/07_rope.ipynb #849bff7d
 class RoPE(PositionEncoding):
@@ -142,6 +172,7 @@ class RoPE(PositionEncoding):
         self.d_head, self.rotary_dim = d_head, _check_rotary_dim(rotary_dim, d_head)
         _check_base(base); _check_pairing(pairing); _check_scaling(scaling, factor, self.rotary_dim)
         self.base, self.pairing, self.scaling, self.factor = base, pairing, scaling, factor
+        self.inv_freq()   # frequencies that leave float32 fail here, not in the first forward
 
 # %% ../nbs/07_rope.ipynb #a6f50eae
 @patch

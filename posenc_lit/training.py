@@ -4,7 +4,7 @@
 
 # %% ../nbs/12_training.ipynb #6a49539c
 from __future__ import annotations
-import functools, json, math, os, shutil, signal, threading, time
+import functools, json, math, os, re, shutil, signal, sys, tempfile, threading, time
 from dataclasses import dataclass, field, asdict, fields
 from pathlib import Path
 import torch
@@ -18,7 +18,7 @@ from .data import *
 
 # %% auto #0
 __all__ = ['PRESETS', 'TrainConfig', 'model_config', 'make_train_config', 'micro_batch', 'eval_set', 'evaluate', 'RunDirError',
-           'SignalStop', 'pretrain']
+           'SignalStop', 'check_creatable_dir', 'pretrain']
 
 # %% ../nbs/12_training.ipynb #6eb4edc2
 @dataclass
@@ -44,7 +44,7 @@ class TrainConfig:
     max_position_embeddings: int = 512
     emd_steps: int = 0              # Enhanced Mask Decoder passes for the MLM head (DeBERTa: 2); 0 = off
     eval_every: int = 250           # steps between evaluations (and at the end)
-    eval_blocks: int = 512          # validation blocks evaluated (a fixed subset; 0 = all)
+    eval_blocks: int = 512          # validation blocks evaluated (a fixed subset; 0 = all; more than there are: all, with a notice)
     log_every: int = 25             # steps between training-loss records
     save_every: int = 500           # steps between checkpoints (and at the end)
     seed: int = 0
@@ -74,15 +74,13 @@ def make_train_config(preset: str = 'quick', **overrides) -> TrainConfig:
     bad = sorted(set(overrides) - names)
     if bad: raise ValueError(f'unknown training option(s) {bad}; valid: {sorted(names)}')
     cfg = TrainConfig(**{**PRESETS[preset], **{k: v for k, v in overrides.items() if v is not None}})
-    for f in fields(cfg):   # types first: `steps='10'` names the option, not a comparison deep inside
-        v, ok = getattr(cfg, f.name), {'int': (int,), 'float': (int, float), 'str': (str,), 'dict': (dict,)}[f.type]
-        if not isinstance(v, ok) or isinstance(v, bool) or (f.type == 'float' and not math.isfinite(v)):
-            raise ValueError(f'{f.name} must be {"a finite number" if f.type == "float" else "an integer" if f.type == "int" else f"a {f.type}"}; got {v!r}')
+    check_field_types(cfg)   # types first: `steps='10'` names the option, not a comparison deep inside
     get_encoding(cfg.pe)
     if not isinstance(cfg.pe_kwargs, dict): raise ValueError(f'pe_kwargs must be a JSON object (dict); got {cfg.pe_kwargs!r}')
     if not 0 <= cfg.seed < 2**32: raise ValueError(f'seed must be in [0, 2**32); got {cfg.seed}')
     if not 0 <= cfg.warmup <= 1: raise ValueError(f'warmup is a fraction of the steps, in [0, 1]; got {cfg.warmup}')
     if cfg.eval_blocks < 0: raise ValueError(f'eval_blocks must be ≥ 0 (0 = all validation blocks); got {cfg.eval_blocks}')
+    if not cfg.data.strip(): raise ValueError("data must not be empty: 'default', a local folder, or a hub dataset name")
     if cfg.mixed_precision not in ('no', 'bf16', 'fp16'):
         raise ValueError(f"mixed_precision must be 'no', 'bf16' or 'fp16'; got {cfg.mixed_precision!r}")
     for f in ('seq_len', 'batch_size', 'grad_accum', 'steps', 'eval_every', 'log_every', 'save_every'):
@@ -147,10 +145,14 @@ def _read_metrics(path: Path, upto_step: int) -> list:
     if not path.is_file(): return []
     lines, recs = [l for l in path.read_text().splitlines() if l.strip()], []
     for a, l in enumerate(lines):
-        try: recs.append(json.loads(l))
+        try: r = json.loads(l)
         except json.JSONDecodeError:
             if a == len(lines) - 1: break
             raise RunDirError(f'{path} line {a + 1} is not JSON; the run directory is damaged') from None
+        if not (isinstance(r, dict) and type(r.get('step')) is int and r.get('split') in ('train', 'eval')):
+            raise RunDirError(f'{path} line {a + 1} is not a metrics record (an object with an integer "step" and '
+                              f'"split" "train" or "eval"); got {l[:80]!r}: the run directory is damaged')
+        recs.append(r)
     return [r for r in recs if r['step'] <= upto_step]
 
 # %% ../nbs/12_training.ipynb #70bec217
@@ -194,6 +196,8 @@ def _prepare_run_dir(out: Path, cfg: TrainConfig, resume: bool, overwrite: bool 
         if f.is_file():
             try: old = json.loads(f.read_text())
             except json.JSONDecodeError as e: raise RunDirError(f'{f} is not valid JSON ({e}); the run directory is damaged') from None
+            if not isinstance(old, dict):
+                raise RunDirError(f'{f} must hold a JSON object (the TrainConfig); got {type(old).__name__}: the run directory is damaged')
             old = {**json.loads(json.dumps(asdict(TrainConfig()))), **old}   # options added since the run was saved: their defaults
             if old != json.loads(json.dumps(asdict(cfg))):
                 new = json.loads(json.dumps(asdict(cfg)))
@@ -207,8 +211,25 @@ def _prepare_run_dir(out: Path, cfg: TrainConfig, resume: bool, overwrite: bool 
             except json.JSONDecodeError as e: raise CheckpointError(f'corrupt {st}: {e}') from None
             if not isinstance(state, dict) or not {'step', 'micro_step'} <= set(state):
                 raise CheckpointError(f'{st} lacks step/micro_step: the checkpoint is damaged; delete {ck} to start again')
-            return state
+            return _check_trainer_state(st, state, cfg)
     return None
+
+def _check_trainer_state(st: Path, state: dict, cfg: TrainConfig) -> dict:
+    "`state` if every field has the type and range `cfg` implies; else `CheckpointError` naming `st` and the field."
+    def bad(k, allowed): raise CheckpointError(f'{st}: {k} must be {allowed}; got {state[k]!r}: the checkpoint is damaged; '
+                                               '--overwrite (instead of --resume) starts the run again')
+    def is_int(v): return isinstance(v, int) and not isinstance(v, bool)
+    if not is_int(state['step']) or not 0 <= state['step'] <= cfg.steps: bad('step', f'an integer in [0, steps={cfg.steps}]')
+    if not is_int(state['micro_step']) or state['micro_step'] != state['step'] * cfg.grad_accum:
+        bad('micro_step', f"step × grad_accum = {state['step']} × {cfg.grad_accum} = {state['step'] * cfg.grad_accum}")
+    if 'processes' in state and (not is_int(state['processes']) or state['processes'] < 1): bad('processes', 'an integer ≥ 1')
+    n = 0 if state['step'] == cfg.steps else state['step'] % cfg.log_every   # steps since the last training-loss record
+    if 'run_n' in state and (not is_int(state['run_n']) or state['run_n'] != n):
+        bad('run_n', f"the steps since the last record, step % log_every = {n}")
+    v = state.get('run_loss', 0.0)
+    if 'run_loss' in state and (not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0):
+        bad('run_loss', 'a finite number ≥ 0 (a sum of cross-entropies)')
+    return state
 
 # %% ../nbs/12_training.ipynb #8737f712
 class SignalStop:
@@ -232,6 +253,15 @@ def _any_process(accelerator, flag: bool) -> bool:
     if accelerator.num_processes == 1: return flag
     return accelerator.reduce(torch.tensor(float(flag), device=accelerator.device), 'sum').item() > 0
 
+def check_creatable_dir(out: Path):
+    "`RunDirError` unless `out` is a folder or can be made one: its nearest existing parent must be a folder we can write in."
+    if not str(out).strip(): raise RunDirError('the run directory must not be empty (it would be read as the current folder)')
+    a = Path(out).absolute()
+    while not a.exists(): a = a.parent
+    if not a.is_dir(): raise RunDirError(f'cannot create {out}: {a} is a file, not a folder')
+    try: os.rmdir(tempfile.mkdtemp(dir=a, prefix='.posenc_lit-probe-'))   # the only test that root and odd file systems answer truly
+    except OSError as e: raise RunDirError(f'cannot create {out}: {a} is not writable ({e.strerror or e})') from None
+
 def _replace_run_dir(out: Path):
     "Delete the run in `out` (for `overwrite`); renamed aside first, so an interruption leaves the old run or none, never half."
     aside = out.with_name(f'.{out.name}.replaced-{os.getpid()}')
@@ -254,6 +284,21 @@ def _setup(cfg: TrainConfig, world: int = 1):
     return tok, train, inputs, labels, unigram_loss(unigram_logprobs(train, V), labels)
 
 # %% ../nbs/12_training.ipynb #819eef96
+def _probe_step(model, cfg: TrainConfig, train: torch.Tensor, vocab_size: int, dev):
+    "One forward and backward on `batch_size` training blocks; RNG, weights and gradients unchanged. `ValueError` if out of memory."
+    inputs, labels = mask_tokens(train[:cfg.batch_size], torch.Generator().manual_seed(0), vocab_size, cfg.mlm_probability)
+    try:
+        with torch.random.fork_rng(devices=[dev] if dev.type == 'cuda' else []):
+            model.train()(inputs.to(dev), labels=labels.to(dev))['loss'].backward()
+    except (RuntimeError, MemoryError) as e:
+        if 'memory' not in str(e).lower() and not isinstance(e, MemoryError): raise
+        asked = re.search(r'allocate (\d+) bytes', str(e))   # CPU; CUDA's message says 'Tried to allocate 1.5 GiB'
+        asked = f'{int(asked[1]) / 2**30:.1f} GiB asked at once' if asked else str(e).splitlines()[0][:160]
+        raise ValueError(f'one training step of batch_size={cfg.batch_size} blocks of seq_len={cfg.seq_len} tokens does not fit in '
+                         f'{dev.type} memory ({asked}): use a smaller seq_len or batch_size') from None
+    finally: model.zero_grad(set_to_none=True)
+
+# %% ../nbs/12_training.ipynb #e7fea1c4
 def pretrain(cfg: TrainConfig,          # what to train (see `PRESETS`, `make_train_config`)
              out,                       # run directory
              resume: bool = False,      # continue from `out/checkpoint` if present (else start fresh)
@@ -262,7 +307,7 @@ def pretrain(cfg: TrainConfig,          # what to train (see `PRESETS`, `make_tr
              overwrite: bool = False,   # replace the run in a non-empty `out` (deleted only once every input is checked)
             ) -> dict:  # the summary (also in `out/summary.json`); a stopped run: `{'stopped_at_step', 'steps'}` (+ `'signal'`)
     "Pretrain an `EncoderForMLM` on `cfg.data`; runs unchanged under `accelerate launch` with several processes."
-    out = Path(out)
+    check_creatable_dir(out); out = Path(out)
     if cfg.mixed_precision == 'fp16' and not torch.cuda.is_available():
         raise ValueError("mixed_precision='fp16' needs a CUDA GPU; on CPU use 'bf16' or 'no'")
     # accelerate keeps one AcceleratorState per process; forget the previous run's settings (mixed precision,
@@ -280,7 +325,6 @@ def pretrain(cfg: TrainConfig,          # what to train (see `PRESETS`, `make_tr
     set_seed(cfg.seed)
     mcfg = model_config(cfg, tok.get_vocab_size())
     model = EncoderForMLM(mcfg)
-    with torch.no_grad(): model.eval()(ev_in[:1])   # fails now, before anything is written, if e.g. a table is too short
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
     opt = torch.optim.AdamW([{'params': decay, 'weight_decay': cfg.weight_decay}, {'params': no_decay, 'weight_decay': 0.0}],
@@ -288,6 +332,9 @@ def pretrain(cfg: TrainConfig,          # what to train (see `PRESETS`, `make_tr
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg))
     model, opt = accelerator.prepare(model, opt)
     accelerator.register_for_checkpointing(sched)
+    if cfg.eval_blocks > len(ev_in) and accelerator.is_main_process:   # stderr: stdout carries the summary
+        print(f'note: eval_blocks={cfg.eval_blocks} is more than the {len(ev_in)} validation blocks: all are evaluated', file=sys.stderr)
+    _probe_step(model, cfg, train, mcfg.vocab_size, accelerator.device)
     if overwrite and accelerator.is_main_process and out.exists() and any(out.iterdir()): _replace_run_dir(out)
     accelerator.wait_for_everyone()
     with SignalStop() as stop:
@@ -312,9 +359,9 @@ def _train_loop(cfg, out, accelerator, model, opt, sched, tok, train, ev_in, ev_
     run_loss = torch.tensor((state or {}).get('run_loss', 0.0), dtype=torch.float64)  # training loss since the last record
     run_n = (state or {}).get('run_n', 0)
     if main:
+        recs = _read_metrics(out / 'metrics.jsonl', step)   # drop records after the checkpoint we resume from
         out.mkdir(parents=True, exist_ok=True)
         _write_json(out / 'config.json', asdict(cfg))
-        recs = _read_metrics(out / 'metrics.jsonl', step)   # drop records after the checkpoint we resume from
         atomic_write(out / 'metrics.jsonl', lambda f: Path(f).write_text(''.join(json.dumps(r) + '\n' for r in recs)))
     tokens_per_step = cfg.batch_size * world * cfg.grad_accum * cfg.seq_len
     last = stop_at if stop_at is not None else cfg.steps

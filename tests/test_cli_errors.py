@@ -29,6 +29,9 @@ BAD = {   # id: (arguments after `posenc_lit`, text the error must contain)
     'lengths-zero': (['lengths', '--lengths', '128', '0'], 'argument --lengths: must be an integer ≥ 1; got 0'),
     'max-tokens': (['lengths', '--max-tokens', '-5'], 'argument --max-tokens: must be an integer ≥ 1; got -5'),
     'encodings-flag': (['encodings', '--all'], 'unrecognized arguments: --all'),
+    'empty-data': ([*PRETRAIN, '--data', ''], 'argument --data: must not be empty'),
+    'rope-factor-overflow': (['pretrain', '--pe', 'rope', '--preset', 'smoke', '--pe-kwargs', '{"scaling": "ntk", "factor": 1e300}'],
+                             'underflow or overflow float32'),
 }
 
 
@@ -59,3 +62,34 @@ def test_console_script_exit_status(tmp_path):
     assert r.returncode == 2 and r.stderr.startswith('usage: posenc_lit pretrain') and 'Traceback' not in r.stderr
     assert 'posenc_lit: error: steps must be ≥ 1; got 0' in r.stderr
     assert not (tmp_path / 'run').exists()
+
+
+@pytest.mark.parametrize('out,msg', [('', 'argument --out: must not be empty'),
+                                     ('/proc/posenc_lit_run', 'argument --out: cannot create /proc/posenc_lit_run')])
+def test_unusable_out_names_out(out, msg, tmp_path, capsys, monkeypatch):
+    "An empty --out (read as the current folder) or one that cannot be created: usage, status 2, nothing written."
+    monkeypatch.chdir(tmp_path)
+    assert main([*PRETRAIN, '--out', out]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith('usage: posenc_lit pretrain') and msg in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def _overcommit_always():
+    try: return open('/proc/sys/vm/overcommit_memory').read().strip() == '1'
+    except OSError: return True
+
+
+@pytest.mark.skipif(_overcommit_always(), reason='with overcommit_memory=1 a huge allocation succeeds and the OOM killer ends the test')
+def test_step_that_does_not_fit_in_memory_writes_nothing(tmp_path, capsys):
+    "--seq-len 100000 asks for hundreds of GiB of attention scores: the probe step fails first, and no run directory is left."
+    out = tmp_path / 'run'
+    assert main(['pretrain', '--pe', 'rope', '--preset', 'smoke', '--seq-len', '100000', '--eval-blocks', '3', '--quiet', '--out', str(out)]) == 2
+    err = capsys.readouterr().err
+    assert 'one training step of batch_size=8 blocks of seq_len=100000 tokens does not fit in' in err and 'Traceback' not in err, err
+    assert not out.exists()
+
+
+def test_eval_blocks_beyond_the_validation_set_are_capped_with_a_notice(tmp_path, capsys):
+    assert main([*PRETRAIN, '--eval-blocks', '100000000', '--stop-at', '1', '--quiet', '--out', str(tmp_path / 'run')]) == 0
+    assert 'note: eval_blocks=100000000 is more than the' in capsys.readouterr().err
