@@ -21,7 +21,7 @@ args_for() {
   esac
 }
 
-study=(learned sinusoidal none t5 huang4 shaw tupe-a tupe-r tupe-a-tiecls deberta deberta-noemd deberta-noc2p deberta-nop2c)
+study=(learned sinusoidal none t5 huang4 shaw tupe-a tupe-r tupe-a-tiecls deberta deberta-noemd deberta-noc2p deberta-nop2c rope alibi)
 names=("${@:-${study[@]}}")
 for name in "${names[@]}"; do
   run=runs/reference/$name
