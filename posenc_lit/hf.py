@@ -244,6 +244,10 @@ def match_hf_weights(model: torch.nn.Module, # our `Encoder` or `EncoderForMLM`,
     "Map a checkpoint onto `model` by `hf_weight_map`; `CheckpointError` listing every missing and every unexpected weight."
     sd = _strip_prefix(sd, _PREFIX[model_type])
     head = 'lm_predictions' if any(k.startswith('lm_predictions.') for k in sd) else 'cls'
+    if isinstance(model, EncoderForMLM) and not any(k.startswith(('cls.predictions.', 'lm_predictions.')) for k in sd):
+        raise CheckpointError(f'the {model_type} checkpoint has no MLM head (no cls.predictions.* or lm_predictions.* weights; '
+                              'it holds an encoder or a task model): load it with mlm=False, or use a checkpoint saved from a '
+                              '...ForMaskedLM model')
     wmap = hf_weight_map(model.state_dict(), model_type, head)
     missing = sorted(f'{t} (for {o})' for o, t in wmap.items() if t not in sd)
     used = set(wmap.values())

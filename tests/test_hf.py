@@ -215,8 +215,11 @@ def test_missing_and_unexpected_weights(tmp_path):
         from_hf(tmp_path)
     save_file({k: v for k, v in sd.items() if not k.startswith('cls.')}, f)
     from_hf(tmp_path)                                                            # the encoder alone loads
-    with pytest.raises(CheckpointError, match=r'missing \[.*cls.predictions.bias \(for decoder_bias\)'):
+    with pytest.raises(CheckpointError, match=r'has no MLM head .* load it with mlm=False'):
         from_hf(tmp_path, mlm=True)                                              # but there is no head to load
+    save_file({k: v for k, v in sd.items() if k != 'cls.predictions.bias'}, f)
+    with pytest.raises(CheckpointError, match=r'missing \[.*cls.predictions.bias \(for decoder_bias\)'):
+        from_hf(tmp_path, mlm=True)                                              # a partial head: the missing weight is named
     save_file({**sd, 'bert.embeddings.word_embeddings.weight': sd['bert.embeddings.word_embeddings.weight'][:50]}, f)
     with pytest.raises(CheckpointError, match='do not fit its config.json'):
         from_hf(tmp_path)
