@@ -12,7 +12,8 @@ from fastcore.basics import patch
 from .core import *
 
 # %% auto #0
-__all__ = ['attend_manual', 'attend_fast', 'attend', 'PositionEncoding', 'default_positions', 'MultiHeadAttention']
+__all__ = ['attend_manual', 'attend_fast', 'attend', 'PositionEncoding', 'default_positions', 'MultiHeadAttention',
+           'CombinedEncoding']
 
 # %% ../nbs/01_attention.ipynb #43e4fd21
 def _check_attend_inputs(q, k, v, score_terms, mask):
@@ -166,3 +167,35 @@ def forward(self: MultiHeadAttention,
     out, probs = res if return_probs else (res, None)
     out = self.o_proj(out.transpose(1, 2).reshape(x.shape[0], x.shape[1], self.d_model))  # (b, i, D)
     return (out, probs) if return_probs else out
+
+# %% ../nbs/01_attention.ipynb #e4ab5c14
+class CombinedEncoding(PositionEncoding):
+    "Several encodings at once: summed `embed`, chained `transform_qk`, concatenated score and value terms."
+    def __init__(self, *encodings: PositionEncoding):
+        super().__init__()
+        if len(encodings) < 2 or not all(isinstance(e, PositionEncoding) for e in encodings):
+            raise ValueError(f'CombinedEncoding needs at least two PositionEncoding modules; got {[type(e).__name__ for e in encodings]}')
+        scales = {e.word_scale for e in encodings}
+        if len(scales) > 1: raise ValueError(f'the encodings scale the word embeddings differently ({sorted(scales)}): they cannot be combined')
+        self.members, self.word_scale = nn.ModuleList(encodings), encodings[0].word_scale
+        kinds = [e.kind for e in encodings]
+        self.kind = next((k for k in ('score', 'qk', 'absolute') if k in kinds), 'none')   # the most intrusive member's
+        tables = [e.max_len for e in encodings if getattr(e, 'max_len', None) is not None]
+        self.max_len = min(tables) if tables else None                   # the shortest absolute table limits the model
+
+    @property
+    def relative_only(self): return all(e.relative_only for e in self.members)
+
+    def embed(self, pos):
+        vs = [v for v in (e.embed(pos) for e in self.members) if v is not None]
+        return None if not vs else sum(vs[1:], vs[0])                      # (b|1, n, D)
+    def prepare(self, q_pos, k_pos): return {'q_pos': q_pos, 'k_pos': k_pos, 'members': [e.prepare(q_pos, k_pos) for e in self.members]}
+    def transform_qk(self, q, k, ctx, attn):
+        for e, c in zip(self.members, ctx['members']): q, k = e.transform_qk(q, k, c, attn)
+        return q, k
+    def score_terms(self, q, k, ctx, attn): return [t for e, c in zip(self.members, ctx['members']) for t in e.score_terms(q, k, c, attn)]
+    def value_terms(self, ctx, attn): return [t for e, c in zip(self.members, ctx['members']) for t in e.value_terms(c, attn)]
+    def content_scale(self, d):
+        s = {e.content_scale(d) for e in self.members}
+        if len(s) > 1: raise ValueError(f'the encodings scale q·k differently at d={d} ({sorted(s)}): they cannot be combined')
+        return s.pop()

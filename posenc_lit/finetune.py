@@ -23,10 +23,11 @@ from .data import load_tokenizer
 from .tasks import *
 
 # %% auto #0
-__all__ = ['PRETRAIN_FILES', 'TASK_KINDS', 'FINETUNE_PRESETS', 'find_checkpoint', 'load_pretrained', 'ClassificationHead',
-           'SpanHead', 'EncoderForTask', 'best_spans', 'encode_texts', 'encode_squad', 'check_length', 'encode_task',
-           'collate', 'predict', 'span_text', 'score', 'FinetuneConfig', 'make_finetune_config', 'save_task_model',
-           'load_task_model', 'finetune', 'mean_std', 'result_record', 'finetune_seeds', 'format_summary']
+__all__ = ['PRETRAIN_FILES', 'TASK_KINDS', 'FINETUNE_PRESETS', 'find_checkpoint', 'load_pretrained', 'add_relative',
+           'ClassificationHead', 'SpanHead', 'EncoderForTask', 'best_spans', 'encode_texts', 'encode_squad',
+           'check_length', 'encode_task', 'collate', 'predict', 'span_text', 'score', 'FinetuneConfig',
+           'make_finetune_config', 'save_task_model', 'load_task_model', 'finetune', 'mean_std', 'result_record',
+           'finetune_seeds', 'format_summary']
 
 # %% ../nbs/16_finetune.ipynb #b8d453db
 PRETRAIN_FILES = ('config.json', 'model.safetensors', 'tokenizer.json')
@@ -53,6 +54,26 @@ def load_pretrained(path) -> tuple[Encoder, Tokenizer]:
     enc = mlm.encoder
     enc.cfg = dataclasses.replace(enc.cfg, emd_steps=0)   # what is kept: the encoder, which never used the EMD
     return enc, load_tokenizer(p / 'tokenizer.json')
+
+# %% ../nbs/16_finetune.ipynb #f2673076
+def add_relative(encoder: Encoder,    # a pretrained encoder (`load_pretrained`), e.g. with learned absolute positions
+                 name: str = 'huang4', # a registered relative encoding with learned parameters (huang4, shaw, t5, …)
+                 **kwargs,             # its options (`add_relative_kwargs`), e.g. k=64
+                ) -> Encoder:          # a new encoder; `encoder` is left as it was
+    "`encoder` with the relative encoding `name` added on top of its own, its parameters zero: the same function until trained."
+    if encoder.cfg.add_relative: raise ValueError(f'the encoder already has add_relative={encoder.cfg.add_relative!r}')
+    cfg = dataclasses.replace(encoder.cfg, add_relative=name, add_relative_kwargs=dict(kwargs))   # validates name and options
+    new = Encoder(cfg)
+    added = new.pe.members[1]
+    if not any(True for _ in added.parameters()):
+        raise ValueError(f'{name!r} has no learned parameters: it cannot start at zero, so adding it would change the pretrained model; '
+                         f'use one with learned relative parameters (huang4, huang3, shaw, t5)')
+    sd = {('pe.members.0.' + k[3:] if k.startswith('pe.') else k): v for k, v in encoder.state_dict().items()}
+    missing, unexpected = new.load_state_dict(sd, strict=False)
+    assert not unexpected and all(k.startswith('pe.members.1.') for k in missing), (missing, unexpected)
+    with torch.no_grad():
+        for p in added.parameters(): p.zero_()
+    return new.train(encoder.training)
 
 # %% ../nbs/16_finetune.ipynb #ac4d26ea
 class ClassificationHead(nn.Module):
@@ -266,6 +287,8 @@ class FinetuneConfig:
     max_answer_len: int = 30        # span tasks: longest answer, in tokens
     seed: int = 0
     mixed_precision: str = 'no'     # 'no', 'bf16', 'fp16' (GPU)
+    add_relative: str = ''          # add this relative encoding, started at zero, to the pretrained one (`add_relative`); '' = none
+    add_relative_kwargs: dict = field(default_factory=dict)  # its options, e.g. {'k': 64}
 
 # %% ../nbs/16_finetune.ipynb #b03b1ab3
 FINETUNE_PRESETS = {
@@ -336,6 +359,7 @@ def _setup(cfg: FinetuneConfig):
     spec = get_task(cfg.task)
     if not cfg.checkpoint: raise CheckpointError('no checkpoint given: pass the checkpoint/ of a `posenc_lit pretrain` run (--checkpoint)')
     encoder, tok = load_pretrained(cfg.checkpoint)
+    if cfg.add_relative: encoder = add_relative(encoder, cfg.add_relative, **cfg.add_relative_kwargs)
     dd = load_task(cfg.task, cfg.data_files or None)
     if cfg.max_train: dd['train'] = dd['train'].select(range(min(cfg.max_train, dd['train'].num_rows)))
     data = encode_task(dd, spec, tok, encoder, cfg.max_len)

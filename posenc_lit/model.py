@@ -5,7 +5,7 @@
 # %% ../nbs/10_model.ipynb #a2560224
 from __future__ import annotations
 import json, math, os, re, tempfile
-from dataclasses import dataclass, field, asdict, fields
+from dataclasses import dataclass, field, asdict, fields, replace
 from pathlib import Path
 import torch
 import torch.nn as nn
@@ -17,9 +17,9 @@ from .attention import *
 from .absolute import four_terms
 
 # %% auto #0
-__all__ = ['check_field_types', 'ModelConfig', 'Embeddings', 'EncoderLayer', 'Encoder', 'EnhancedMaskDecoder', 'EncoderForMLM',
-           'padding_invariance_error', 'CheckpointError', 'check_weight_dtypes', 'save_model', 'load_config',
-           'load_model', 'four_term_scores', 'count_parameters']
+__all__ = ['check_field_types', 'ModelConfig', 'Embeddings', 'EncoderLayer', 'build_encoding', 'Encoder', 'EnhancedMaskDecoder',
+           'EncoderForMLM', 'padding_invariance_error', 'CheckpointError', 'check_weight_dtypes', 'save_model',
+           'load_config', 'load_model', 'four_term_scores', 'count_parameters']
 
 # %% ../nbs/10_model.ipynb #14ec465d
 _KINDS = {'int': 'an integer', 'float': 'a finite number', 'bool': 'True or False', 'str': 'a string', 'dict': 'a dict'}
@@ -53,6 +53,8 @@ class ModelConfig:
     initializer_range: float = 0.02
     fast_attention: bool = True         # SDPA path; False: the manual path
     emd_steps: int = 0                  # Enhanced Mask Decoder passes of the last layer for the MLM head (DeBERTa: 2); 0 = off
+    add_relative: str = ''              # a second, relative encoding on top of `pe` (Huang et al. 2020, §4.3 drop-in); '' = none
+    add_relative_kwargs: dict = field(default_factory=dict)  # its options
 
     def __post_init__(self):
         for f in ('vocab_size', 'd_model', 'n_layers', 'n_heads', 'd_ff', 'max_position_embeddings'):
@@ -78,6 +80,15 @@ class ModelConfig:
             if taken: raise ValueError(f'pe_kwargs cannot set {taken[1]!r}: pe={self.pe!r} takes it from the model (d_model={self.d_model}, '
                                        f'n_heads={self.n_heads}, head dimension d_model/n_heads={self.d_model // self.n_heads})') from None
             raise ValueError(f'pe_kwargs {self.pe_kwargs} are not accepted by pe={self.pe!r}: {e}') from None
+        if self.add_relative:
+            if not isinstance(self.add_relative_kwargs, dict): raise ValueError(f'add_relative_kwargs must be a dict; got {self.add_relative_kwargs!r}')
+            added = replace(self, pe=self.add_relative, pe_kwargs=self.add_relative_kwargs, add_relative='', add_relative_kwargs={})  # validates it
+            with torch.random.fork_rng(devices=[]): enc = get_encoding(self.add_relative).factory(added)
+            if not enc.relative_only or enc.kind == 'none':
+                raise ValueError(f'add_relative={self.add_relative!r} must name a relative encoding (kind score or qk, no absolute table); '
+                                 f'got kind {enc.kind!r}. Relative ones: ' + ', '.join(n for n, e in list_encodings().items() if e.kind in ('score', 'qk')))
+            with torch.random.fork_rng(devices=[]): CombinedEncoding(spec.factory(self), enc).content_scale(self.d_model // self.n_heads)
+        elif self.add_relative_kwargs: raise ValueError(f'add_relative_kwargs {self.add_relative_kwargs} given without add_relative')
 
 # %% ../nbs/10_model.ipynb #c1632869
 def _config_to_json(cfg) -> str: return json.dumps(asdict(cfg), indent=2, sort_keys=True)
@@ -162,12 +173,20 @@ def _check_ids(t, size, name, field):  # token or segment ids must index their t
         raise ValueError(f'{name} must lie in [0, {field}={size}); got values {int(t.min())}..{int(t.max())}')
 
 # %% ../nbs/10_model.ipynb #1e6d245f
+def build_encoding(cfg: ModelConfig) -> PositionEncoding:
+    "The position encoding of a model with config `cfg`: `pe`, combined with `add_relative` when that is set."
+    base = get_encoding(cfg.pe).factory(cfg)
+    if not cfg.add_relative: return base
+    added = replace(cfg, pe=cfg.add_relative, pe_kwargs=cfg.add_relative_kwargs, add_relative='', add_relative_kwargs={})
+    return CombinedEncoding(base, get_encoding(cfg.add_relative).factory(added))
+
+# %% ../nbs/10_model.ipynb #a378717b
 class Encoder(nn.Module):
     "BERT-style encoder; `forward` returns `{'hidden_states': (b, n, D), 'attentions': [(b, h, n, n)] or None}`."
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
-        self.pe = get_encoding(cfg.pe).factory(cfg)
+        self.pe = build_encoding(cfg)
         self.embeddings = Embeddings(cfg)
         self.layers = nn.ModuleList(EncoderLayer(cfg, l) for l in range(cfg.n_layers))
 

@@ -14,7 +14,7 @@ from posenc_lit.model import CheckpointError, Encoder, ModelConfig
 from posenc_lit.training import make_train_config, pretrain
 from posenc_lit.tasks import (TASK_SPLITS, TaskError, accuracy, bow_baseline, f1, get_task, load_task, majority_baseline,
                               matthews, pearson, read_reviews, spearman, split_of, squad_em_f1, taskdata_dir)
-from posenc_lit.finetune import (EncoderForTask, best_spans, encode_squad, encode_texts, finetune, finetune_seeds,
+from posenc_lit.finetune import (EncoderForTask, add_relative, best_spans, encode_squad, encode_texts, finetune, finetune_seeds,
                                  load_pretrained, load_task_model, make_finetune_config, score, span_text)
 
 FIX = Path(__file__).parent / 'fixtures' / 'tasks'
@@ -238,3 +238,30 @@ def test_cli_finetune_end_to_end(ckpt, tmp_path):
                        capture_output=True, text=True, env=ENV)
     assert r.returncode == 2 and 'is a fine-tuning checkpoint (task sentiment), not a pretraining one' in r.stderr
     assert not (tmp_path / 'x').exists()
+
+
+# ---------------------------------------------------------------- relative terms as a drop-in (issue 10, part 1)
+
+@pytest.mark.parametrize('name,kw,exact', [('huang4', {'k': 8}, True), ('t5', {}, True), ('shaw', {'k': 4}, False)])
+def test_drop_in_leaves_the_model_unchanged(ckpt, name, kw, exact):
+    "Fast (SDPA) path, padded batch: added terms at zero change nothing (Shaw's zero value terms: float rounding only)."
+    enc, _ = load_pretrained(ckpt)
+    new = add_relative(enc.eval(), name, **kw).eval()
+    ids = torch.randint(5, enc.cfg.vocab_size, (3, 17)); am = torch.ones(3, 17, dtype=torch.bool); am[1, 9:] = False
+    with torch.no_grad(): a, b = enc(ids, attention_mask=am)['hidden_states'], new(ids, attention_mask=am)['hidden_states']
+    if exact: assert torch.equal(a, b)
+    else: torch.testing.assert_close(b, a, rtol=0, atol=1e-5)
+    assert [type(m).__name__ for m in new.pe.members][0] == type(enc.pe).__name__
+
+
+def test_drop_in_finetune_saves_and_reloads(ckpt, tmp_path):
+    cfg = make_finetune_config('smoke', task='sentiment', checkpoint=str(ckpt), max_train=64, add_relative='huang4',
+                               add_relative_kwargs={'k': 8})
+    res = finetune(cfg, tmp_path / 'dropin', progress=False)
+    m, tok, info = load_task_model(tmp_path / 'dropin')
+    assert m.encoder.cfg.add_relative == 'huang4' and m.encoder.cfg.add_relative_kwargs == {'k': 8}
+    assert all(t.abs().sum() > 0 for t in m.encoder.pe.members[1].key_tables)           # trained away from zero
+    assert json.loads((tmp_path / 'dropin' / 'config.json').read_text())['add_relative'] == 'huang4'
+    dd = load_task('sentiment')
+    from posenc_lit.finetune import encode_task
+    assert score(m, encode_task(dd, get_task('sentiment'), tok, m.encoder)['test'], get_task('sentiment'))['accuracy'] == res['test']['accuracy']
