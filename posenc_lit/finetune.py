@@ -19,15 +19,16 @@ from tokenizers import Tokenizer
 from fastcore.basics import patch
 from .core import *
 from .model import *
+from .attention import CombinedEncoding
 from .data import load_tokenizer
 from .tasks import *
 
 # %% auto #0
-__all__ = ['PRETRAIN_FILES', 'TASK_KINDS', 'FINETUNE_PRESETS', 'find_checkpoint', 'load_pretrained', 'add_relative',
-           'ClassificationHead', 'SpanHead', 'EncoderForTask', 'best_spans', 'encode_texts', 'encode_squad',
-           'check_length', 'encode_task', 'collate', 'predict', 'span_text', 'score', 'FinetuneConfig',
-           'make_finetune_config', 'save_task_model', 'load_task_model', 'finetune', 'mean_std', 'result_record',
-           'finetune_seeds', 'format_summary']
+__all__ = ['PRETRAIN_FILES', 'TASK_KINDS', 'EXTEND_METHODS', 'FINETUNE_PRESETS', 'find_checkpoint', 'load_pretrained',
+           'add_relative', 'ClassificationHead', 'SpanHead', 'EncoderForTask', 'best_spans', 'encode_texts',
+           'encode_squad', 'check_length', 'encode_task', 'extend_positions', 'trained_length', 'collate', 'predict',
+           'span_text', 'score', 'FinetuneConfig', 'make_finetune_config', 'save_task_model', 'load_task_model',
+           'finetune', 'mean_std', 'result_record', 'finetune_seeds', 'format_summary']
 
 # %% ../nbs/16_finetune.ipynb #b8d453db
 PRETRAIN_FILES = ('config.json', 'model.safetensors', 'tokenizer.json')
@@ -217,6 +218,53 @@ def encode_task(dd, spec: TaskSpec, tok: Tokenizer, encoder: Encoder, max_len: i
         except TaskError as e: raise TaskError(f'{e}. Pass max_len=N (--max-len N) to truncate every example to N tokens explicitly') from None
     return enc
 
+# %% ../nbs/16_finetune.ipynb #f68725c0
+EXTEND_METHODS = ('copy', 'interpolate')
+
+def _position_tables(pe) -> list:   # (module, parameter name) of every absolute table: rows = the module's max_len
+    mods = list(pe.members) if isinstance(pe, CombinedEncoding) else [pe]
+    return [(m, n) for m in mods if getattr(m, 'max_len', None) for n, p in m.named_parameters(recurse=False)
+            if p.ndim == 2 and p.shape[0] == m.max_len]
+
+def extend_positions(encoder: Encoder,  # a pretrained encoder whose encoding holds an absolute table (learned, TUPE)
+                     trained_len: int,  # positions 0 … trained_len-1 were trained (the pretraining `seq_len`)
+                     new_len: int,      # positions 0 … new_len-1 must be usable afterwards, new_len > trained_len
+                     method: str = 'copy',  # one of `EXTEND_METHODS`
+                    ) -> Encoder:       # a new encoder (table grown to max(max_position_embeddings, new_len) rows)
+    "`encoder` with its absolute position rows from `trained_len` to `new_len` filled by `method`; `ValueError` for bad arguments."
+    if method not in EXTEND_METHODS: raise ValueError(f'method must be one of {EXTEND_METHODS}; got {method!r}')
+    tables = _position_tables(encoder.pe)
+    if not tables: raise ValueError(f'pe={encoder.cfg.pe!r} has no absolute position table to extend: it runs at any length as it is')
+    max_len = tables[0][0].max_len
+    if not (isinstance(trained_len, int) and isinstance(new_len, int) and 2 <= trained_len <= max_len and new_len > trained_len):
+        raise ValueError(f'need 2 ≤ trained_len ≤ {max_len} (the table) and new_len > trained_len; got trained_len={trained_len!r}, new_len={new_len!r}')
+    new = Encoder(dataclasses.replace(encoder.cfg, max_position_embeddings=max(encoder.cfg.max_position_embeddings, new_len)))
+    sd = dict(encoder.state_dict())
+    for m, name in tables:
+        key = next(k for k, p in encoder.named_parameters() if p is getattr(m, name))
+        old, trained = sd[key], sd[key][:trained_len]                       # (max_len, D), (L, D)
+        rows = max(max_len, new_len)
+        t = torch.cat([old, old.new_zeros(rows - max_len, old.shape[1])]) if rows > max_len else old.clone()
+        if method == 'copy':
+            p = torch.arange(trained_len, new_len)
+            t[trained_len:new_len] = trained[1 + (p - 1) % (trained_len - 1)]   # rows 1 … L-1, again and again
+        else:
+            t[:new_len] = F.interpolate(trained.T[None].float(), size=new_len, mode='linear', align_corners=True)[0].T.to(old.dtype)
+        sd[key] = t
+    new.load_state_dict(sd)
+    return new.train(encoder.training)
+
+# %% ../nbs/16_finetune.ipynb #5025526a
+def trained_length(checkpoint) -> int:
+    "The pretraining `seq_len` of a checkpoint, from its run directory's `config.json`; `CheckpointError` if there is none."
+    p = find_checkpoint(checkpoint)
+    f = p.parent / 'config.json'
+    try: n = json.loads(f.read_text())['seq_len']
+    except (OSError, ValueError, KeyError, TypeError): n = None
+    if not isinstance(n, int) or isinstance(n, bool) or n < 2:
+        raise CheckpointError(f'{f} does not give the pretraining seq_len of {p}: pass trained_len (--trained-len) explicitly')
+    return n
+
 # %% ../nbs/16_finetune.ipynb #721c1d9f
 def collate(seqs: list[list[int]], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     "`input_ids` `(b, n)` right-padded with `pad_id` to the longest sequence, and the `(b, n)` bool attention mask."
@@ -289,6 +337,8 @@ class FinetuneConfig:
     mixed_precision: str = 'no'     # 'no', 'bf16', 'fp16' (GPU)
     add_relative: str = ''          # add this relative encoding, started at zero, to the pretrained one (`add_relative`); '' = none
     add_relative_kwargs: dict = field(default_factory=dict)  # its options, e.g. {'k': 64}
+    extend_positions: str = ''      # fill absolute rows past the pretraining length: 'copy' or 'interpolate' (`extend_positions`); '' = as they are
+    trained_len: int = 0            # the pretraining length for `extend_positions`; 0: the seq_len of the checkpoint's run
 
 # %% ../nbs/16_finetune.ipynb #b03b1ab3
 FINETUNE_PRESETS = {
@@ -314,6 +364,11 @@ def make_finetune_config(preset: str = 'quick', **overrides) -> FinetuneConfig:
     if not 0 <= cfg.head_dropout < 1: raise ValueError(f'head_dropout must be in [0, 1); got {cfg.head_dropout}')
     if cfg.mixed_precision not in ('no', 'bf16', 'fp16'): raise ValueError(f"mixed_precision must be 'no', 'bf16' or 'fp16'; got {cfg.mixed_precision!r}")
     if not 0 <= cfg.seed < 2**32: raise ValueError(f'seed must be in [0, 2**32); got {cfg.seed}')
+    if cfg.extend_positions not in ('',) + EXTEND_METHODS: raise ValueError(f"extend_positions must be '' (off) or one of {EXTEND_METHODS}; got {cfg.extend_positions!r}")
+    if not isinstance(cfg.trained_len, int) or isinstance(cfg.trained_len, bool) or cfg.trained_len < 0:
+        raise ValueError(f'trained_len must be an integer ≥ 0 (0: read it from the run); got {cfg.trained_len!r}')
+    if not isinstance(cfg.add_relative, str) or not isinstance(cfg.add_relative_kwargs, dict):
+        raise ValueError(f'add_relative must be an encoding name (str) and add_relative_kwargs a dict; got {cfg.add_relative!r}, {cfg.add_relative_kwargs!r}')
     return cfg
 
 # %% ../nbs/16_finetune.ipynb #988abca8
@@ -362,6 +417,11 @@ def _setup(cfg: FinetuneConfig):
     if cfg.add_relative: encoder = add_relative(encoder, cfg.add_relative, **cfg.add_relative_kwargs)
     dd = load_task(cfg.task, cfg.data_files or None)
     if cfg.max_train: dd['train'] = dd['train'].select(range(min(cfg.max_train, dd['train'].num_rows)))
+    if cfg.extend_positions:
+        trained = cfg.trained_len or trained_length(cfg.checkpoint)
+        n = cfg.max_len or max(len(ids) for sp in TASK_SPLITS
+                               for ids in (encode_squad if spec.kind == 'span' else encode_texts)(dd[sp], tok)['input_ids'])
+        if n > trained: encoder = extend_positions(encoder, trained, n, cfg.extend_positions)
     data = encode_task(dd, spec, tok, encoder, cfg.max_len)
     if spec.kind == 'span':   # training needs the answer inside what is kept
         keep = [k for k, l in enumerate(data['train']['labels']) if l is not None]
@@ -460,6 +520,8 @@ def _finish(cfg, out, acc, model, spec, tok, dd, data, steps, best, best_step, l
     enc_cfg = model.encoder.cfg
     summary = {'task': cfg.task, 'pe': enc_cfg.pe, 'pe_kwargs': enc_cfg.pe_kwargs, 'checkpoint': str(cfg.checkpoint), 'seed': cfg.seed,
                'main_metric': spec.main_metric, 'test': test, 'validation': best, 'best_step': best_step, 'last_validation': last,
+               'add_relative': enc_cfg.add_relative, 'add_relative_kwargs': enc_cfg.add_relative_kwargs,
+               'extend_positions': cfg.extend_positions, 'max_position_embeddings': enc_cfg.max_position_embeddings,
                'steps': steps, 'epochs': cfg.epochs, 'max_len': cfg.max_len,
                'examples': {s: len(data[s]['input_ids']) for s in TASK_SPLITS}, 'truncated': {s: data[s]['truncated'] for s in TASK_SPLITS},
                'parameters': count_parameters(model), 'processes': acc.num_processes,

@@ -265,3 +265,27 @@ def test_drop_in_finetune_saves_and_reloads(ckpt, tmp_path):
     dd = load_task('sentiment')
     from posenc_lit.finetune import encode_task
     assert score(m, encode_task(dd, get_task('sentiment'), tok, m.encoder)['test'], get_task('sentiment'))['accuracy'] == res['test']['accuracy']
+
+
+def test_extend_positions_in_finetune(ckpt, tmp_path):
+    "Sentiment sentences run past the smoke checkpoint's 32 trained positions: `copy` fills the rows after them."
+    from posenc_lit.finetune import trained_length, extend_positions
+    assert trained_length(ckpt) == 32 and trained_length(ckpt.parent) == 32
+    enc, _ = load_pretrained(ckpt)
+    w = enc.pe.weight.detach()
+    cfg = make_finetune_config('smoke', task='sentiment', checkpoint=str(ckpt), max_train=32, max_len=48, epochs=1,
+                               extend_positions='copy', lr=1e-12)               # lr ~0: the table is what extend wrote
+    res = finetune(cfg, tmp_path / 'ext', progress=False)
+    assert res['extend_positions'] == 'copy' and res['max_position_embeddings'] == enc.cfg.max_position_embeddings
+    m, _, _ = load_task_model(tmp_path / 'ext')
+    torch.testing.assert_close(m.encoder.pe.weight[:48].detach(), extend_positions(enc, 32, 48, 'copy').pe.weight[:48].detach(), rtol=0, atol=1e-6)
+    torch.testing.assert_close(m.encoder.pe.weight[32:48].detach(), w[1:17], rtol=0, atol=1e-6)
+    with pytest.raises(CheckpointError, match='pass trained_len'):
+        trained_length(_bare_checkpoint(ckpt, tmp_path))
+
+
+def _bare_checkpoint(ckpt, tmp_path):   # the checkpoint folder alone, without its run's config.json
+    import shutil
+    d = tmp_path / 'bare' / 'ckpt'
+    shutil.copytree(ckpt, d)
+    return d
