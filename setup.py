@@ -36,7 +36,7 @@ setuptools.setup(
     url = cfg['git_url'],
     packages = setuptools.find_packages(include=['posenc_lit', 'posenc_lit.*']),
     include_package_data = True,
-    package_data = {'posenc_lit': ['corpus/*', 'fixtures/*', 'taskdata/*']},
+    package_data = {'posenc_lit': ['corpus/*', 'fixtures/*', 'taskdata/*', 'visiondata/*']},
     install_requires = requirements,
     extras_require={ 'dev': dev_requirements },
     python_requires  = '>=' + cfg['min_python'],

@@ -289,3 +289,16 @@ def _bare_checkpoint(ckpt, tmp_path):   # the checkpoint folder alone, without i
     d = tmp_path / 'bare' / 'ckpt'
     shutil.copytree(ckpt, d)
     return d
+
+
+def test_cli_add_relative(ckpt, tmp_path):
+    out = tmp_path / 'cli-dropin'
+    cmd = [sys.executable, '-c', 'from posenc_lit.cli import main; raise SystemExit(main())', 'finetune', '--checkpoint', str(ckpt),
+           '--task', 'sentiment', '--preset', 'smoke', '--out', str(out), '--quiet', '--max-train', '32', '--no-baselines',
+           '--add-relative', 'huang4', '--add-relative-kwargs', '{"k": 8}']
+    r = subprocess.run(cmd, capture_output=True, text=True, env=ENV)
+    assert r.returncode == 0, r.stderr
+    s = json.loads((out / 'seed0' / 'summary.json').read_text())
+    assert s['add_relative'] == 'huang4' and s['add_relative_kwargs'] == {'k': 8}
+    r = subprocess.run(cmd[:-4] + ['--add-relative', 'alibi', '--out', str(tmp_path / 'x')], capture_output=True, text=True, env=ENV)
+    assert r.returncode == 2 and "'alibi' has no learned parameters" in r.stderr and not (tmp_path / 'x').exists()
