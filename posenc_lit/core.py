@@ -4,7 +4,7 @@
 
 # %% ../nbs/00_core.ipynb #2ce20e9d
 from __future__ import annotations
-import importlib, math, os, tempfile
+import importlib, math, os, re, tempfile
 from pathlib import Path
 from dataclasses import dataclass
 from typing import Callable
@@ -12,9 +12,9 @@ import torch
 import matplotlib.pyplot as plt
 
 # %% auto #0
-__all__ = ['CONVENTIONS', 'KINDS', 'ENCODING_MODULES', 'rel_pos', 'PositionRangeError', 'check_positions', 'to_convention',
-           'test_close_rel', 'EncodingSpec', 'register_encoding', 'list_encodings', 'get_encoding', 'atomic_write',
-           'plot_curves', 'plot_heatmaps']
+__all__ = ['CONVENTIONS', 'KINDS', 'ENCODING_MODULES', 'HOOK_PLACES', 'rel_pos', 'PositionRangeError', 'check_positions',
+           'to_convention', 'test_close_rel', 'EncodingSpec', 'register_encoding', 'list_encodings', 'get_encoding',
+           'encoding_facts', 'doc_url', 'encodings_table', 'atomic_write', 'plot_curves', 'plot_heatmaps']
 
 # %% ../nbs/00_core.ipynb #2283af21
 def rel_pos(q_pos: torch.Tensor, # query positions, integer, `(i,)` or `(b, i)`
@@ -116,6 +116,98 @@ def get_encoding(name: str) -> EncodingSpec:
         raise ValueError(f'unknown position encoding {name!r}; valid names: {", ".join(encs)} '
                          f'(run `posenc_lit encodings` for a description of each)')
     return encs[name]
+
+# %% ../nbs/00_core.ipynb #ebf15fec
+HOOK_PLACES = {'embed': 'input', 'transform_qk': 'q, k', 'score_terms': 'scores', 'value_terms': 'values'}  # hook -> where it acts
+
+def _n_params(m): return sum(p.numel() for p in m.parameters())
+
+def _places(model, ids) -> tuple:
+    "Where `model.pe` acts: the places of the hooks that return a position signal during `model(ids)`."
+    seen, used = set(), {'embed': lambda a, r: r is not None, 'transform_qk': lambda a, r: r[0] is not a[0] or r[1] is not a[1],
+                         'score_terms': lambda a, r: len(r) > 0, 'value_terms': lambda a, r: len(r) > 0}
+    def spy(hook, f):
+        def g(*a, **kw):
+            r = f(*a, **kw)
+            if used[hook](a, r): seen.add(HOOK_PLACES[hook])
+            return r
+        return g
+    for hook in HOOK_PLACES: object.__setattr__(model.pe, hook, spy(hook, getattr(model.pe, hook)))
+    try:
+        with torch.no_grad(): model(ids)
+    finally:
+        for hook in HOOK_PLACES: object.__delattr__(model.pe, hook)   # the class's methods again
+    return tuple(p for p in HOOK_PLACES.values() if p in seen)
+
+def _matmul_flops(model, ids) -> int:
+    from torch.utils.flop_counter import FlopCounterMode
+    with FlopCounterMode(display=False) as fc: model(ids)   # (not under no_grad: its module tracker needs autograd)
+    return fc.get_total_flops()
+
+# %% ../nbs/00_core.ipynb #21e5dda7
+def encoding_facts(name: str,   # a registered encoding
+                   n: int = 128, # tokens per sequence for the cost count and the length check
+                   **config,     # `ModelConfig` fields; default: the reference preset's encoder, with a 512-row table
+                  ) -> dict:     # name, kind, acts, params, shared, per_layer, flops (relative extra), runs_past_table, page, api
+    "Where encoding `name` acts, its parameters (shared and per layer), its extra matmul FLOPs and whether it runs past its table, found by building it."
+    from posenc_lit.model import ModelConfig, Encoder      # the model imports this module: import it only when called
+    kw = dict(d_model=128, n_layers=4, n_heads=4, d_ff=512, max_position_embeddings=512, dropout=0.0, attn_dropout=0.0) | config
+    kw |= {'pe': name, 'fast_attention': False}  # the manual path: every product is a counted matmul
+    build = lambda **o: Encoder(ModelConfig(**kw | o)).eval()
+    ids = lambda m: torch.randint(5, kw.get('vocab_size', 8000), (1, m), generator=torch.Generator().manual_seed(0))
+    with torch.random.fork_rng(devices=[]):       # building draws initial weights: leave the caller's RNG alone
+        p1, p2 = (_n_params(build(n_layers=l).pe) for l in (1, 2))
+        model, base, short = build(), build(pe='none'), build(max_position_embeddings=n)
+    try:
+        with torch.no_grad(): short(ids(2 * n))  # 2n tokens through a table of n rows
+        past = True
+    except PositionRangeError: past = False
+    spec, per_layer, enc = get_encoding(name), p2 - p1, type(model.pe)
+    return dict(name=name, kind=spec.kind, acts=_places(model, ids(n)), params=p1 + per_layer * (kw['n_layers'] - 1),
+                shared=p1 - per_layer, per_layer=per_layer, flops=_matmul_flops(model, ids(n)) / _matmul_flops(base, ids(n)) - 1,
+                runs_past_table=past, page=doc_url(spec.factory.__module__), api=doc_url(f'{enc.__module__}.{enc.__qualname__}'))
+
+# %% ../nbs/00_core.ipynb #398fec2b
+def doc_url(name: str = '', # a module (`posenc_lit.t5`), an exported symbol (`posenc_lit.t5.T5RelativeBias`), a page (`t5.html`), or '' for the site
+           ) -> str | None:   # None for a module or symbol that has no page
+    "The URL of `name` on the documentation site (settings.ini `doc_host` + `doc_baseurl`)."
+    from posenc_lit._modidx import d
+    site = d['settings']['doc_host'].rstrip('/') + d['settings']['doc_baseurl'].rstrip('/')
+    if not name.startswith('posenc_lit'): return f'{site}/{name}'
+    syms = d['syms']
+    if name in syms:                                  # a module: its page
+        entry = next(iter(syms[name].values()), None)
+        return entry and f"{site}/{entry[0].split('#')[0]}"
+    mod = max((m for m in syms if name.startswith(m + '.')), key=len, default=None)
+    entry = syms[mod].get(name) if mod else None
+    return entry and f'{site}/{entry[0]}'
+
+# %% ../nbs/00_core.ipynb #4fc759d1
+def _sharing(f):
+    if f['acts'] == ('input',): return '— (input)'
+    if not f['params']: return '— (no parameters)'
+    if not f['per_layer']: return 'shared'
+    return 'per layer' if not f['shared'] else f"{f['shared']:,} shared + {f['per_layer']:,} per layer"
+
+def encodings_table(results: dict | None = None, # {encoding name: a run's summary.json}, for the results column
+                    results_page: str = '',      # the page that reports those runs (a link target for each result)
+                    **config,                    # passed to `encoding_facts`
+                   ) -> str:
+    "A Markdown table of every registered encoding, built by `encoding_facts`, with links to its page and API entry."
+    esc = lambda s: re.sub(r'([/_])', '\\1\u200b', str(s).replace('|', '\\|'))   # `\|` keeps the cell; a line may break after `/` or `_`
+    head = ['encoding', 'acts on', 'parameters', 'across layers', 'matmul FLOPs', 'past its table', 'paper, equation']
+    if results is not None: head.append('MLM loss')
+    rows = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
+    for name, spec in list_encodings().items():
+        f = encoding_facts(name, **config)
+        title = esc(spec.summary).replace('"', "'")   # the summary shows when the pointer rests on the name
+        cells = [f'[{name}]({f["page"]} "{title}")' + (f" · [API]({f['api']})" if f['api'] else ''), ', '.join(f['acts']) or '—',
+                 f"{f['params']:,}", _sharing(f), f"+{f['flops']:.0%}", 'yes' if f['runs_past_table'] else 'no', esc(spec.source)]
+        if results is not None:
+            r = results.get(name)
+            cells.append((f"[{r['eval_loss']:.3f}]({results_page})" if results_page else f"{r['eval_loss']:.3f}") if r else 'pending')
+        rows.append('| ' + ' | '.join(cells) + ' |')
+    return '\n'.join(rows)
 
 # %% ../nbs/00_core.ipynb #2683fb7b
 def atomic_write(path,  # target file; its folder is created if needed

@@ -1,23 +1,16 @@
 "The offline docs site: `tools/build_docs.sh` builds `_site/` with a page per notebook, titles, local KaTeX and maths."
-import html, json, os, re, subprocess, sys
+import html, json, re
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 import pytest
 
-pytest.importorskip('smalldocs', reason='smalldocs is not installed (pip install -e ".[dev]"): the offline docs build needs it')
+from conftest import NBS, ROOT, SITE, exported, notebooks, page_of, quarto_pages
 
-ROOT = Path(__file__).resolve().parent.parent
-NBS, SITE = ROOT / 'nbs', ROOT / '_site'
-TIMEOUT = int(os.environ.get('DOCS_BUILD_TIMEOUT', 900))  # seconds for the whole build
 KATEX_CDN = re.compile(r'(?:https?:)?//[^"\'\s]*katex', re.I)
+DATA_URI = re.compile(r'data:[^"\'\s)]*')   # embedded figures: base64 text, where `//...katex` can occur by chance
 _re_title = re.compile(r'^#\s+(.+?)\s*$', re.M)
 _re_display = re.compile(r'\$\$(.+?)\$\$', re.S)
-
-
-def notebooks():
-    "The notebooks that become pages: every .ipynb under nbs/ with no part starting with `_` or `.` (nbdev's rule)."
-    return sorted(p for p in NBS.rglob('*.ipynb') if not any(s[0] in '_.' for s in p.relative_to(NBS).parts))
 
 
 def md_cells(nb):
@@ -30,9 +23,6 @@ def title_of(nb):
     for src in md_cells(nb):
         m = _re_title.search(src)
         if m: return re.sub(r'[`*]', '', m.group(1)).strip()
-
-
-def page_of(nb): return SITE / nb.relative_to(NBS).with_suffix('.html')
 
 
 def text_of(page):
@@ -49,24 +39,6 @@ def local_refs(page):
         u = urlsplit(html.unescape(ref))
         if u.scheme or u.netloc or not u.path: continue
         yield ref, (page.parent / unquote(u.path)).resolve()
-
-
-_build = {}  # the build's outcome, so that a failed build runs once, not once per test
-
-
-@pytest.fixture(scope='module')
-def site():
-    if 'error' not in _build:
-        env = {**os.environ, 'PYTHON': sys.executable,
-               'PATH': str(Path(sys.executable).parent) + os.pathsep + os.environ.get('PATH', '')}
-        r = subprocess.run(['bash', str(ROOT / 'tools' / 'build_docs.sh')], cwd=ROOT, env=env, capture_output=True,
-                           text=True, timeout=TIMEOUT)
-        out = r.stdout + r.stderr
-        causes = '\n'.join(dict.fromkeys(l for l in out.splitlines() if re.match(r'^[\w.]*(Error|Exception)\b', l)))
-        _build['error'] = None if r.returncode == 0 else \
-            f'tools/build_docs.sh failed ({r.returncode}); errors:\n{causes}\n--- last output:\n{out[-3000:]}'
-    if _build['error']: pytest.fail(_build['error'], pytrace=False)
-    return SITE
 
 
 def test_page_per_notebook(site):
@@ -87,7 +59,7 @@ def test_pages_have_titles(site):
 
 
 def test_no_katex_cdn(site):
-    bad = [p.name for p in site.rglob('*.html') if KATEX_CDN.search(p.read_text(encoding='utf-8'))]
+    bad = [p.name for p in site.rglob('*.html') if KATEX_CDN.search(DATA_URI.sub('', p.read_text(encoding='utf-8')))]
     assert not bad, f'pages load KaTeX from a remote URL: {bad}'
 
 
@@ -138,3 +110,21 @@ def test_sidebar_links_resolve(site):
     linked = set(re.findall(r'href="([^"#]+\.html)"', bar))
     absent = [str(nb.relative_to(NBS)) for nb in notebooks() if page_of(nb).relative_to(site).as_posix() not in linked]
     assert not absent, f'notebooks missing from nbs/sidebar.yml: {absent}'
+
+
+def test_api_entries(site):
+    "Every exported function and class has its API entry (nbdev's show_doc): an anchored heading on its module's page."
+    idx = {}
+    exec((ROOT / 'posenc_lit' / '_modidx.py').read_text(encoding='utf-8'), idx)
+    pages, ids, missing, n = quarto_pages(), {}, [], 0
+    for module, syms in idx['d']['syms'].items():
+        for name in exported(module):
+            entry = syms.get(f'{module}.{name}')
+            if entry is None: continue     # a constant: nbdev documents functions and classes
+            page, anchor = entry[0].split('#')
+            assert page in pages, f'{module}.{name}: its page {page} is not in the site ({sorted(pages)})'
+            if page not in ids: ids[page] = set(re.findall(r'<h[2-4] id="([^"]+)"', (site / pages[page]).read_text(encoding='utf-8')))
+            n += 1
+            if anchor not in ids[page]: missing.append(f'{module}.{name} ({pages[page]}#{anchor})')
+    assert n > 100, f'only {n} exported functions and classes found in posenc_lit/_modidx.py'
+    assert not missing, f'exported symbols without an API entry: {missing}'

@@ -5,6 +5,11 @@
    in `_site/site_libs/katex/` (copied from `docs_assets/katex/`), so equations render offline.
 2. nbdev's doc links (backticked symbols) go to the published Quarto site, where `00_core.ipynb` becomes
    `core.html` (nbdev's `output-file`); smalldocs names it `00_core.html`. Point them at the local page.
+3. nbdev links every backticked name its index knows, private ones (`_setup`) too, but only public names get an
+   API entry to land on: unwrap links to a private name's `#anchor` that its page does not have (the code stays).
+4. The theme's CSS (bootswatch cosmo) imports its web font from Google Fonts: drop the import, so that no page
+   asks the network for anything (the theme's font stack falls back to the system's sans-serif). Then check that
+   no page, stylesheet or script of the site loads anything from outside it.
 """
 import configparser, json, posixpath, re, shutil, sys
 from pathlib import Path
@@ -13,6 +18,10 @@ import yaml
 
 SITE, PROC, KATEX = Path('_site'), Path('_proc'), Path('docs_assets/katex')
 CDN = re.compile(r'https?://cdn\.jsdelivr\.net/npm/katex@[^/"\']+/dist')
+CSS_IMPORT = re.compile(r'@import\s+url\(\s*["\']?(?:https?:)?//[^)]*\)\s*;?')   # a remote @import (the theme's web font)
+PRIVATE_LINK = re.compile(r'<a href="([^"#]*)#(_[^"]*)"[^>]*>(<code>[^<]*</code>)</a>')   # nbdev's link to `_name`
+REMOTE_LOAD = {'.html': re.compile(r'<(?:script|link|img|iframe|source)\b[^>]*\b(?:src|href)=["\'](?:https?:)?//[^"\']+', re.I),
+               '.css': re.compile(r'(?:@import|url\()\s*["\']?(?:https?:)?//[^)"\'\s]+', re.I)}
 
 
 def quarto_names():
@@ -26,6 +35,24 @@ def quarto_names():
         rel = nb.relative_to(PROC)
         if out: names[(rel.parent / out).as_posix()] = rel.with_suffix('.html').as_posix()
     return names
+
+
+def unwrap_private_links():
+    "Replace nbdev's links to private names whose anchor is not on the target page by their `<code>`; returns how many."
+    pages = {p: p.read_text(encoding='utf-8') for p in SITE.rglob('*.html')}
+    ids = {p.resolve(): set(re.findall(r'\bid="([^"]+)"', t)) for p, t in pages.items()}
+    n = 0
+    for page, text in pages.items():
+        def unwrap(m):
+            nonlocal n
+            target = (page.parent / m.group(1)).resolve() if m.group(1) else page.resolve()
+            known = ids.get(target)
+            if known is None or m.group(2) in known: return m.group(0)
+            n += 1
+            return m.group(3)
+        new = PRIVATE_LINK.sub(unwrap, text)
+        if new != text: page.write_text(new, encoding='utf-8')
+    return n
 
 
 def main():
@@ -50,9 +77,19 @@ def main():
             n_links += new != text
             text = new
         if text != orig: page.write_text(text, encoding='utf-8')
+    n_private = unwrap_private_links()
+    n_css = 0
+    for css in SITE.rglob('*.css'):
+        text = css.read_text(encoding='utf-8')
+        if CSS_IMPORT.search(text):
+            css.write_text(CSS_IMPORT.sub('', text), encoding='utf-8'); n_css += 1
     left = [p.as_posix() for p in SITE.rglob('*.html') if 'cdn.jsdelivr.net/npm/katex' in p.read_text(encoding='utf-8')]
     if left: sys.exit(f'pages still load KaTeX from the CDN: {left}')
-    print(f'   {n_math} page(s) with maths load site_libs/katex/; doc links made local in {n_links} page(s)')
+    remote = [f'{p.relative_to(SITE)}: {m.group(0)[:120]}' for ext, rx in REMOTE_LOAD.items() for p in SITE.rglob('*' + ext)
+              for m in rx.finditer(re.sub(r'data:[^"\'\s)]*', '', p.read_text(encoding='utf-8')))]
+    if remote: sys.exit('the site still loads from outside itself:\n  ' + '\n  '.join(remote[:20]))
+    print(f'   {n_math} page(s) with maths load site_libs/katex/; doc links made local in {n_links} page(s); '
+          f'{n_private} link(s) to private names without an entry unwrapped; remote font imports dropped from {n_css} stylesheet(s)')
 
 
 if __name__ == '__main__': main()

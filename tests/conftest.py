@@ -1,0 +1,67 @@
+"""Fixtures shared by the docs tests: the offline site, built once per test session.
+
+`site` runs `tools/build_docs.sh` the first time a test asks for it (test_docs.py, test_browser.py) and hands the
+same `_site/` to every later test; a failed build fails each of them with the build's errors, without rebuilding.
+POSENC_LIT_SITE=DIR skips the build and tests the site already built in DIR (e.g. `_site`, or a copy of it; for
+working on the tests themselves -- CI never sets it).
+"""
+import ast, os, re, subprocess, sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PREBUILT = os.environ.get('POSENC_LIT_SITE')
+NBS, SITE = ROOT / 'nbs', (Path(PREBUILT).resolve() if PREBUILT else ROOT / '_site')
+BUILD_TIMEOUT = int(os.environ.get('DOCS_BUILD_TIMEOUT', 900))  # seconds for the whole build
+
+_build = {}  # the build's outcome, so that a failed build runs once, not once per test
+
+
+def notebooks():
+    "The notebooks that become pages: every .ipynb under nbs/ with no part starting with `_` or `.` (nbdev's rule)."
+    return sorted(p for p in NBS.rglob('*.ipynb') if not any(s[0] in '_.' for s in p.relative_to(NBS).parts))
+
+
+def page_of(nb):
+    "The offline site's page of notebook `nb` (smalldocs names pages after the files)."
+    return SITE / nb.relative_to(NBS).with_suffix('.html')
+
+
+def quarto_pages():
+    "{Quarto page name (nbdev's `output-file`, e.g. `core.html`): the offline site's page (`00_core.html`)}."
+    # nbdev's rule (nbdev.doclinks._nbpath2html): the file name, lower-cased, without its `NN_` prefix
+    return {(nb.relative_to(NBS).parent / (re.sub(r'^\d+[a-zA-Z0-9]*_', '', nb.name.lower())[:-6] + '.html')).as_posix():
+            nb.relative_to(NBS).with_suffix('.html').as_posix() for nb in notebooks()}
+
+
+def exported(module):
+    "The names in `__all__` of a posenc_lit module, read from its source (nothing is imported)."
+    tree = ast.parse((ROOT / (module.replace('.', '/') + '.py')).read_text(encoding='utf-8'))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, 'id', None) == '__all__' for t in node.targets):
+            return ast.literal_eval(node.value)
+    return []
+
+
+def build_site():
+    "Run tools/build_docs.sh once; return None, or the error to report."
+    if PREBUILT: return None if (SITE / 'index.html').exists() else f'POSENC_LIT_SITE={PREBUILT}, but it has no index.html'
+    env = {**os.environ, 'PYTHON': sys.executable,
+           'PATH': str(Path(sys.executable).parent) + os.pathsep + os.environ.get('PATH', '')}
+    r = subprocess.run(['bash', str(ROOT / 'tools' / 'build_docs.sh')], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=BUILD_TIMEOUT)
+    out = r.stdout + r.stderr
+    print('\n' + '\n'.join(l for l in out.splitlines() if re.match(r'built \d+ pages|   \d+ page', l)))   # with -s: pages, times
+    causes = '\n'.join(dict.fromkeys(l for l in out.splitlines() if re.match(r'^[\w.]*(Error|Exception)\b', l)))
+    return None if r.returncode == 0 else \
+        f'tools/build_docs.sh failed ({r.returncode}); errors:\n{causes}\n--- last output:\n{out[-3000:]}'
+
+
+@pytest.fixture(scope='session')
+def site():
+    "The built offline site, `_site/` (built on first use, once per session)."
+    pytest.importorskip('smalldocs', reason='smalldocs is not installed (pip install -e ".[dev]"): the offline docs build needs it')
+    if 'error' not in _build: _build['error'] = build_site()
+    if _build['error']: pytest.fail(_build['error'], pytrace=False)
+    return SITE

@@ -1,0 +1,403 @@
+"""The offline docs site as a reader meets it: every page of `_site/` served on 127.0.0.1 and loaded in headless
+Chromium, driven through the Chrome DevTools Protocol (CDP).
+
+Asserts, for every page: no console errors or uncaught exceptions, no failed or outside requests, no broken link
+(local pages, files and `#anchors`, checked over the whole site) or image, maths rendered by KaTeX with no raw TeX
+left in the text; the sidebar lists every notebook in the order of `nbs/sidebar.yml`, its groups in the reader's
+order; every exported function and class has its API entry; from the front page, each encoding's derivation, API
+entry and experiment results are one or two clicks away. Screenshots of the front page and of an encoding page are
+saved in `tests/artifacts/` (POSENC_LIT_ARTIFACTS to change).
+
+Needs `chromium` (Debian: `apt-get install chromium`). Without it the tests skip, unless POSENC_LIT_REQUIRE_BROWSER=1
+(set by .ci/run, which installs it), where they fail.
+"""
+import base64, functools, http.server, json, os, re, shutil, subprocess, tempfile, threading, time
+from pathlib import Path
+from urllib.parse import unquote, urldefrag, urlsplit
+
+import pytest
+import yaml
+
+from conftest import NBS, ROOT, exported, notebooks, quarto_pages
+
+ARTIFACTS = Path(os.environ.get('POSENC_LIT_ARTIFACTS', ROOT / 'tests' / 'artifacts'))
+BROWSERS = ('chromium', 'chromium-browser', 'google-chrome', 'google-chrome-stable')
+# the reader's order of the sidebar's groups (STYLE.md); groups not named here may stand anywhere
+GROUPS = ['Core', 'Absolute', 'Relative', 'Untied & disentangled', 'Vision', 'Beyond the papers', 'Experiments', 'Benchmarks']
+RAW_TEX = re.compile(r'\$\$|\\[()\[\]]|\\(?:begin|frac|mathrm|sqrt|text|operatorname)\{|\$[^$\n]{0,200}?[\\^_{][^$\n]{0,200}?\$')
+
+
+def browser_path():
+    return next(filter(None, map(shutil.which, BROWSERS)), None)
+
+
+@pytest.fixture(scope='session')
+def chromium_bin():
+    path = browser_path()
+    if path: return path
+    msg = f'no Chromium on PATH (looked for {", ".join(BROWSERS)}): apt-get install chromium'
+    if os.environ.get('POSENC_LIT_REQUIRE_BROWSER') == '1': pytest.fail(msg + ' (POSENC_LIT_REQUIRE_BROWSER=1)', pytrace=False)
+    pytest.skip(msg)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A static server for the site, on loopback
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *a): pass
+
+
+@pytest.fixture(scope='session')
+def server(site):
+    httpd = http.server.ThreadingHTTPServer(('127.0.0.1', 0), functools.partial(_Quiet, directory=str(site)))
+    t = threading.Thread(target=httpd.serve_forever, daemon=True)
+    t.start()
+    yield f'http://127.0.0.1:{httpd.server_address[1]}'
+    httpd.shutdown(); httpd.server_close()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A small CDP client over the browser's websocket (websocket-client), with flat sessions per tab
+
+class CDP:
+    def __init__(self, ws_url):
+        import websocket
+        self._ws_mod = websocket
+        self.ws = websocket.create_connection(ws_url, timeout=60, suppress_origin=True)
+        self.n, self.events = 0, []
+
+    def _recv(self, deadline):
+        self.ws.settimeout(max(0.01, deadline - time.monotonic()))
+        m = json.loads(self.ws.recv())
+        if 'method' in m: self.events.append(m)
+        return m
+
+    def call(self, method, session=None, timeout=60, **params):
+        self.n += 1
+        msg = {'id': self.n, 'method': method, 'params': params, **({'sessionId': session} if session else {})}
+        self.ws.send(json.dumps(msg))
+        deadline = time.monotonic() + timeout
+        while True:
+            m = self._recv(deadline)
+            if m.get('id') == self.n:
+                if 'error' in m: raise RuntimeError(f'CDP {method}: {m["error"]}')
+                return m.get('result', {})
+
+    def wait_for(self, method, session, timeout=60):
+        deadline = time.monotonic() + timeout
+        while True:
+            for e in self.events:
+                if e['method'] == method and e.get('sessionId') == session: return e
+            try: self._recv(deadline)
+            except self._ws_mod.WebSocketTimeoutException:
+                raise TimeoutError(f'no {method} within {timeout} s') from None
+
+    def evaluate(self, session, expression, timeout=60):
+        r = self.call('Runtime.evaluate', session, timeout=timeout, expression=expression, returnByValue=True, awaitPromise=True)
+        if 'exceptionDetails' in r: raise RuntimeError(f'page script failed: {r["exceptionDetails"]}')
+        return r['result'].get('value')
+
+    def close(self): self.ws.close()
+
+
+def _launch(path, profile):
+    # Offline and quiet: no first-run, sync, update or other background traffic, and host names other than the
+    # loopback address do not resolve (the site must not need the network).
+    args = [path, '--headless', '--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage', '--no-first-run',
+            '--no-default-browser-check', '--disable-background-networking', '--disable-component-update',
+            '--disable-sync', '--disable-default-apps', '--disable-extensions', '--disable-domain-reliability',
+            '--disable-client-side-phishing-detection', '--disable-features=Translate,OptimizationHints,MediaRouter',
+            '--metrics-recording-only', '--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1', '--hide-scrollbars',
+            f'--user-data-dir={profile}', '--remote-debugging-port=0', '--window-size=1280,1000', 'about:blank']
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    port_file, deadline = Path(profile) / 'DevToolsActivePort', time.monotonic() + 60
+    while not (port_file.exists() and len(port_file.read_text().split()) >= 2):
+        if proc.poll() is not None: raise RuntimeError(f'chromium exited ({proc.returncode}): {proc.stderr.read()[-2000:]}')
+        if time.monotonic() > deadline: proc.kill(); raise RuntimeError('chromium did not open its DevTools port in 60 s')
+        time.sleep(0.1)
+    port, ws_path = port_file.read_text().split()[:2]
+    return proc, f'ws://127.0.0.1:{port}{ws_path}'
+
+
+@pytest.fixture(scope='session')
+def browser(chromium_bin):
+    profile = tempfile.mkdtemp(prefix='posenc_lit_chromium.')
+    proc, ws_url = _launch(chromium_bin, profile)
+    cdp = CDP(ws_url)
+    try:
+        tid = cdp.call('Target.createTarget', url='about:blank')['targetId']
+        sid = cdp.call('Target.attachToTarget', targetId=tid, flatten=True)['sessionId']
+        for domain in ('Page', 'Runtime', 'Log', 'Network'): cdp.call(f'{domain}.enable', sid)
+        cdp.call('Emulation.setDeviceMetricsOverride', sid, width=1280, height=1000, deviceScaleFactor=1, mobile=False)
+        yield cdp, sid
+    finally:
+        cdp.close()
+        proc.terminate()
+        try: proc.wait(10)
+        except subprocess.TimeoutExpired: proc.kill(); proc.wait()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Visit every page once; the tests below read what each visit found
+
+COLLECT = r'''(async () => {
+  await document.fonts.ready;
+  await new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)));
+  const q = (s, root = document) => [...root.querySelectorAll(s)];
+  const main = document.querySelector('main') || document.body;
+  const clone = main.cloneNode(true);
+  q('pre, code, script, style, .katex, .sourceCode, textarea', clone).forEach(e => e.remove());
+  const bar = document.querySelector('#quarto-sidebar');
+  const box = bar ? bar.getBoundingClientRect() : null;
+  return {
+    title: document.title,
+    links: q('a[href]').map(a => ({href: a.href, raw: a.getAttribute('href')})),
+    images: q('img').map(i => ({src: i.currentSrc || i.src, ok: i.complete && i.naturalWidth > 0})),
+    ids: q('[id]').map(e => e.id).concat(q('a[name]').map(e => e.name)),
+    math: q('span.math').length,
+    mathRendered: q('span.math').filter(s => s.querySelector('.katex')).length,
+    katex: q('.katex').length,
+    katexErrors: q('.katex-error').map(e => e.textContent.slice(0, 100)),
+    text: clone.textContent,
+    sidebar: q('#quarto-sidebar a.sidebar-link[href]').map(a => a.getAttribute('href')),
+    groups: q('#quarto-sidebar .sidebar-item-section > .sidebar-item-container .menu-text').map(e => e.textContent.trim()),
+    sidebarBox: box ? [box.width, box.height] : null,
+    firstFigure: (e => e ? e.getBoundingClientRect().bottom + window.scrollY : null)(main.querySelector('.cell-output-display img')),
+    firstMaths: (e => e ? e.getBoundingClientRect().top + window.scrollY : null)(main.querySelector('.katex')),
+    heads: q('h2[id], h3[id], h4[id]').map(h => {
+      let n = h.nextElementSibling;
+      return {id: h.id, text: h.textContent.trim(), next: n ? n.textContent.trim().slice(0, 300) : ''};
+    }),
+  };
+})()'''
+
+
+def _console_errors(events):
+    out = []
+    for e in events:
+        m, p = e['method'], e.get('params', {})
+        if m == 'Runtime.consoleAPICalled' and p.get('type') in ('error', 'assert'):
+            out.append('console.' + p['type'] + ': ' + ' '.join(str(a.get('value', a.get('description', ''))) for a in p.get('args', [])))
+        elif m == 'Runtime.exceptionThrown':
+            d = p.get('exceptionDetails', {})
+            out.append('uncaught: ' + (d.get('exception', {}).get('description') or d.get('text', '')))
+        elif m == 'Log.entryAdded' and p.get('entry', {}).get('level') == 'error':
+            out.append(f"log: {p['entry'].get('text')} ({p['entry'].get('url', '')})")
+    return out
+
+
+def _requests(events, origin):
+    "Requests that failed (network error or HTTP status ≥ 400) and requests that left the loopback server."
+    failed, outside = [], []
+    for e in events:
+        m, p = e['method'], e.get('params', {})
+        if m == 'Network.requestWillBeSent':
+            url = p['request']['url']
+            if not (url.startswith(origin + '/') or url.split(':', 1)[0] in ('data', 'blob', 'about')): outside.append(url)
+        elif m == 'Network.responseReceived' and p['response'].get('status', 0) >= 400:
+            failed.append(f"{p['response']['status']} {p['response']['url']}")
+        elif m == 'Network.loadingFailed' and not p.get('canceled'):
+            failed.append(f"{p.get('errorText')} (request {p.get('requestId')}, {p.get('type')})")
+    return failed, outside
+
+
+def _screenshot(cdp, sid, url, path, bottom):
+    "A PNG of the page at `url` from its top down to `bottom` px (below the first figure: navbar, sidebar, text, figure)."
+    cdp.call('Page.navigate', sid, url=url)
+    cdp.wait_for('Page.loadEventFired', sid, timeout=60)
+    cdp.evaluate(sid, 'document.fonts.ready.then(() => new Promise(r => setTimeout(r, 200)))')
+    clip = {'x': 0, 'y': 0, 'width': 1280, 'height': int(min(bottom + 24, 4000)), 'scale': 1}
+    png = cdp.call('Page.captureScreenshot', sid, format='png', clip=clip, captureBeyondViewport=True)['data']
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(base64.b64decode(png))
+    return path
+
+
+def encoding_pages():
+    "The site's pages that derive a registered encoding (the pages of the modules that register them)."
+    from posenc_lit.core import list_encodings
+    syms, pages = _modidx()['syms'], quarto_pages()
+    mods = {spec.factory.__module__ for spec in list_encodings().values()}
+    return {pages[next(iter(syms[m].values()))[0].split('#')[0]] for m in mods if syms.get(m)}
+
+
+def shot_page(visits):
+    "The encoding page to photograph: rendered maths above its first figure, and that figure nearest the top."
+    ok = [(f['firstFigure'], p) for p, f in visits.items() if p in encoding_pages() and f['firstFigure']
+          and f['firstMaths'] is not None and f['firstMaths'] < f['firstFigure']]
+    return min(ok)[1] if ok else None
+
+
+@pytest.fixture(scope='session')
+def visits(site, server, browser):
+    "{page path under _site/: what loading it found}; the screenshots are taken on the way."
+    cdp, sid = browser
+    pages, out = sorted(p.relative_to(site).as_posix() for p in site.rglob('*.html')), {}
+    assert pages, f'no pages in {site}'
+    for page in pages:
+        cdp.events.clear()
+        cdp.call('Page.navigate', sid, url=f'{server}/{page}')
+        cdp.wait_for('Page.loadEventFired', sid, timeout=60)
+        found = cdp.evaluate(sid, COLLECT)
+        cdp.evaluate(sid, '0')          # one more round trip: late events of this page arrive before the next
+        found['console'] = _console_errors(cdp.events)
+        found['failed'], found['outside'] = _requests(cdp.events, server)
+        out[page] = found
+    enc = shot_page(out)
+    for page, name in (('index.html', 'front_page.png'), (enc, 'encoding_page.png')):
+        if page and out[page]['firstFigure']:
+            out[page]['shot'] = _screenshot(cdp, sid, f'{server}/{page}', ARTIFACTS / name, out[page]['firstFigure'])
+    shots = [f"{f['shot']} ({p})" for p, f in out.items() if 'shot' in f]
+    print(f'\nvisited {len(out)} pages in Chromium; screenshots: {", ".join(shots)}')
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The tests
+
+def test_every_page_loads_cleanly(visits):
+    "No console error, uncaught exception or failed request on any page, and nothing requested from outside."
+    bad = {p: f['console'] + f['failed'] for p, f in visits.items() if f['console'] or f['failed']}
+    assert not bad, 'pages with console errors or failed requests:\n' + json.dumps(bad, indent=1)[:4000]
+    outside = {p: f['outside'] for p, f in visits.items() if f['outside']}
+    assert not outside, f'pages that request outside the local site: {outside}'
+
+
+def test_no_broken_links(visits, site, server):
+    "Every local link of every page resolves: the file exists and an `#anchor` names an element of the target page."
+    host = _doc_host()
+    ids = {p: set(f['ids']) for p, f in visits.items()}
+    broken, n = [], 0
+    for page, f in visits.items():
+        for link in f['links']:
+            href, raw = link['href'], link['raw']
+            if href.startswith('javascript:') or raw.startswith('#') and len(raw) == 1: continue
+            if host and href.startswith(host):
+                broken.append(f'{page}: {raw} points at the published site, not at the local page'); continue
+            if not href.startswith(server + '/'): continue          # outside links (GitHub, papers): not reachable here
+            url, frag = urldefrag(href)
+            path = unquote(urlsplit(url).path).lstrip('/') or 'index.html'
+            if path.endswith('/'): path += 'index.html'
+            n += 1
+            if not (site / path).is_file(): broken.append(f'{page}: {raw} -> no file {path}')
+            elif frag and path in ids and unquote(frag) not in ids[path]: broken.append(f'{page}: {raw} -> no #{frag} in {path}')
+    assert n > 100, f'only {n} local links found'
+    assert not broken, f'{len(broken)} broken links:\n' + '\n'.join(broken[:60])
+
+
+def test_images_load(visits):
+    "Every image (figures, logos) loaded and has a size."
+    bad = {p: [i['src'][:120] for i in f['images'] if not i['ok']] for p, f in visits.items()}
+    bad = {p: v for p, v in bad.items() if v}
+    assert not bad, f'images that did not load: {bad}'
+    assert sum(len(f['images']) for f in visits.values()) > 10, 'almost no images on the site: are the figures missing?'
+
+
+def test_maths_rendered(visits):
+    "Every maths span is rendered by KaTeX, without errors, and no raw TeX delimiter is left in the visible text."
+    with_maths = [p for p, f in visits.items() if f['math']]
+    assert len(with_maths) >= 5, f'only {with_maths} have maths'
+    for page in with_maths:
+        f = visits[page]
+        assert f['mathRendered'] == f['math'], f"{page}: {f['math'] - f['mathRendered']} of {f['math']} maths spans not rendered"
+        assert not f['katexErrors'], f"{page}: KaTeX errors {f['katexErrors'][:5]}"
+    for page, f in visits.items():
+        left = [f['text'][max(0, m.start() - 40):m.end() + 40] for m in RAW_TEX.finditer(f['text'])]
+        assert not left, f'{page}: raw TeX in the text: {left[:5]}'
+
+
+def _sidebar_yml():
+    "(pages in order, group titles in order) of nbs/sidebar.yml."
+    pages, groups = [], []
+    def walk(items):
+        for it in items or []:
+            if isinstance(it, str): pages.append(it)
+            elif isinstance(it, dict):
+                if 'section' in it: groups.append(it['section'])
+                if 'href' in it: pages.append(it['href'])
+                walk(it.get('contents'))
+    walk(yaml.safe_load((NBS / 'sidebar.yml').read_text(encoding='utf-8'))['website']['sidebar']['contents'])
+    return [re.sub(r'\.ipynb$', '.html', p) for p in pages], groups
+
+
+def test_sidebar(visits):
+    "The sidebar is shown, lists the pages of nbs/sidebar.yml in order, every notebook among them, with the same groups in the reader's order, on every page."
+    pages, groups = _sidebar_yml()
+    f = visits['index.html']
+    assert f['sidebarBox'] and f['sidebarBox'][0] > 100, f"the sidebar is not shown at 1280 px ({f['sidebarBox']})"
+    assert f['sidebar'] == pages, f"sidebar links {f['sidebar']} differ from nbs/sidebar.yml {pages}"
+    missing = [nb.relative_to(NBS).with_suffix('.html').as_posix() for nb in notebooks()]
+    missing = [p for p in missing if p not in f['sidebar']]
+    assert not missing, f'notebooks missing from the sidebar (add them to nbs/sidebar.yml): {missing}'
+    assert f['groups'] == groups, f"sidebar groups {f['groups']} differ from nbs/sidebar.yml {groups}"
+    known = [g for g in f['groups'] if g in GROUPS]
+    assert known == sorted(known, key=GROUPS.index), f'sidebar groups {known} are not in the order {GROUPS}'
+    assert {'Core', 'Absolute', 'Relative', 'Experiments'} <= set(known), f'missing sidebar groups: {known}'
+    other = [p for p, v in visits.items() if v['sidebar'] != f['sidebar']]
+    assert not other, f'pages whose sidebar differs from the front page\'s: {other}'
+
+
+def _modidx():
+    d = {}
+    exec((ROOT / 'posenc_lit' / '_modidx.py').read_text(encoding='utf-8'), d)
+    return d['d']
+
+
+def _doc_host():
+    s = _modidx()['settings']
+    return (s.get('doc_host', '') + s.get('doc_baseurl', '')).rstrip('/')
+
+
+def test_api_entries_rendered(visits):
+    "Each exported function and class has a heading with its name, followed by its signature (nbdev's show_doc)."
+    pages, bad, n = quarto_pages(), [], 0
+    for module, syms in _modidx()['syms'].items():
+        for name in exported(module):
+            entry = syms.get(f'{module}.{name}')
+            if entry is None: continue
+            page, anchor = entry[0].split('#')
+            heads = {h['id']: h for h in visits.get(pages.get(page, page), {}).get('heads', [])}
+            h, n = heads.get(anchor), n + 1
+            if h is None: bad.append(f'{module}.{name}: no heading #{anchor} on {pages.get(page)}'); continue
+            if name not in h['text']: bad.append(f"{module}.{name}: heading reads {h['text']!r}")
+            elif not re.search(rf'\b(def|class)\s+{re.escape(name)}\b|^{re.escape(name)}\s*\(', h['next'], re.M):
+                bad.append(f"{module}.{name}: no signature after its heading ({h['next'][:80]!r})")
+    assert n > 100 and not bad, f'{len(bad)} of {n} API entries wrong:\n' + '\n'.join(bad[:40])
+
+
+def test_two_clicks_from_front_page(visits):
+    "From the front page, every encoding's page (its derivation), its API entry and the experiment results are at most two clicks away."
+    from posenc_lit.core import list_encodings, encoding_facts
+    host, pages = _doc_host(), quarto_pages()
+    def local(url):  # a published URL -> (local page, anchor)
+        path, _, frag = url[len(host) + 1:].partition('#')
+        return pages.get(path, path), frag
+    def targets(page):
+        out = set()
+        for l in visits.get(page, {}).get('links', []):
+            u, frag = urldefrag(l['href'])
+            p = unquote(urlsplit(u).path).lstrip('/') if u.startswith('http://127.0.0.1') else None
+            if p is not None: out.add((p or 'index.html', frag))
+        return out
+    one = targets('index.html')
+    two = one | {t for p, _ in one for t in targets(p)}
+    reached = lambda t: t in two or (t[1] == '' and any(p == t[0] for p, _ in two))
+    need = {'pretraining results': (pages['pretraining.html'], '')}
+    for name in list_encodings():
+        f = encoding_facts(name)
+        need[f'{name}: derivation'], need[f'{name}: API entry'] = local(f['page']), local(f['api'])
+    far = {k: v for k, v in need.items() if not reached(v)}
+    assert not far, f'more than two clicks from the front page: {far}'
+
+
+def test_screenshots(visits):
+    "Screenshots of the front page and of an encoding page: from the top (navbar, sidebar) to a figure, the encoding page with rendered maths above it."
+    enc = shot_page(visits)
+    assert enc, 'no encoding page has rendered maths above a figure'
+    for page in ('index.html', enc):
+        f = visits[page]
+        assert 'shot' in f, f'{page}: no screenshot (no figure on the page?)'
+        png = f['shot'].read_bytes()
+        assert png[:8] == b'\x89PNG\r\n\x1a\n' and len(png) > 20_000, f"{f['shot']}: not a real screenshot"
+        assert f['sidebar'] and f['sidebarBox'][0] > 100, f'{page}: no sidebar in the screenshot'
