@@ -48,8 +48,15 @@ def find_checkpoint(path) -> Path:
     return p
 
 # %% ../nbs/16_finetune.ipynb #86a8dd82
+def _is_hf_folder(p: Path) -> bool:   # a Hugging Face model folder: its config.json names a model_type
+    try: return p.is_dir() and 'model_type' in json.loads((p / 'config.json').read_text())
+    except (OSError, ValueError, TypeError): return False
+
 def load_pretrained(path) -> tuple[Encoder, Tokenizer]:
-    "The `Encoder` of a pretraining checkpoint, without its MLM head and Enhanced Mask Decoder, and the checkpoint's tokenizer."
+    "The `Encoder` of a pretraining checkpoint (ours, or a Hugging Face BERT/DeBERTa-v2 folder via `from_hf`), without MLM head or EMD, and its tokenizer."
+    if _is_hf_folder(Path(path).expanduser()):
+        from posenc_lit.hf import from_hf, hf_tokenizer
+        return from_hf(path).train(), hf_tokenizer(path)
     p = find_checkpoint(path)
     mlm = load_model(p)                        # strict: every weight must match the saved configuration
     enc = mlm.encoder
@@ -406,6 +413,9 @@ def load_task_model(path) -> tuple[EncoderForTask, Tokenizer, dict]:
     model = EncoderForTask(Encoder(load_config(p)), info['kind'], info['n_labels'], info.get('head_dropout', 0.1))
     try: model.load_state_dict(load_file(p / 'model.safetensors'))
     except Exception as e: raise CheckpointError(f'{p / "model.safetensors"} does not fit {p / "config.json"} and task.json ({type(e).__name__}: {str(e)[:200]})') from None
+    if info.get('hf_tokenizer'):                     # the tokenizer of a Hugging Face checkpoint (its own special ids)
+        from posenc_lit.hf import hf_tokenizer
+        return model.eval(), hf_tokenizer(p), info
     return model.eval(), load_tokenizer(p / 'tokenizer.json'), info
 
 # %% ../nbs/16_finetune.ipynb #2b62c97f
@@ -529,7 +539,8 @@ def _finish(cfg, out, acc, model, spec, tok, dd, data, steps, best, best_step, l
     if 'dropped' in data['train']: summary['dropped_train_answers'] = data['train']['dropped']
     if acc.is_main_process:
         save_task_model(model, out / 'checkpoint', tok, {'task': cfg.task, 'head_dropout': cfg.head_dropout, 'step': best_step,
-                                                         'from_checkpoint': str(cfg.checkpoint)})
+                                                         'from_checkpoint': str(cfg.checkpoint),
+                                                         'hf_tokenizer': _is_hf_folder(Path(cfg.checkpoint).expanduser())})
         _write_json(out / 'summary.json', summary)
     acc.wait_for_everyone()
     return summary

@@ -278,3 +278,23 @@ def test_missing_folder_offline(tmp_path):
         from_hf(tmp_path / 'empty')
     with pytest.raises(CheckpointError, match='no tokenizer.json in'):
         hf_tokenizer(tmp_path / 'empty')
+
+
+# ---------------------------------------------------------------- the real model in the fine-tuning pipeline (issue 11, part 3)
+
+def test_minilm_finetunes_with_the_drop_in(minilm, tmp_path):
+    "`--checkpoint` takes a Hugging Face folder; Huang's method 4 added at zero leaves MiniLM's outputs unchanged, then trains."
+    from posenc_lit.finetune import add_relative, finetune, load_pretrained, load_task_model, make_finetune_config
+    enc, tok = load_pretrained(minilm)
+    assert tok.token_to_id('[CLS]') == 101 and enc.cfg.pe == 'learned'
+    ids = torch.tensor([[101] + tok.encode('a truth universally acknowledged', add_special_tokens=False).ids + [102]])
+    with torch.no_grad():
+        plain = from_hf(minilm)(ids)['hidden_states']
+        torch.testing.assert_close(enc.eval()(ids)['hidden_states'], plain, rtol=0, atol=0)
+        assert torch.equal(add_relative(enc, 'huang4', k=16).eval()(ids)['hidden_states'], plain)
+    cfg = make_finetune_config('smoke', task='sentiment', checkpoint=str(minilm), max_train=32, add_relative='huang4',
+                               add_relative_kwargs={'k': 16})
+    res = finetune(cfg, tmp_path / 'ft', progress=False)
+    m, _, info = load_task_model(tmp_path / 'ft')
+    assert res['add_relative'] == 'huang4' and m.encoder.cfg.d_model == 384 and info['from_checkpoint'] == str(minilm)
+    assert any(t.abs().sum() > 0 for t in m.encoder.pe.members[1].key_tables)
