@@ -27,8 +27,8 @@ from .tasks import *
 __all__ = ['PRETRAIN_FILES', 'TASK_KINDS', 'EXTEND_METHODS', 'FINETUNE_PRESETS', 'find_checkpoint', 'load_pretrained',
            'add_relative', 'ClassificationHead', 'SpanHead', 'EncoderForTask', 'best_spans', 'encode_texts',
            'encode_squad', 'check_length', 'encode_task', 'extend_positions', 'trained_length', 'collate', 'predict',
-           'span_text', 'score', 'FinetuneConfig', 'make_finetune_config', 'save_task_model', 'load_task_model',
-           'finetune', 'mean_std', 'result_record', 'finetune_seeds', 'format_summary']
+           'span_text', 'score', 'train_subset', 'FinetuneConfig', 'make_finetune_config', 'save_task_model',
+           'load_task_model', 'finetune', 'mean_std', 'result_record', 'finetune_seeds', 'format_summary']
 
 # %% ../nbs/16_finetune.ipynb #b8d453db
 PRETRAIN_FILES = ('config.json', 'model.safetensors', 'tokenizer.json')
@@ -321,6 +321,12 @@ def score(model: EncoderForTask, data: dict, spec: TaskSpec, ds=None, batch_size
     em_f1 = [squad_em_f1(span_text(data, k, s, e, ctx), data['answers'][k]) for k, (s, e) in enumerate(preds)]
     return {'f1': float(np.mean([f for _, f in em_f1])), 'exact_match': float(np.mean([m for m, _ in em_f1]))}
 
+# %% ../nbs/16_finetune.ipynb #79148495
+def train_subset(ds, n: int, seed: int = 0):   # a `datasets.Dataset`, the number of rows to keep
+    "n rows of `ds` drawn at random with `seed` (all rows if n ≥ len), in their original order."
+    if n >= ds.num_rows: return ds
+    return ds.select(sorted(np.random.default_rng(seed).permutation(ds.num_rows)[:n].tolist()))
+
 # %% ../nbs/16_finetune.ipynb #a6318dc9
 @dataclass
 class FinetuneConfig:
@@ -338,7 +344,7 @@ class FinetuneConfig:
     head_dropout: float = 0.1
     eval_every: int = 0             # steps between evaluations on validation; 0: at the end of each epoch
     log_every: int = 25             # steps between training-loss records
-    max_train: int = 0              # use only the first N training examples (0: all)
+    max_train: int = 0              # use only N training examples, a fixed random subset (`train_subset`; 0: all)
     max_answer_len: int = 30        # span tasks: longest answer, in tokens
     seed: int = 0
     mixed_precision: str = 'no'     # 'no', 'bf16', 'fp16' (GPU)
@@ -426,7 +432,7 @@ def _setup(cfg: FinetuneConfig):
     encoder, tok = load_pretrained(cfg.checkpoint)
     if cfg.add_relative: encoder = add_relative(encoder, cfg.add_relative, **cfg.add_relative_kwargs)
     dd = load_task(cfg.task, cfg.data_files or None)
-    if cfg.max_train: dd['train'] = dd['train'].select(range(min(cfg.max_train, dd['train'].num_rows)))
+    if cfg.max_train: dd['train'] = train_subset(dd['train'], cfg.max_train)
     if cfg.extend_positions:
         trained = cfg.trained_len or trained_length(cfg.checkpoint)
         n = cfg.max_len or max(len(ids) for sp in TASK_SPLITS
@@ -578,7 +584,7 @@ def finetune_seeds(cfg: FinetuneConfig, out, seeds=(0, 1, 2), overwrite: bool = 
                'wall_s': sum(r['wall_s'] for r in runs), 'train_tokens_per_s': statistics.fmean(r['train_tokens_per_s'] for r in runs)}
     if baselines and spec.kind != 'span':
         dd = load_task(cfg.task, cfg.data_files or None)
-        if cfg.max_train: dd['train'] = dd['train'].select(range(min(cfg.max_train, dd['train'].num_rows)))
+        if cfg.max_train: dd['train'] = train_subset(dd['train'], cfg.max_train)
         summary['baselines'] = {'majority': majority_baseline(dd, spec)['test'], 'bow': bow_baseline(dd, spec)['test']}
     _write_json(out / 'summary.json', summary)
     return summary
