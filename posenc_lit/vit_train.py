@@ -23,7 +23,7 @@ from .vit import (INTERPOLATIONS, ViT, ViTConfig, get_vision_encoding, load_vit,
 
 # %% auto #0
 __all__ = ['EVAL_MODES', 'VIT_PRESETS', 'VitTrainConfig', 'vit_config', 'make_vit_config', 'lr_factor', 'param_groups',
-           'evaluate_images', 'model_for', 'evaluate_sizes', 'train_vit']
+           'evaluate_images', 'model_for', 'evaluate_sizes', 'total_steps', 'train_vit']
 
 # %% ../nbs/18_vit_train.ipynb #adb82fe5
 EVAL_MODES = ('bicubic', 'bilinear', 'none')   # interpolate the table on the fly (two methods), or re-initialise it
@@ -43,6 +43,7 @@ class VitTrainConfig:
     d_ff: int = 128
     dropout: float = 0.0
     pool: str = 'cls'               # 'cls' | 'gap'
+    stem: str = 'patch'             # 'patch' (one linear map per P×P patch) | 'hybrid' (a small ResNet stem of total stride P)
     interpolate: str | None = 'bicubic'   # how the model interpolates a learned table for another grid; None: never change the grid
     batch_size: int = 128           # images per process per step
     steps: int = 1000
@@ -62,14 +63,16 @@ class VitTrainConfig:
     finetune_res: list | None = None   # [H, W] for a short fine-tune after training; None: none
     finetune_steps: int = 0
     finetune_lr: float = 5e-4
+    finetune_init: list | None = None     # one fine-tune per entry, each from the trained model, its table 'bicubic', 'bilinear' or 'none' (re-initialised); None: one, with `interpolate`
+    finetune_eval_sizes: list | None = None  # test resolutions after a fine-tune; None: `eval_sizes`
     seed: int = 0
     mixed_precision: str = 'no'     # 'no', 'bf16' (CPU or GPU), 'fp16' (GPU)
 
 # %% ../nbs/18_vit_train.ipynb #f73fb0db
 VIT_PRESETS = {
     'quick': dict(steps=1000, batch_size=128, lr=2e-3, eval_every=250, save_every=250, log_every=25),
-    'reference': dict(data='auto', d_model=128, n_layers=6, n_heads=4, d_ff=512, dropout=0.1, steps=8000, batch_size=128,
-                      lr=1e-3, warmup=0.05, label_smoothing=0.1, augment=True, eval_every=500, save_every=250, log_every=50),
+    'reference': dict(data='auto', d_model=96, n_layers=4, n_heads=4, d_ff=384, dropout=0.0, steps=3000, batch_size=128,
+                      lr=2e-3, warmup=0.05, label_smoothing=0.1, augment=True, eval_every=500, save_every=250, log_every=50),
     'smoke': dict(d_model=32, n_layers=1, n_heads=2, d_ff=64, steps=20, batch_size=32, eval_every=10, save_every=10, log_every=5,
                   eval_sizes=[[28, 28], [56, 56]]),
 }
@@ -83,18 +86,23 @@ def vit_config(cfg: VitTrainConfig, n_classes: int = 10, image_size=None) -> ViT
     "The `ViTConfig` of a run (at `image_size`, default the training size); `ValueError` naming a bad model option."
     return ViTConfig(image_size=tuple(image_size or cfg.image_size), patch_size=cfg.patch_size, in_chans=cfg.in_chans,
                      n_classes=n_classes, d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads, d_ff=cfg.d_ff,
-                     dropout=cfg.dropout, pe=cfg.pe, pe_kwargs=dict(cfg.pe_kwargs), pool=cfg.pool, interpolate=cfg.interpolate)
+                     dropout=cfg.dropout, pe=cfg.pe, pe_kwargs=dict(cfg.pe_kwargs), pool=cfg.pool, stem=cfg.stem,
+                     interpolate=cfg.interpolate)
 
 # %% ../nbs/18_vit_train.ipynb #798b4d5b
 def _check_sizes(cfg: VitTrainConfig):
     "Every evaluation and fine-tuning size a multiple of the patch size; no grid change for a table that may not be interpolated."
     P, grid = cfg.patch_size, tuple(s // cfg.patch_size for s in cfg.image_size)
-    sizes = [('eval size', s) for s in cfg.eval_sizes] + ([('finetune_res', cfg.finetune_res)] if cfg.finetune_res else [])
+    sizes = [('eval size', s) for s in cfg.eval_sizes + (cfg.finetune_eval_sizes or [])] + \
+            ([('finetune_res', cfg.finetune_res)] if cfg.finetune_res else [])
     for what, (h, w) in sizes:
         if h % P or w % P:
             raise ValueError(f'{what} {h}x{w} is not a multiple of the patch size {P} on each side: use sizes such as '
                              f'{grid[0] * P}, {2 * grid[0] * P} or {grid[0] * P}x{2 * grid[1] * P}, or another patch size')
     with torch.random.fork_rng(devices=[]): has_table = get_vision_encoding(cfg.pe).factory(vit_config(cfg)).table_grid is not None
+    if cfg.finetune_init and len(cfg.finetune_init) > 1 and not has_table:
+        raise ValueError(f'pe={cfg.pe!r} has no learned table, so every finetune_init {cfg.finetune_init} gives the same fine-tune: '
+                         'leave finetune_init out (one fine-tune)')
     changed = [f'{h}x{w}' for what, (h, w) in sizes if (h // P, w // P) != grid]
     if cfg.interpolate is None and has_table and changed:
         raise ValueError(f'{", ".join(changed)} change(s) the patch grid ({grid[0]}×{grid[1]} at {cfg.image_size[0]}x{cfg.image_size[1]}) '
@@ -113,6 +121,7 @@ def make_vit_config(preset: str = 'quick', **overrides) -> VitTrainConfig:
     check_field_types(cfg)
     cfg.image_size = list(parse_size(cfg.image_size))
     cfg.eval_sizes = _sizes(cfg.eval_sizes, 'eval_sizes')
+    if cfg.finetune_eval_sizes is not None: cfg.finetune_eval_sizes = _sizes(cfg.finetune_eval_sizes, 'finetune_eval_sizes')
     if cfg.finetune_res is not None: cfg.finetune_res = list(parse_size(cfg.finetune_res))
     _check_options(cfg)
     vit_config(cfg)                    # the model's own checks: encoding, heads, image size against the patch size, ...
@@ -133,6 +142,11 @@ def _check_options(cfg: VitTrainConfig):
         if getattr(cfg, f) < 0: raise ValueError(f'{f} must be ≥ 0; got {getattr(cfg, f)}')
     if (cfg.finetune_res is None) != (cfg.finetune_steps == 0):
         raise ValueError(f'finetune_res and finetune_steps go together (--finetune-res 56 --finetune-steps 200); got {cfg.finetune_res} and {cfg.finetune_steps}')
+    if cfg.finetune_init is not None:
+        if not cfg.finetune_res: raise ValueError('finetune_init needs a fine-tune: add --finetune-res and --finetune-steps')
+        if not cfg.finetune_init or set(cfg.finetune_init) - set(EVAL_MODES) or len(set(cfg.finetune_init)) < len(cfg.finetune_init):
+            raise ValueError(f'finetune_init must be distinct entries of {EVAL_MODES}; got {cfg.finetune_init}')
+    if cfg.stem not in ('patch', 'hybrid'): raise ValueError(f"stem must be 'patch' or 'hybrid'; got {cfg.stem!r}")
     for f in ('lr', 'finetune_lr', 'max_grad_norm'):
         if not getattr(cfg, f) > 0: raise ValueError(f'{f} must be > 0; got {getattr(cfg, f)}')
     if not 0 <= cfg.warmup <= 1: raise ValueError(f'warmup is a fraction of the steps, in [0, 1]; got {cfg.warmup}')
@@ -188,11 +202,14 @@ def model_for(model: ViT, size, mode: str) -> ViT:
     return m
 
 # %% ../nbs/18_vit_train.ipynb #bb1ec69f
-def evaluate_sizes(model: ViT, images, labels, mean: float, std: float, sizes, modes=EVAL_MODES, accelerator=None) -> dict:
+def evaluate_sizes(model: ViT, images, labels, mean: float, std: float, sizes, modes=EVAL_MODES, accelerator=None,
+                   known: dict | None = None,  # `{(H, W): accuracy}` of `model` as it is, already measured: not computed again
+                  ) -> dict:
     "`{'HxW': {mode: accuracy}}` on `images` resized to each size; the same number for modes that give the same model."
     out = {}
     for size in sizes:
         res, seen = {}, {}
+        if known and tuple(size) in known: seen['as it is'] = known[tuple(size)]
         for mode in modes:
             m = model_for(model, size, mode)
             key = 'as it is' if m is model else mode                 # modes that leave the model as it is share one number
@@ -202,7 +219,7 @@ def evaluate_sizes(model: ViT, images, labels, mean: float, std: float, sizes, m
     return out
 
 # %% ../nbs/18_vit_train.ipynb #a4efb4fe
-_VIT_RUN_FILES = ('config.json', 'metrics.jsonl', 'summary.json', 'checkpoint', 'checkpoint.old', 'checkpoint.tmp')
+_VIT_RUN_FILES = ('config.json', 'metrics.jsonl', 'summary.json', 'checkpoint', 'checkpoint.old', 'checkpoint.tmp', 'trained_model')
 
 def _saved_config(out: Path, cfg: VitTrainConfig):
     "`RunDirError` if `out/config.json` is damaged or holds another configuration than `cfg`."
@@ -241,7 +258,7 @@ def _trainer_state(ck: Path, cfg: VitTrainConfig) -> dict:
     st = ck / 'trainer_state.json'
     try: state = json.loads(st.read_text())
     except json.JSONDecodeError as e: raise CheckpointError(f'corrupt {st}: {e}; --overwrite (instead of --resume) starts the run again') from None
-    total = cfg.steps + cfg.finetune_steps
+    total = total_steps(cfg)
     ok = isinstance(state, dict) and type(state.get('step')) is int and 0 <= state['step'] <= total and \
          isinstance(state.get('results', {}), dict) and isinstance(state.get('elapsed', 0.0), (int, float))
     if not ok: raise CheckpointError(f'{st} must hold an integer step in [0, {total}], results and elapsed; got {str(state)[:120]}: '
@@ -305,11 +322,20 @@ def _setup(cfg: VitTrainConfig, world: int = 1) -> tuple[dict, dict]:
     return data, info
 
 # %% ../nbs/18_vit_train.ipynb #88eeb222
+def _finetune_names(cfg: VitTrainConfig) -> list:
+    return [] if not cfg.finetune_steps else ['finetune'] if cfg.finetune_init is None else [f'finetune-{i}' for i in cfg.finetune_init]
+
 def _phases(cfg: VitTrainConfig) -> list:
     "`(name, image_size, first step, last step, peak lr)` of each phase."
     ph = [('train', tuple(cfg.image_size), 0, cfg.steps, cfg.lr)]
-    if cfg.finetune_steps: ph.append(('finetune', tuple(cfg.finetune_res), cfg.steps, cfg.steps + cfg.finetune_steps, cfg.finetune_lr))
+    for k, name in enumerate(_finetune_names(cfg)):
+        first = cfg.steps + k * cfg.finetune_steps
+        ph.append((name, tuple(cfg.finetune_res), first, first + cfg.finetune_steps, cfg.finetune_lr))
     return ph
+
+def total_steps(cfg: VitTrainConfig) -> int:
+    "Optimizer steps of the whole run: training, then each fine-tune."
+    return _phases(cfg)[-1][3]
 
 def _optimizer(cfg, model, phase, acc):
     "A new AdamW and schedule for `phase`; the model and optimizer prepared by `acc`."
@@ -324,9 +350,9 @@ def _train_step(cfg, acc, model, opt, sched, data, info, phase, step):
     "One optimizer step of `phase` at global `step` (0-based); returns the loss and the number of correct predictions."
     name, size, first, _, _ = phase
     X, y = data['train']
-    t, seed = step - first, cfg.seed + (name == 'finetune')                  # another epoch order for the fine-tune
+    t, seed = step - first, cfg.seed + (name != 'train')                  # another order for fine-tunes, the same for each
     idx = micro_batch(torch.arange(len(X)), t, cfg.batch_size, acc.process_index, acc.num_processes, seed)
-    imgs = augment(X[idx], _mask_generator(cfg.seed, step, acc.process_index)) if cfg.augment else X[idx]
+    imgs = augment(X[idx], _mask_generator(seed, t, acc.process_index)) if cfg.augment else X[idx]
     x, yb = to_float(imgs, info['mean'], info['std'], size).to(acc.device), y[idx].to(acc.device)
     logits = model(x)                                                         # (b, n_classes)
     loss = F.cross_entropy(logits.float(), yb, label_smoothing=cfg.label_smoothing)
@@ -335,12 +361,15 @@ def _train_step(cfg, acc, model, opt, sched, data, info, phase, step):
     return loss.detach().double().cpu(), (logits.argmax(-1) == yb).sum().cpu()
 
 # %% ../nbs/18_vit_train.ipynb #f066db8a
-def _phase_results(cfg, acc, model, data, info, phase) -> dict:
-    "Validation and test at the phase's resolution, and test at every evaluation size and mode."
+def _phase_results(cfg, acc, model, data, info, phase, val=None) -> dict:
+    "Validation (unless `val` is given) and test at the phase's resolution, and test at every evaluation size and mode."
     m, size = acc.unwrap_model(model), phase[1]
     ev = lambda s: evaluate_images(m, *data[s], info['mean'], info['std'], size, accelerator=acc) if len(data[s][1]) else None
-    return {'image_size': list(size), 'step': phase[3], 'validation': ev('validation'), 'test': ev('test'),
-            'eval': evaluate_sizes(m, *data['test'], info['mean'], info['std'], cfg.eval_sizes, cfg.eval_modes, acc)}
+    test = ev('test')
+    sizes = cfg.eval_sizes if phase[0] == 'train' or cfg.finetune_eval_sizes is None else cfg.finetune_eval_sizes
+    known = {tuple(size): test['accuracy']} if test else None                # the test at the phase's size is not repeated
+    return {'image_size': list(size), 'step': phase[3], 'validation': val or ev('validation'), 'test': test,
+            'eval': evaluate_sizes(m, *data['test'], info['mean'], info['std'], sizes, cfg.eval_modes, acc, known)}
 
 def _log(out, rec, main):
     if main:
@@ -365,6 +394,7 @@ def _run_phase(cfg, out, acc, model, opt, sched, data, info, phase, state, stop_
                 if len(data['validation'][1]) else {'loss': None, 'accuracy': None}
             _log(out, {'step': step, 'split': 'eval', 'phase': name, 'image_size': list(size), 'loss': v['loss'], 'accuracy': v['accuracy']}, main)
             if v['loss'] is not None and not bar.disable: bar.write(f"step {step}: val_loss {v['loss']:.4f}  val_accuracy {v['accuracy']:.4f}")
+            if step == last and v['loss'] is not None: state['val_end'] = v       # the phase's validation result (not computed again)
             t0 += time.time() - te
         signalled = stop is not None and step < last and _any_process(acc, stop.signum is not None)
         if step % cfg.save_every == 0 or signalled or (stop_at is not None and step == stop_at and step < last):
@@ -375,9 +405,18 @@ def _run_phase(cfg, out, acc, model, opt, sched, data, info, phase, state, stop_
     return step, (stop.name or 'signal') if signalled else None
 
 # %% ../nbs/18_vit_train.ipynb #84a7af2c
+def _finetune_start(cfg, out: Path, acc, model, name: str, size) -> ViT:
+    "The model fine-tune `name` starts from, its table made for `size`."
+    if cfg.finetune_init is None: return resize_pos_embed_(acc.unwrap_model(model), size, cfg.interpolate or 'bicubic')
+    m, init = load_vit(out / 'trained_model'), name.removeprefix('finetune-')
+    if init != 'none': return resize_pos_embed_(m, size, init)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed); return reinit_pos_embed_(m, size)
+
+# %% ../nbs/18_vit_train.ipynb #8c997b94
 def _train(cfg, out, acc, model, data, info, state, restore, stop_at, progress, stop):
     "Run the phases from `state`; the summary, or `{'stopped_at_step', 'steps'}` (+ `'signal'`)."
-    main, total = acc.is_main_process, cfg.steps + cfg.finetune_steps
+    main, total = acc.is_main_process, total_steps(cfg)
     if main:
         recs = _read_metrics(out / 'metrics.jsonl', state['step'])       # drop records after the checkpoint we resume from
         out.mkdir(parents=True, exist_ok=True); _write_json(out / 'config.json', asdict(cfg))
@@ -386,15 +425,15 @@ def _train(cfg, out, acc, model, data, info, state, restore, stop_at, progress, 
     for phase in _phases(cfg):
         name, size, first, last, _ = phase
         if state['step'] >= last and name in state['results']: continue
-        if state['step'] == first and name == 'finetune':                  # the table for the new grid, for good
-            model = resize_pos_embed_(acc.unwrap_model(model), size, cfg.interpolate or 'bicubic')
+        if state['step'] == first and name != 'train': model = _finetune_start(cfg, out, acc, model, name, size)
         model, opt, sched = _optimizer(cfg, acc.unwrap_model(model), phase, acc)
         if restore is not None: restore(opt, sched, first < state['step'] < last); restore = None
         state['step'], sig = _run_phase(cfg, out, acc, model, opt, sched, data, info, phase, state, stop_at, stop, bar)
         if state['step'] < last:
             bar.close(); return {'stopped_at_step': state['step'], 'steps': total, **({'signal': sig} if sig else {})}
-        te = time.time(); state['results'][name] = _phase_results(cfg, acc, model, data, info, phase)
+        te = time.time(); state['results'][name] = _phase_results(cfg, acc, model, data, info, phase, state.pop('val_end', None))
         state['elapsed'] += time.time() - te
+        if name == 'train' and cfg.finetune_init and main: save_vit(acc.unwrap_model(model), out / 'trained_model')
         _save_checkpoint(acc, out, model, opt, sched, state)
     bar.close()
     return _finish(cfg, out, acc, model, info, state)
@@ -416,10 +455,10 @@ def _finish(cfg, out, acc, model, info, state) -> dict:
                'parameters': count_parameters(m), 'processes': acc.num_processes, 'wall_s': state['elapsed'],
                'train_images_per_s': sum(x['images_per_s'] for x in tr) / max(1, len(tr))}
     if info['note']: summary['data_note'] = info['note']
-    if 'finetune' in r:
-        f = r['finetune']
-        summary['finetune'] = {'image_size': f['image_size'], 'steps': cfg.finetune_steps, 'test_accuracy': f['test']['accuracy'],
-                               'val_accuracy': (f['validation'] or {}).get('accuracy'), 'eval': f['eval']}
+    ft = lambda f: {'image_size': f['image_size'], 'steps': cfg.finetune_steps, 'test_accuracy': f['test']['accuracy'],
+                    'val_accuracy': (f['validation'] or {}).get('accuracy'), 'eval': f['eval']}
+    if 'finetune' in r: summary['finetune'] = ft(r['finetune'])
+    if cfg.finetune_init: summary['finetunes'] = {n.removeprefix('finetune-'): ft(r[n]) for n in _finetune_names(cfg)}
     if acc.is_main_process: _write_json(out / 'summary.json', summary)
     acc.wait_for_everyone()
     return summary
@@ -438,7 +477,7 @@ def train_vit(cfg: VitTrainConfig,       # what to train (see `VIT_PRESETS`, `ma
     AcceleratorState._reset_state(reset_partial_state=False)
     acc = Accelerator(mixed_precision=cfg.mixed_precision, cpu=not torch.cuda.is_available())
     state = _prepare_vit_run_dir(out, cfg, resume, overwrite)
-    if state is not None and state['step'] >= cfg.steps + cfg.finetune_steps and (out / 'summary.json').is_file():
+    if state is not None and state['step'] >= total_steps(cfg) and (out / 'summary.json').is_file():
         return json.loads((out / 'summary.json').read_text())           # finished: left as it is
     data, info = _setup(cfg, acc.num_processes)
     restore = None

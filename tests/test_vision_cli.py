@@ -105,6 +105,20 @@ def test_finetune_at_a_higher_resolution(tmp_path):
     assert load_vit(out / 'checkpoint' / 'model').pe.table_grid == (14, 14)
 
 
+def test_finetunes_from_each_init_and_hybrid_stem(tmp_path):
+    "--finetune-init: one fine-tune per entry from the trained model (kept in trained_model/), scored at --finetune-eval-sizes; --stem hybrid."
+    out = tmp_path / 'fts'
+    assert main([*SMOKE, '--steps', '6', '--finetune-res', '56', '--finetune-steps', '2', '--finetune-init', 'bicubic,none',
+                 '--finetune-eval-sizes', '56', '--eval-sizes', '28,56', '--out', str(out)]) == 0
+    s = json.loads((out / 'summary.json').read_text())
+    assert list(s['finetunes']) == ['bicubic', 'none'] and 'finetune' not in s
+    assert all(set(f['eval']) == {'56x56'} and f['steps'] == 2 for f in s['finetunes'].values())
+    assert load_vit(out / 'trained_model').pe.table_grid == (7, 7) and load_vit(out / 'checkpoint' / 'model').pe.table_grid == (14, 14)
+    h = tmp_path / 'hybrid'
+    assert main([*SMOKE, '--steps', '2', '--stem', 'hybrid', '--eval-sizes', '28', '--out', str(h)]) == 0
+    assert load_vit(h / 'checkpoint' / 'model').cfg.stem == 'hybrid'
+
+
 def test_encoding_without_table_and_interpolation_off(tmp_path):
     "sincos2d needs no interpolation: --interpolate none is fine at other sizes, and every mode is the same model."
     out = tmp_path / 's'
@@ -152,6 +166,12 @@ BAD = {   # id: (arguments after `posenc_lit vit --pe learned --preset smoke`, t
     'no-data': (['--data', '/no/such/images'], '/no/such/images: no such folder', False),
     'mnist-missing': (['--data', 'mnist'], 'mnist: not found here', False),
     'resume-and-overwrite': (['--resume', '--overwrite'], 'argument --overwrite: not allowed with argument --resume', True),
+    'finetune-init-alone': (['--finetune-init', 'none'], 'finetune_init needs a fine-tune', True),
+    'finetune-init-mode': (['--finetune-res', '56', '--finetune-steps', '2', '--finetune-init', 'bicubic,nearest'],
+                           'finetune_init must be distinct entries of', True),
+    'finetune-init-no-table': (['--pe', 'sincos2d', '--finetune-res', '56', '--finetune-steps', '2', '--finetune-init', 'bicubic,none'],
+                               "pe='sincos2d' has no learned table", True),
+    'stem': (['--stem', 'resnet'], "stem must be 'patch' or 'hybrid'", True),
 }
 
 

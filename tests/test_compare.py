@@ -1,0 +1,164 @@
+"""`posenc_lit compare` end to end on a tiny study (issue 6, item 4): the records of results.json, the printed table,
+resume (finished stages skipped, files untouched), reused pretraining runs, and bad input (exit status 2, nothing written).
+The quick preset itself is far too long for the test suite; it is measured by hand (see nbs/19_compare.ipynb)."""
+import os
+os.environ.setdefault('HF_HUB_OFFLINE', '1'); os.environ.setdefault('HF_DATASETS_OFFLINE', '1')
+
+import gzip, json, time
+from pathlib import Path
+import pytest
+
+from posenc_lit.cli import main
+from posenc_lit.compare import COMPARE_PRESETS, compare, format_results
+from posenc_lit.data import corpus_dir
+
+
+def tiny_spec(folder: Path) -> dict:
+    "A study of a few steps on the first rows of the embedded corpus; learned positions stop at 48 tokens."
+    (folder / 'corpus').mkdir(parents=True)
+    for split, n in (('train', 3000), ('validation', 400)):
+        with gzip.open(corpus_dir() / f'{split}.jsonl.gz', 'rt') as f: rows = [next(f) for _ in range(n)]
+        (folder / 'corpus' / f'{split}.jsonl').write_text(''.join(rows))
+    return dict(pretrain=dict(preset='smoke', data=str(folder / 'corpus'), steps=6, eval_every=3, save_every=6, log_every=3,
+                              eval_blocks=8, max_position_embeddings=48),
+                finetune=dict(preset='smoke', max_train=64, batch_size=32, max_len=48), tasks=['sentiment'], seeds=[0, 1],
+                lengths=[32, 64], length_tokens=1024, vit_encodings=['none'],
+                vit=dict(preset='smoke', steps=4, eval_every=4, save_every=4, log_every=2, batch_size=16, eval_sizes=[[28, 28]]))
+
+
+@pytest.fixture(scope='module')
+def study(tmp_path_factory):
+    "The tiny study run once through the command line: (output folder, stdout, stderr, seconds)."
+    d = tmp_path_factory.mktemp('compare')
+    mp = pytest.MonkeyPatch(); mp.setitem(COMPARE_PRESETS, 'tiny', tiny_spec(d))
+    import contextlib, io
+    out, err = io.StringIO(), io.StringIO()
+    t = time.time()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(['compare', '--preset', 'tiny', '--out', str(d / 'study'), '--encodings', 'learned', 't5', '--quiet'])
+    assert rc == 0, err.getvalue()
+    yield d / 'study', out.getvalue(), err.getvalue(), time.time() - t
+    mp.undo()
+
+
+def run_cli(argv, capsys):
+    rc = main(argv); cap = capsys.readouterr()
+    return rc, cap.out, cap.err
+
+
+def test_results_json_records(study):
+    out, _, err, _ = study
+    res = json.loads((out / 'results.json').read_text())
+    assert res['finished'] and res['preset'] == 'tiny' and res['encodings'] == ['learned', 't5']
+    assert [(r['pe'], r['task'], r['seed']) for r in res['records']] == [(pe, 'sentiment', s) for pe in ('learned', 't5') for s in (0, 1)]
+    for r in res['records']:
+        assert 0 <= r['test']['accuracy'] <= 1 and r['steps'] == 2 and r['wall_s'] > 0 and r['train_tokens_per_s'] > 0
+        assert r['pretrain_eval_loss'] == res['pretrain'][r['pe']]['eval_loss'] and r['pretrain_steps'] == 6
+        seed_dir = out / 'finetune' / r['pe'] / 'sentiment' / f"seed{r['seed']}"
+        assert json.loads((seed_dir / 'summary.json').read_text())['test'] == r['test']
+    for pe in ('learned', 't5'):
+        p = res['pretrain'][pe]
+        assert p['steps'] == 6 and p['wall_s'] > 0 and p['train_tokens_per_s'] > 0 and not p['reused']
+        assert (out / 'pretrain' / pe / 'summary.json').is_file() and (out / 'lengths' / f'{pe}.json').is_file()
+    b = res['baselines']['sentiment']
+    assert b['train_examples'] == 64 and 0 <= b['majority']['accuracy'] <= 1 and 0 <= b['bow']['accuracy'] <= 1
+    assert [v['pe'] for v in res['vit']] == ['none'] and res['vit'][0]['steps'] == 4 and 0 <= res['vit'][0]['test_accuracy'] <= 1
+    env = res['environment']
+    assert env['torch'] and env['hostname'] and env['cpu_count'] >= 1 and 'git_commit' in env
+    assert res['wall_s'] > 0 and res['compute_s'] > 0
+    assert {p.name for p in (out / 'figures').iterdir()} == {'pretraining.png', 'lengths.png', 'finetune_sentiment.png', 'vit.png'}
+    assert '[ 1/10 ' in err and '[10/10 ' in err and 'pretrain learned: done in' in err   # one line per stage
+
+
+def test_length_past_the_encoding_is_reported(study):
+    "learned has 48 positions: n=64 is `n/a` with the reason; t5 runs at any length."
+    out, stdout, _, _ = study
+    res = json.loads((out / 'results.json').read_text())
+    learned = {r['length']: r for r in res['lengths']['learned']['results']}
+    assert 'loss' in learned[32] and 'is outside the learned position table (max_position_embeddings=48' in learned[64]['error']
+    assert all('loss' in r for r in res['lengths']['t5']['results'])
+    assert 'n/a: learned cannot run 64 tokens: position 63 is outside the learned position table (max_position_embeddings=48, valid positions 0..47)\n' in stdout
+
+
+def test_printed_table_is_format_results_of_the_json(study):
+    out, stdout, _, _ = study
+    res = json.loads((out / 'results.json').read_text())
+    assert stdout == format_results(res) + f'\nresults: {out}/results.json, figures: {out}/figures/\n'
+    rows = {l.split()[0]: l for l in stdout.splitlines()[3:9]}
+    assert set(rows) == {'encoding', 'learned', 't5', 'majority', 'bag-of-words', 'unigram'}
+    assert f"{res['pretrain']['t5']['eval_loss']:.4f}" in rows['t5']
+
+
+def test_resume_skips_finished_stages(study, capsys):
+    out, first, _, seconds = study
+    files = lambda: {p: p.stat().st_mtime_ns for p in out.rglob('*') if p.is_file() and p.name != 'results.json' and p.parent.name != 'figures'}
+    before = files()
+    t = time.time()
+    rc, stdout, err = run_cli(['compare', '--preset', 'tiny', '--out', str(out), '--encodings', 'learned', 't5', '--quiet'], capsys)
+    assert rc == 0 and time.time() - t < max(3.0, seconds / 3), (time.time() - t, seconds)
+    assert files() == before                                                 # nothing trained, nothing rewritten
+    assert err.count('finished earlier, skipped') == 10 and 'done in' not in err
+    assert stdout == first                                                   # the same table (stage times are kept)
+
+
+def test_interrupted_seed_runs_again_alone(study, capsys):
+    "A fine-tuning seed without summary.json (interrupted) is run again; every other stage is skipped."
+    out = study[0]
+    seed = out / 'finetune' / 't5' / 'sentiment' / 'seed1'
+    (seed / 'summary.json').unlink()
+    rc, stdout, err = run_cli(['compare', '--preset', 'tiny', '--out', str(out), '--encodings', 'learned', 't5', '--quiet'], capsys)
+    assert rc == 0 and err.count('done in') == 1 and 'finetune t5 sentiment seed 1: done in' in err
+    assert (seed / 'summary.json').is_file()
+
+
+def test_reused_pretraining_runs(study, tmp_path, capsys):
+    out = study[0]
+    rc, stdout, err = run_cli(['compare', '--preset', 'tiny', '--out', str(tmp_path / 'b'), '--encodings', 't5', '--seeds', '0',
+                               '--no-vit', '--quiet', '--pretrained-dir', str(out / 'pretrain')], capsys)
+    assert rc == 0, err
+    res = json.loads((tmp_path / 'b' / 'results.json').read_text())
+    assert res['pretrain']['t5']['reused'] and res['pretrain']['t5']['run'] == str(out / 'pretrain' / 't5')
+    assert not (tmp_path / 'b' / 'pretrain').exists() and [r['seed'] for r in res['records']] == [0] and res['vit'] == []
+    assert 'pretrain t5: finished earlier, skipped, eval_loss' in err and f"(reused {out / 'pretrain' / 't5'})" in err
+
+
+@pytest.mark.parametrize('argv, msg', [
+    (['--encodings', 'learned', 'bogus'], "unknown encoding 'bogus'; valid: alibi, deberta, huang4, learned,"),
+    (['--encodings', 'sincos2d'], "unknown encoding 'sincos2d'; valid:"),
+    (['--tasks', 'sst-3'], "unknown task 'sst-3'; valid: sentiment, rating, reviews"),
+    (['--vit-encodings', 'rope'], "unknown vision encoding 'rope'; valid: learned,"),
+    (['--seeds', '1', '1'], 'seeds must be distinct'),
+    (['--preset', 'huge'], "unknown preset 'huge'; valid: quick, reference"),
+    (['--lengths', '64', '9000'], 'lengths must be integers from 3 to length_tokens + 2 = 8194; got [64, 9000]'),
+    (['--lengths', '0'], 'argument --lengths: must be an integer ≥ 1; got 0'),
+    (['--pretrained-dir', 'NOWHERE'], '--pretrained-dir NOWHERE: no such folder'),
+    (['--pretrained-dir', 'PRE', '--encodings', 'learned', 'rope'], "has no pretraining run for encoding 'rope'"),
+    (['--pretrained-dir', 'FT', '--encodings', 'learned'], 'is a fine-tuning checkpoint (task sentiment), not a pretraining one'),
+    (['--pretrained-dir', 'VIT', '--encodings', 'none'], 'is not a pretraining checkpoint'),
+])
+def test_bad_input_exits_2_before_anything_runs(argv, msg, study, tmp_path, capsys):
+    out = study[0]
+    ft = tmp_path / 'ft'; ft.mkdir(); (ft / 'learned').symlink_to(out / 'finetune' / 'learned' / 'sentiment' / 'seed0')   # a fine-tuning run
+    vit = tmp_path / 'vit'; vit.mkdir(); (vit / 'none').symlink_to(out / 'vit' / 'none')                           # a ViT run
+    subst = {'NOWHERE': str(tmp_path / 'nowhere'), 'PRE': str(out / 'pretrain'), 'FT': str(ft), 'VIT': str(vit)}
+    argv, msg = [subst.get(a, a) for a in argv], msg.replace('NOWHERE', subst['NOWHERE'])
+    rc, stdout, err = run_cli(['compare', '--out', str(tmp_path / 'never'), '--quiet', *argv], capsys)
+    assert rc == 2 and err.startswith('usage: posenc_lit compare') and msg in err and 'Traceback' not in err, err
+    assert not (tmp_path / 'never').exists() and stdout == ''
+
+
+def test_another_study_in_the_same_folder_is_refused(study, capsys):
+    rc, _, err = run_cli(['compare', '--preset', 'quick', '--out', str(study[0]), '--encodings', 'learned'], capsys)
+    assert rc == 2 and "holds a study with another preset, spec ('tiny')" in err, err
+
+
+def test_notebook_table_is_the_committed_json():
+    "The quick study's table in nbs/19_compare.ipynb is `format_results` of the committed results.json, not typed numbers."
+    root = Path(__file__).resolve().parent.parent
+    res = json.loads((root / 'results' / 'compare' / 'quick' / 'results.json').read_text())
+    nb = json.loads((root / 'nbs' / '19_compare.ipynb').read_text())
+    cell = next(c for c in nb['cells'] if c['cell_type'] == 'code' and 'print(format_results(quick))' in ''.join(c['source']))
+    printed = ''.join(''.join(o['text']) for o in cell['outputs'] if o.get('name') == 'stdout')
+    assert printed == format_results(res) + '\n'
+    assert res['preset'] == 'quick' and res['finished']
+    assert len(res['records']) == len(res['encodings']) * len(res['tasks']) * len(res['seeds'])
