@@ -18,7 +18,7 @@ from .core import *
 from .attention import *
 from .absolute import sinusoidal_table
 from .rope import rope_inv_freq, rope_cos_sin, apply_rope, PAIRINGS
-from .model import EncoderLayer, CheckpointError, check_field_types, check_weight_dtypes, _config_to_json, _config_from_dict
+from .model import EncoderLayer, CheckpointError, save_model, check_field_types, check_weight_dtypes, _config_to_json, _config_from_dict
 
 # %% auto #0
 __all__ = ['INTERPOLATIONS', 'POOLS', 'STEMS', 'PatchEmbed', 'grid_positions', 'interpolate_pos_embed', 'VisionEncoding',
@@ -476,11 +476,7 @@ def reinit_pos_embed_(model: ViT, image_size) -> ViT:
 # %% ../nbs/09_vit.ipynb #91269890
 def save_vit(model: ViT, path) -> Path:
     "Write `config.json` and `model.safetensors` into folder `path` (each atomically); returns the folder."
-    path = Path(path)
-    atomic_write(path / 'config.json', lambda t: Path(t).write_text(model.cfg.to_json()))
-    sd = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    atomic_write(path / 'model.safetensors', lambda t: save_file(sd, t))
-    return path
+    return save_model(model, path)        # the text models' writer: it needs only `cfg.to_json()` and the state dict
 
 def load_vit(path) -> ViT:
     "The `ViT` saved in folder `path` by `save_vit`; `CheckpointError` naming the file that is missing, corrupt or does not match."
