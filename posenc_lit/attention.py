@@ -12,8 +12,8 @@ from fastcore.basics import patch
 from .core import *
 
 # %% auto #0
-__all__ = ['attend_manual', 'attend_fast', 'attend', 'PositionEncoding', 'default_positions', 'MultiHeadAttention',
-           'CombinedEncoding']
+__all__ = ['attend_manual', 'attend_fast', 'attend_compiled', 'attend', 'PositionEncoding', 'default_positions',
+           'MultiHeadAttention', 'CombinedEncoding']
 
 # %% ../nbs/01_attention.ipynb #43e4fd21
 def _check_attend_inputs(q, k, v, score_terms, mask):
@@ -68,6 +68,17 @@ def attend_fast(q, k, v, score_terms=(), mask=None, scale=None, dropout_p=0.0):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale)
 
 # %% ../nbs/01_attention.ipynb #9bb9c2f1
+_COMPILED = {}
+
+def _attend_math(q, k, v, score_terms, mask, scale, dropout_p):  # the manual path, output only (no probabilities kept)
+    return attend_manual(q, k, v, score_terms, mask, scale, dropout_p)[0]
+
+def attend_compiled(q, k, v, score_terms=(), mask=None, scale=None, dropout_p=0.0):
+    "Compiled path of `attend`: `attend_manual`'s arithmetic through `torch.compile` (compiled on first use per shape); returns `out (b, h, i, d_v)`."
+    if 'fn' not in _COMPILED: _COMPILED['fn'] = torch.compile(_attend_math, dynamic=False)
+    return _COMPILED['fn'](q, k, v, tuple(score_terms), mask, scale, dropout_p)
+
+# %% ../nbs/01_attention.ipynb #a326733c
 def attend(q: torch.Tensor, # queries `(b, h, i, d)`, float
            k: torch.Tensor, # keys `(b, h, j, d)`, float
            v: torch.Tensor, # values `(b, h, j, d_v)`, float
@@ -76,11 +87,12 @@ def attend(q: torch.Tensor, # queries `(b, h, i, d)`, float
            scale: float | None = None,  # content scale `s`; default `1/sqrt(d)`
            dropout_p: float = 0.0,      # dropout on the attention probabilities (pass 0 in eval)
            return_probs: bool = False,  # also return the probabilities `(b, h, i, j)` (uses the manual path)
-           fast: bool = True,           # use `F.scaled_dot_product_attention` when possible
+           fast: bool | str = True,     # True: `F.scaled_dot_product_attention` when possible; False: manual; 'compiled': `attend_compiled`
            value_terms=(),  # callables `probs (b, h, i, j) -> (b, h, i, d_v)` added to the output (Shaw's $a^V$); manual path
           ):
     "Attention with position score terms: `softmax(scale·q·kᵀ + Σ terms, masked)·v`; rows with no allowed key give 0."
     _check_attend_inputs(q, k, v, score_terms, mask)
+    if fast not in (True, False, 'compiled'): raise ValueError(f"fast must be True, False or 'compiled'; got {fast!r}")
     valid = None
     if mask is not None:
         valid = mask.any(-1, keepdim=True)                   # (b|1, h|1, i|1, 1): row has an allowed key
@@ -88,7 +100,8 @@ def attend(q: torch.Tensor, # queries `(b, h, i, d)`, float
     if return_probs or value_terms or not fast:
         out, probs = attend_manual(q, k, v, score_terms, mask, scale, dropout_p, value_terms)
     else:
-        out, probs = attend_fast(q, k, v, score_terms, mask, scale, dropout_p), None
+        path = attend_compiled if fast == 'compiled' else attend_fast
+        out, probs = path(q, k, v, score_terms, mask, scale, dropout_p), None
     if valid is not None:
         out = out.masked_fill(~valid, 0.0)
         if probs is not None: probs = probs.masked_fill(~valid, 0.0)
