@@ -9,7 +9,7 @@ from .core import *
 
 # %% auto #0
 __all__ = ['UsageError', 'cmd_encodings', 'cmd_pretrain', 'cmd_lengths', 'cmd_finetune', 'cmd_tasks', 'cmd_vit', 'cmd_compare',
-           'build_parser', 'main']
+           'cmd_bench', 'build_parser', 'main']
 
 # %% ../nbs/13_cli.ipynb #90336ca0
 class UsageError(ValueError):
@@ -304,6 +304,39 @@ def cmd_compare(args) -> int:
     return 0
 
 # %% ../nbs/13_cli.ipynb #dbe16226
+def _add_bench(sub):
+    p = sub.add_parser('bench', help='time and memory of every position term against the floor, the naive form and transformers',
+                       description='For each score-term kind: forward+backward time (median of interleaved repeats) and peak extra '
+                                   'memory at each length, beside fused attention with no term, the naive [L, L, d] form and '
+                                   "transformers' DeBERTa-v2 and T5 attention (outputs checked equal first); then the whole model's "
+                                   'training throughput per encoding. Writes OUT/bench.json (after each length: rerun to resume), '
+                                   'OUT/bench.md and OUT/bench.png; prints the table.')
+    p.add_argument('--out', type=_path, required=True, help='output folder (the same folder resumes the run)')
+    p.add_argument('--quick', action='store_true', help='a CI-sized run: L 32 64, b=2, h=2, d=32, 2 repeats, the smoke model')
+    p.add_argument('--lengths', type=_positive_int, nargs='+', default=None, help='sequence lengths (default: 128 256 512 1024 2048)')
+    p.add_argument('--batch', type=_positive_int, default=None, help='batch size b (default 8; 2 at L=2048)')
+    p.add_argument('--repeats', type=_positive_int, default=None, help='timed repeats of each variant (default 7)')
+    p.add_argument('--threads', type=_positive_int, default=2, help='torch threads while measuring (default 2)')
+    p.add_argument('--no-hf', action='store_true', help="skip the transformers module-level cases")
+    p.add_argument('--no-compiled', action='store_true', help="skip the torch.compile variants (each compiles once per length)")
+    p.add_argument('--no-model', action='store_true', help='skip the whole-model throughput')
+    p.set_defaults(func=cmd_bench, parser=p)
+
+def cmd_bench(args) -> int:
+    "Run `bench`; prints the table, writes the results."
+    from posenc_lit.bench import bench, format_bench, write_bench
+    kw = dict(lengths=(32, 64), b=2, h=2, d=32, repeats=2, warmup=1, model_preset='smoke', model_steps=2) if args.quick else {}
+    if args.lengths: kw['lengths'] = tuple(args.lengths)
+    if args.batch: kw['b'], kw['batch_at'] = args.batch, {}
+    if args.repeats: kw['repeats'] = args.repeats
+    if args.no_model: kw['model_preset'] = None
+    try: res = bench(threads=args.threads, hf=not args.no_hf, compiled=not args.no_compiled, out=args.out, **kw)
+    except ValueError as e: raise UsageError(str(e)) from None
+    write_bench(res, args.out)
+    print(format_bench(res)); print(f'results: {args.out}/bench.json, bench.md, bench.png')
+    return 0
+
+# %% ../nbs/13_cli.ipynb #45f4ccb7
 def build_parser() -> argparse.ArgumentParser:
     "The `posenc_lit` argument parser."
     p = argparse.ArgumentParser(prog='posenc_lit', description='Position encodings of Transformers: derive, test, compare.')
@@ -318,6 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(func=cmd_tasks, parser=t)
     _add_vit(sub)
     _add_compare(sub)
+    _add_bench(sub)
     return p
 
 def main(argv=None) -> int:

@@ -1,0 +1,69 @@
+"""`posenc_lit bench` end to end (the CI-sized `--quick` run), its resume, and the ratio/target arithmetic.
+
+Timings are never asserted here: only that every variant was measured, checked equal and written, and that the
+ratios and targets follow from the rows (the benchmark's numbers are in results/bench and on the docs page).
+"""
+import json, os, subprocess, sys
+from pathlib import Path
+import pytest
+
+from posenc_lit.bench import bench_ratios, bench_targets, format_bench
+
+ENV = {**os.environ, 'OMP_NUM_THREADS': '1', 'HF_HUB_OFFLINE': '1'}
+
+
+def run(*argv):
+    return subprocess.run([sys.executable, '-c', 'from posenc_lit.cli import main; raise SystemExit(main())', 'bench', *argv], capture_output=True, text=True, env=ENV, timeout=900)
+
+
+@pytest.fixture(scope='module')
+def quick(tmp_path_factory):
+    out = tmp_path_factory.mktemp('bench') / 'quick'
+    p = run('--quick', '--no-compiled', '--threads', '1', '--out', str(out))
+    assert p.returncode == 0, p.stderr[-3000:]
+    return out, p
+
+
+def test_quick_run_writes_every_variant(quick):
+    out, p = quick
+    assert {f.name for f in out.iterdir()} >= {'bench.json', 'bench.md', 'bench.png'}
+    res = json.loads((out / 'bench.json').read_text())
+    assert res['env']['allocator'] and res['config']['lengths'] == [32, 64]
+    for L in (32, 64):
+        got = {(r['case'], r['variant']) for r in res['rows'] if r['L'] == L}
+        assert got == {('floor', 'sdpa'), *((c, v) for c in ('shaw', 'huang4', 'huang4-unclipped') for v in ('ours', 'naive')),
+                       *((c, v) for c in ('t5', 'tupe', 'alibi') for v in ('ours', 'naive')), ('rope', 'ours'),
+                       ('deberta', 'ours'), ('deberta', 'hf'), ('t5-module', 'ours'), ('t5-module', 'hf')}, got
+    assert all(r['time_s'] > 0 and r['peak_bytes'] >= 0 and r['max_rel_diff'] <= 1e-4 for r in res['rows'])
+    assert set(res['model']['tokens_per_s']) >= {'learned', 't5', 'deberta', 'rope', 'alibi'}
+    assert '| case | variant |' in p.stdout and (out / 'bench.md').read_text().strip() == format_bench(res).strip()
+
+
+def test_rerun_resumes_and_other_config_is_refused(quick):
+    out, _ = quick
+    before = (out / 'bench.json').read_text()
+    p = run('--quick', '--no-compiled', '--threads', '1', '--out', str(out))
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert (out / 'bench.json').read_text() == before                 # nothing measured again
+    p = run('--quick', '--no-compiled', '--threads', '1', '--repeats', '3', '--out', str(out))
+    assert p.returncode == 2 and 'holds a run with another configuration' in p.stderr and 'use a new folder' in p.stderr, p.stderr
+
+
+def _row(L, case, variant, baseline, t, mem, b=8):
+    return dict(L=L, b=b, case=case, variant=variant, baseline=baseline, note='', time_s=t, peak_bytes=mem, max_rel_diff=0.0, first_call_s=t)
+
+
+def test_ratios_and_targets_follow_from_the_rows():
+    res = {'rows': [_row(1024, 'floor', 'sdpa', 'floor', 1.0, 100), _row(1024, 'huang4', 'ours', 'naive', 3.0, 20),
+                    _row(1024, 'huang4', 'naive', 'naive', 10.0, 100), _row(1024, 't5', 'ours', 'floor', 2.5, 300),
+                    _row(1024, 'deberta', 'ours', 'hf', 0.7, 50), _row(1024, 'deberta', 'hf', 'hf', 1.0, 60)],
+           'model': {'tokens_per_s': {'learned': 1000.0, 't5': 700.0}}}
+    r = {(x['case'], x['variant']): x for x in bench_ratios(res)}
+    assert set(r) == {('huang4', 'ours'), ('t5', 'ours'), ('deberta', 'ours')}       # baselines are not rows of their own
+    assert r['huang4', 'ours']['time_ratio'] == pytest.approx(0.3) and r['huang4', 'ours']['mem_ratio'] == pytest.approx(0.2)
+    assert r['huang4', 'ours']['floor_ratio'] == pytest.approx(3.0) and r['deberta', 'ours']['floor_ratio'] is None
+    assert r['t5', 'ours']['time_ratio'] == pytest.approx(2.5)                         # a bias term: against the floor
+    t = {(x['case'], x['quantity'], x['L']): x['met'] for x in bench_targets(res)}
+    assert t == {('deberta', 'time_ratio', 1024): True, ('huang4', 'time_ratio', 1024): True, ('huang4', 'mem_ratio', 1024): True,
+                 ('t5', 'floor_ratio', 1024): False, ('learned', 'throughput_vs_learned', None): True,
+                 ('t5', 'throughput_vs_learned', None): False}
