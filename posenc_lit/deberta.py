@@ -149,8 +149,8 @@ def score_terms(self: DebertaRelative, q, k, ctx, attn):
     "c2p $Q^c_i{K^r_{\\delta(i,j)}}^\\top$ and p2c $K^c_j{Q^r_{\\delta(i,j)}}^\\top$ times the content scale, `(b, h, i, j)`."
     K_r, Q_r = self.rel_projections(ctx, attn)
     s, idx = self.content_scale(q.shape[-1]), ctx['idx']
-    c2p = [rel_scores(q, K_r, idx, 'query') * s] if K_r is not None else []
-    p2c = [rel_scores(k, Q_r, idx, 'key') * s] if Q_r is not None else []     # the code's index δ(i,j)
+    c2p = [rel_scores(q, K_r * s, idx, 'query')] if K_r is not None else []   # scale the (h, r, d) table, not (b, h, i, j)
+    p2c = [rel_scores(k, Q_r * s, idx, 'key')] if Q_r is not None else []     # the code's index δ(i,j)
     return c2p + p2c
 
 # %% ../nbs/06_deberta.ipynb #4b98bb87

@@ -119,8 +119,9 @@ def score_terms(self: RelativeVectors, q, k, ctx, attn):
     "$q_i\\cdot a_{ij}/\\sqrt d$ and/or $k_j\\cdot a_{ij}/\\sqrt d$, `(b, h, i, j)`."
     if self.key_tables is None: return []
     a, idx, s = self._table(self.key_tables, attn), ctx['rel_idx'], self.content_scale(q.shape[-1])
-    terms = [rel_scores(q, a, idx, 'query') * s] if self.query_term else []
-    return terms + ([rel_scores(k, a, idx, 'key') * s] if self.key_term else [])
+    a = a * s                       # scale the (2k+1, d) table, not the (b, h, i, j) terms: two full passes fewer per term
+    terms = [rel_scores(q, a, idx, 'query')] if self.query_term else []
+    return terms + ([rel_scores(k, a, idx, 'key')] if self.key_term else [])
 
 @patch
 def value_terms(self: RelativeVectors, ctx, attn):
