@@ -92,7 +92,9 @@ def attend(q: torch.Tensor, # queries `(b, h, i, d)`, float
           ):
     "Attention with position score terms: `softmax(scale·q·kᵀ + Σ terms, masked)·v`; rows with no allowed key give 0."
     _check_attend_inputs(q, k, v, score_terms, mask)
-    if fast not in (True, False, 'compiled'): raise ValueError(f"fast must be True, False or 'compiled'; got {fast!r}")
+    if not (isinstance(fast, bool) or fast == 'compiled'): raise ValueError(f"fast must be True, False or 'compiled'; got {fast!r}")
+    if not (isinstance(dropout_p, (int, float)) and not isinstance(dropout_p, bool) and 0 <= dropout_p <= 1):
+        raise ValueError(f'dropout_p is a probability in [0, 1]; got {dropout_p!r}')
     valid = None
     if mask is not None:
         valid = mask.any(-1, keepdim=True)                   # (b|1, h|1, i|1, 1): row has an allowed key

@@ -307,14 +307,17 @@ def cmd_compare(args) -> int:
 def _add_bench(sub):
     p = sub.add_parser('bench', help='time and memory of every position term against the floor, the naive form and transformers',
                        description='For each score-term kind: forward+backward time (median of interleaved repeats) and peak extra '
-                                   'memory at each length, beside fused attention with no term, the naive [L, L, d] form and '
+                                   'memory at each length, beside fused attention with no term (the floor), the naive form (the '
+                                   '[L, L, d] tensor for vector terms, the unfused softmax for biases) and '
                                    "transformers' DeBERTa-v2 and T5 attention (outputs checked equal first); then the whole model's "
                                    'training throughput per encoding. Writes OUT/bench.json (after each length: rerun to resume), '
                                    'OUT/bench.md and OUT/bench.png; prints the table.')
     p.add_argument('--out', type=_path, required=True, help='output folder (the same folder resumes the run)')
-    p.add_argument('--quick', action='store_true', help='a CI-sized run: L 32 64, b=2, h=2, d=32, 2 repeats, the smoke model')
+    p.add_argument('--quick', action='store_true', help='a CI-sized run that checks the machinery: L 32 64, b=2, h=2, d=32, 2 repeats, '
+                   'the smoke model; its ratios are noise, not numbers to quote')
     p.add_argument('--lengths', type=_positive_int, nargs='+', default=None, help='sequence lengths (default: 128 256 512 1024 2048)')
-    p.add_argument('--batch', type=_positive_int, default=None, help='batch size b (default 8; 2 at L=2048)')
+    p.add_argument('--batch', type=_positive_int, default=None, help='batch size b at every length (default: 8, and 2 at L=2048); '
+                   'h=12, d=64')
     p.add_argument('--repeats', type=_positive_int, default=None, help='timed repeats of each variant (default 7)')
     p.add_argument('--threads', type=_positive_int, default=2, help='torch threads while measuring (default 2)')
     p.add_argument('--no-hf', action='store_true', help="skip the transformers module-level cases")
@@ -325,11 +328,14 @@ def _add_bench(sub):
 def cmd_bench(args) -> int:
     "Run `bench`; prints the table, writes the results."
     from posenc_lit.bench import bench, format_bench, write_bench
+    from posenc_lit.training import check_creatable_dir
     kw = dict(lengths=(32, 64), b=2, h=2, d=32, repeats=2, warmup=1, model_preset='smoke', model_steps=2) if args.quick else {}
     if args.lengths: kw['lengths'] = tuple(args.lengths)
     if args.batch: kw['b'], kw['batch_at'] = args.batch, {}
     if args.repeats: kw['repeats'] = args.repeats
     if args.no_model: kw['model_preset'] = None
+    try: check_creatable_dir(args.out)
+    except ValueError as e: raise UsageError(f'argument --out: {e}') from None
     try: res = bench(threads=args.threads, hf=not args.no_hf, compiled=not args.no_compiled, out=args.out, **kw)
     except ValueError as e: raise UsageError(str(e)) from None
     write_bench(res, args.out)

@@ -60,6 +60,7 @@ class T5RelativeBias(PositionEncoding):
                  init_std: float = 0.02):
         super().__init__()
         _check_buckets(bidirectional, num_buckets, max_distance)
+        if not isinstance(n_heads, int) or isinstance(n_heads, bool) or n_heads < 1: raise ValueError(f'n_heads must be an integer ≥ 1; got {n_heads!r}')
         if not isinstance(scale_content, bool): raise ValueError(f'scale_content must be true or false; got {scale_content!r}')
         if not isinstance(init_std, (int, float)) or isinstance(init_std, bool) or not 0 <= init_std < math.inf:
             raise ValueError(f'init_std must be a finite number ≥ 0; got {init_std!r}')

@@ -46,7 +46,23 @@ def test_rerun_resumes_and_other_config_is_refused(quick):
     assert p.returncode == 0, p.stderr[-2000:]
     assert (out / 'bench.json').read_text() == before                 # nothing measured again
     p = run('--quick', '--no-compiled', '--threads', '1', '--repeats', '3', '--out', str(out))
-    assert p.returncode == 2 and 'holds a run with another configuration' in p.stderr and 'use a new folder' in p.stderr, p.stderr
+    assert p.returncode == 2 and "another configuration (repeats: 2 in the folder, 3 now)" in p.stderr and 'use a new folder' in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize('content,msg', [('{"rows": [', 'is unreadable or truncated'), ('[1, 2]', 'is not a benchmark result')])
+def test_a_folder_without_a_readable_benchmark_is_refused(tmp_path, content, msg):
+    (tmp_path / 'bench.json').write_text(content)
+    p = run('--quick', '--no-compiled', '--no-model', '--threads', '1', '--out', str(tmp_path))
+    assert p.returncode == 2 and msg in p.stderr and str(tmp_path / 'bench.json') in p.stderr, p.stderr
+
+
+def test_bad_out_and_sizes_fail_before_measuring(tmp_path):
+    (tmp_path / 'afile').write_text('x')
+    p = run('--quick', '--no-model', '--out', str(tmp_path / 'afile'))
+    assert p.returncode == 2 and p.stderr.startswith('usage: posenc_lit bench') and 'is a file' in p.stderr, p.stderr
+    p = run('--quick', '--no-model', '--batch', '1000000', '--lengths', '4096', '--out', str(tmp_path / 'big'))
+    assert p.returncode == 2 and 'GiB for the naive forms' in p.stderr and 'lower the batch or the length' in p.stderr, p.stderr
+    assert not (tmp_path / 'big' / 'bench.json').exists()
 
 
 def _row(L, case, variant, baseline, t, mem, b=8):
@@ -65,5 +81,4 @@ def test_ratios_and_targets_follow_from_the_rows():
     assert r['t5', 'ours']['time_ratio'] == pytest.approx(2.5)                         # a bias term: against the floor
     t = {(x['case'], x['quantity'], x['L']): x['met'] for x in bench_targets(res)}
     assert t == {('deberta', 'time_ratio', 1024): True, ('huang4', 'time_ratio', 1024): True, ('huang4', 'mem_ratio', 1024): True,
-                 ('t5', 'floor_ratio', 1024): False, ('learned', 'throughput_vs_learned', None): True,
-                 ('t5', 'throughput_vs_learned', None): False}
+                 ('t5', 'floor_ratio', 1024): False, ('t5', 'throughput_vs_learned', None): False}
