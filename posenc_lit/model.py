@@ -19,7 +19,7 @@ from .absolute import four_terms
 # %% auto #0
 __all__ = ['check_field_types', 'ModelConfig', 'Embeddings', 'EncoderLayer', 'build_encoding', 'Encoder', 'EnhancedMaskDecoder',
            'EncoderForMLM', 'padding_invariance_error', 'CheckpointError', 'check_weight_dtypes', 'save_model',
-           'load_config', 'load_model', 'four_term_scores', 'count_parameters']
+           'load_config', 'load_weights', 'load_model', 'four_term_scores', 'count_parameters']
 
 # %% ../nbs/10_model.ipynb #14ec465d
 _KINDS = {'int': 'an integer', 'float': 'a finite number', 'bool': 'True or False', 'str': 'a string', 'dict': 'a dict'}
@@ -315,26 +315,30 @@ def save_model(model: EncoderForMLM, path) -> Path:
     return path
 
 # %% ../nbs/10_model.ipynb #92460fe3
-def load_config(path) -> ModelConfig:
-    "The `ModelConfig` in `path/config.json`; `CheckpointError` if missing or invalid."
+def load_config(path, config_cls=None, kind: str = 'model') -> ModelConfig:
+    "The config (a `ModelConfig`, or `config_cls`) in `path/config.json`; `CheckpointError` if missing or invalid."
     f = Path(path) / 'config.json'
-    if not f.is_file(): raise CheckpointError(f'no config.json in {path}: a model folder holds config.json and model.safetensors')
-    try: return ModelConfig.from_dict(json.loads(f.read_text()))
+    if not f.is_file(): raise CheckpointError(f'no config.json in {path}: a {kind} folder holds config.json and model.safetensors')
+    try: return (config_cls or ModelConfig).from_dict(json.loads(f.read_text()))
     except (json.JSONDecodeError, TypeError, ValueError) as e: raise CheckpointError(f'invalid {f}: {e}') from None
 
-def load_model(path) -> EncoderForMLM:
-    "Load a model saved by `save_model` (or a training checkpoint folder); strict: every weight must match."
-    cfg, f = load_config(path), Path(path) / 'model.safetensors'
+def load_weights(path, model_cls, config_cls, kind: str = 'model'):
+    "`model_cls(config)` from folder `path` with its `model.safetensors` loaded strictly; `CheckpointError` naming the file that is missing, corrupt or does not match."
+    cfg, f = load_config(path, config_cls, kind), Path(path) / 'model.safetensors'
     if not f.is_file(): raise CheckpointError(f'no model.safetensors in {path}')
     try: sd = load_file(f)
     except Exception as e: raise CheckpointError(f'corrupt weights file {f} ({type(e).__name__}: {e}); re-save or re-train') from None
-    model = EncoderForMLM(cfg)
+    model = model_cls(cfg)
     missing, unexpected = sorted(set(model.state_dict()) - set(sd)), sorted(set(sd) - set(model.state_dict()))
     if missing or unexpected: raise CheckpointError(f'{f} does not match its config: missing {missing}, unexpected {unexpected}')
     check_weight_dtypes(sd, model.state_dict(), f)
     try: model.load_state_dict(sd)
     except RuntimeError as e: raise CheckpointError(f'{f} does not match its config: {e}') from None
     return model
+
+def load_model(path) -> EncoderForMLM:
+    "Load a model saved by `save_model` (or a training checkpoint folder); strict: every weight must match."
+    return load_weights(path, EncoderForMLM, ModelConfig)
 
 # %% ../nbs/10_model.ipynb #7f98a820
 def four_term_scores(model: EncoderForMLM | Encoder, # a model with an absolute encoding (`learned`, `sinusoidal`)

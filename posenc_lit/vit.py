@@ -18,7 +18,7 @@ from .core import *
 from .attention import *
 from .absolute import sinusoidal_table
 from .rope import rope_inv_freq, rope_cos_sin, apply_rope, PAIRINGS
-from .model import EncoderLayer, CheckpointError, save_model, check_field_types, check_weight_dtypes, _config_to_json, _config_from_dict
+from .model import EncoderLayer, CheckpointError, save_model, load_weights, check_field_types, _config_to_json, _config_from_dict
 
 # %% auto #0
 __all__ = ['INTERPOLATIONS', 'POOLS', 'STEMS', 'PatchEmbed', 'grid_positions', 'interpolate_pos_embed', 'VisionEncoding',
@@ -480,20 +480,7 @@ def save_vit(model: ViT, path) -> Path:
 
 def load_vit(path) -> ViT:
     "The `ViT` saved in folder `path` by `save_vit`; `CheckpointError` naming the file that is missing, corrupt or does not match."
-    path = Path(path); f, w = path / 'config.json', path / 'model.safetensors'
-    if not f.is_file(): raise CheckpointError(f'no config.json in {path}: a ViT folder holds config.json and model.safetensors (save_vit)')
-    try: cfg = ViTConfig.from_dict(json.loads(f.read_text()))
-    except (json.JSONDecodeError, TypeError, ValueError) as e: raise CheckpointError(f'invalid {f}: {e}') from None
-    if not w.is_file(): raise CheckpointError(f'no model.safetensors in {path}')
-    try: sd = load_file(w)
-    except Exception as e: raise CheckpointError(f'corrupt weights file {w} ({type(e).__name__}: {e}); re-save or re-train') from None
-    model = ViT(cfg)
-    missing, unexpected = sorted(set(model.state_dict()) - set(sd)), sorted(set(sd) - set(model.state_dict()))
-    if missing or unexpected: raise CheckpointError(f'{w} does not match {f}: missing {missing}, unexpected {unexpected}')
-    check_weight_dtypes(sd, model.state_dict(), w)
-    try: model.load_state_dict(sd)
-    except RuntimeError as e: raise CheckpointError(f'{w} does not match {f}: {e}') from None
-    return model
+    return load_weights(path, ViT, ViTConfig, 'ViT (save_vit)')   # the text models' loader, with the ViT's classes
 
 # %% ../nbs/09_vit.ipynb #f417ee18
 def plot_pos_similarity(pos_embed: torch.Tensor, # `(n, D)` or `(1, n, D)`: prefix rows, then the patches in reading order
