@@ -65,3 +65,21 @@ def site():
     if 'error' not in _build: _build['error'] = build_site()
     if _build['error']: pytest.fail(_build['error'], pytrace=False)
     return SITE
+
+
+def cut_with_sigterm(cmd, run_dir, env, steps: int) -> int:
+    """Start the training command `cmd`, send it SIGTERM after its third training record, and check the interruption:
+    status 143, the notice on stdout, no traceback, a checkpoint mid-run. Returns the step the checkpoint holds."""
+    import json, signal, time
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    metrics, t0 = Path(run_dir) / 'metrics.jsonl', time.time()
+    while not (metrics.is_file() and metrics.read_text().count('"train"') >= 3):   # records exist only inside the loop
+        assert p.poll() is None and time.time() - t0 < 120, p.communicate()
+        time.sleep(0.005)
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 128 + signal.SIGTERM, (p.returncode, out, err[-2000:])
+    assert 'interrupted by SIGTERM' in out and 'Traceback' not in err
+    k = json.loads((Path(run_dir) / 'checkpoint' / 'trainer_state.json').read_text())['step']
+    assert 3 <= k < steps, f'the signal landed at step {k}, not mid-run'
+    return k

@@ -16,6 +16,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from conftest import cut_with_sigterm
 from posenc_lit.core import list_encodings, PositionRangeError
 from posenc_lit.attention import attend, MultiHeadAttention
 from posenc_lit.model import ModelConfig, EncoderForMLM, CheckpointError
@@ -417,17 +418,7 @@ def test_sigterm_mid_run_then_resume_gives_identical_losses(corpus, reference, t
     c = _cfg(corpus)
     args = ['pretrain', '--pe', c.pe, '--preset', 'smoke', '--data', corpus, '--steps', c.steps, '--log-every', c.log_every,
             '--eval-every', c.eval_every, '--save-every', c.save_every, '--quiet', '--out', tmp_path / 'run']
-    p = subprocess.Popen(_cli(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
-    metrics, t0 = tmp_path / 'run' / 'metrics.jsonl', time.time()
-    while not (metrics.is_file() and metrics.read_text().count('"train"') >= 3):   # records exist only inside the loop
-        assert p.poll() is None and time.time() - t0 < 120, p.communicate()
-        time.sleep(0.005)
-    p.send_signal(signal.SIGTERM)
-    out, err = p.communicate(timeout=120)
-    assert p.returncode == 128 + signal.SIGTERM, (p.returncode, out, err[-2000:])
-    assert 'interrupted by SIGTERM' in out and 'Traceback' not in err
-    k = json.loads((tmp_path / 'run' / 'checkpoint' / 'trainer_state.json').read_text())['step']
-    assert 3 <= k < c.steps, f'the signal landed at step {k}, not mid-run'
+    k = cut_with_sigterm(_cli(*args), tmp_path / 'run', ENV, c.steps)
     assert [s for s, _ in _losses(tmp_path / 'run')] == list(range(1, k + 1))
     r = subprocess.run(_cli(*args, '--resume'), capture_output=True, text=True, env=ENV)
     assert r.returncode == 0, r.stderr[-2000:]

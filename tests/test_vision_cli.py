@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np, pytest, torch
 
+from conftest import cut_with_sigterm
 from posenc_lit.cli import main
 from posenc_lit.vision import IDX_FILES, write_idx
 from posenc_lit.vit import load_vit, vision_encodings
@@ -76,17 +77,7 @@ def test_sigterm_saves_and_resume_continues(tmp_path):
     "SIGTERM mid-run: a checkpoint at that step, status 143, no traceback; --resume then logs the uninterrupted run's losses."
     args = ['vit', '--pe', 'sincos2d', '--preset', 'smoke', '--quiet', '--steps', '300', '--log-every', '1', '--eval-every', '100',
             '--save-every', '100', '--eval-sizes', '28']
-    p = subprocess.Popen(_cli(*args, '--out', tmp_path / 'cut'), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
-    metrics, t0 = tmp_path / 'cut' / 'metrics.jsonl', time.time()
-    while not (metrics.is_file() and metrics.read_text().count('"train"') >= 3):
-        assert p.poll() is None and time.time() - t0 < 120, p.communicate()
-        time.sleep(0.005)
-    p.send_signal(signal.SIGTERM)
-    out, err = p.communicate(timeout=120)
-    assert p.returncode == 128 + signal.SIGTERM, (p.returncode, out, err[-2000:])
-    assert 'interrupted by SIGTERM' in out and 'Traceback' not in err
-    k = json.loads((tmp_path / 'cut' / 'checkpoint' / 'trainer_state.json').read_text())['step']
-    assert 3 <= k < 300, f'the signal landed at step {k}, not mid-run'
+    k = cut_with_sigterm(_cli(*args, '--out', tmp_path / 'cut'), tmp_path / 'cut', ENV, 300)
     assert [s for s, _ in _losses(tmp_path / 'cut')] == list(range(1, k + 1))
     r = subprocess.run(_cli(*args, '--out', tmp_path / 'cut', '--resume'), capture_output=True, text=True, env=ENV)
     assert r.returncode == 0, r.stderr[-2000:]
