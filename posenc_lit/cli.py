@@ -54,6 +54,13 @@ def _json_object(s: str) -> dict:
     if not isinstance(d, dict): raise argparse.ArgumentTypeError(f'must be a JSON object such as \'{{"base": 500}}\'; got {s!r}')
     return d
 
+def _add_run_flags(p, pe_kwargs_help, overrides):  # the flags every training command has, then its preset overrides
+    p.add_argument('--pe-kwargs', type=_json_object, default=None, help=pe_kwargs_help)
+    p.add_argument('--mixed-precision', choices=['no', 'bf16', 'fp16'], default=None)
+    p.add_argument('--stop-at', type=_positive_int, default=None, help='stop after this many steps, as an interruption would (testing)')
+    p.add_argument('--quiet', action='store_true', help='no progress bar')
+    for flag, typ, h in overrides: p.add_argument(flag, type=typ, default=None, help=h)
+
 def _add_pretrain(sub):
     p = sub.add_parser('pretrain', help='masked-language-model pretraining', description='Pretrain a BERT-style MLM with the chosen position encoding. '
                        'Ctrl-C (SIGINT) or SIGTERM finishes the current step, saves a checkpoint and stops with exit status '
@@ -65,11 +72,7 @@ def _add_pretrain(sub):
     how = p.add_mutually_exclusive_group()
     how.add_argument('--resume', action='store_true', help='continue the run in --out from its checkpoint (a finished run is left as is)')
     how.add_argument('--overwrite', action='store_true', help='replace the run in --out (a non-empty --out is never replaced without it)')
-    p.add_argument('--pe-kwargs', type=_json_object, default=None, help='JSON object of extra encoding options, e.g. \'{"base": 500}\'')
-    p.add_argument('--mixed-precision', choices=['no', 'bf16', 'fp16'], default=None)
-    p.add_argument('--stop-at', type=_positive_int, default=None, help='stop after this many steps, as an interruption would (testing)')
-    p.add_argument('--quiet', action='store_true', help='no progress bar')
-    for flag, typ, h in _TRAIN_FLAGS: p.add_argument(flag, type=typ, default=None, help=h)
+    _add_run_flags(p, 'JSON object of extra encoding options, e.g. \'{"base": 500}\'', _TRAIN_FLAGS)
     p.set_defaults(func=cmd_pretrain, parser=p)
 
 # %% ../nbs/13_cli.ipynb #8ed4af13
@@ -235,11 +238,7 @@ def _add_vit(sub):
                    help="how the model interpolates a learned table for another grid; 'none': never change the grid (default bicubic)")
     p.add_argument('--finetune-res', default=None, help='after training, fine-tune at this resolution (N or HxW) for --finetune-steps')
     p.add_argument('--augment', action=argparse.BooleanOptionalAction, default=None, help='random crops and flips (quick: off, reference: on)')
-    p.add_argument('--pe-kwargs', type=_json_object, default=None, help='JSON object of extra encoding options')
-    p.add_argument('--mixed-precision', choices=['no', 'bf16', 'fp16'], default=None)
-    p.add_argument('--stop-at', type=_positive_int, default=None, help='stop after this many steps, as an interruption would (testing)')
-    p.add_argument('--quiet', action='store_true', help='no progress bar')
-    for flag, typ, h in _VIT_FLAGS: p.add_argument(flag, type=typ, default=None, help=h)
+    _add_run_flags(p, 'JSON object of extra encoding options', _VIT_FLAGS)
     p.set_defaults(func=cmd_vit, parser=p)
 
 # %% ../nbs/13_cli.ipynb #37100a90
