@@ -70,7 +70,7 @@ class T5RelativeBias(PositionEncoding):
     def bias(self, q_pos, k_pos) -> torch.Tensor:  # integer positions `(b|1, i)`, `(b|1, j)`
         "The bias `(b|1, h, i, j)` in logit units."
         bucket = t5_bucket(rel_pos(q_pos, k_pos), self.bidirectional, self.num_buckets, self.max_distance)  # (b|1, i, j)
-        # index_select: its backward is index_add_, ~7× faster on CPU than the sort-based backward of weight[bucket] (24_bench)
+        # index_select: its backward is index_add_; weight[bucket] backs through a sort-based index_put_ (L=1024, h=12: 38 ms against 273 ms)
         b = self.weight.t().index_select(1, bucket.reshape(-1)).view(self.weight.shape[1], *bucket.shape)      # (h, b|1, i, j) or (h, i, j)
         return b.transpose(0, 1) if bucket.ndim == 3 else b[None]
 
