@@ -276,7 +276,11 @@ def bench(lengths=(128, 256, 512, 1024, 2048),  # sequence lengths L
           out=None,                               # folder: write bench.json after each length, resume from it
           progress: bool = True) -> dict:
     "The benchmark: time and peak extra memory of every variant of every case at each length, and the whole-model throughput."
-    import transformers
+    try: import transformers; tf_version = transformers.__version__
+    except ImportError:
+        if hf: raise ValueError('the comparison with transformers needs it installed (pip install "transformers>=5,<6"); '
+                                'or leave it out (hf=False, --no-hf)') from None
+        tf_version = 'not installed'
     batch_at = {2048: 2} if batch_at is None else {int(k): v for k, v in batch_at.items()}
     lengths = list(dict.fromkeys(lengths))                                # a length given twice is measured once
     _check_sizes(lengths, b, h, d, batch_at)
@@ -290,7 +294,7 @@ def bench(lengths=(128, 256, 512, 1024, 2048),  # sequence lengths L
     if res is not None and res['config'] != config:
         diff = ', '.join(f'{k}: {res["config"].get(k)!r} in the folder, {v!r} now' for k, v in config.items() if res['config'].get(k) != v)
         raise ValueError(f'{path} holds a run with another configuration ({diff}): rerun with its settings to resume it, or use a new folder')
-    env = dict(dtype='float32', allocator=allocator(), torch=torch.__version__, transformers=transformers.__version__,
+    env = dict(dtype='float32', allocator=allocator(), torch=torch.__version__, transformers=tf_version,
                machine=platform.machine(), cpus=os.cpu_count(), compile_backend='inductor')
     res = res or dict(config=config, env=env, rows=[], model=None)
     def save():
