@@ -13,7 +13,7 @@ from .core import *
 
 # %% auto #0
 __all__ = ['attend_manual', 'attend_fast', 'attend_compiled', 'attend', 'PositionEncoding', 'default_positions',
-           'MultiHeadAttention', 'CombinedEncoding']
+           'MultiHeadAttention', 'position_attention', 'CombinedEncoding']
 
 # %% ../nbs/01_attention.ipynb #43e4fd21
 def _check_attend_inputs(q, k, v, score_terms, mask):
@@ -162,6 +162,18 @@ def _check_mha_inputs(attn, x, kv, ctx):
                              f'prepare ctx with pe.prepare(q_pos, k_pos) for the positions of this forward')
 
 # %% ../nbs/01_attention.ipynb #d0dc2bef
+def position_attention(pe: PositionEncoding,
+                       q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, # `(b, h, i, d)`, `(b, h, j, d)`, `(b, h, j, d_v)`
+                       ctx: dict,                    # `pe.prepare(q_pos, k_pos)`
+                       layer,                        # the attention layer the encoding reads (`layer_idx`, projections)
+                       mask: torch.Tensor | None = None, # bool, broadcastable to `(b, h, i, j)`, True = may attend
+                       dropout_p: float = 0.0, return_probs: bool = False, fast: bool | str = True):
+    "`attend` with `pe`'s signal: transformed `q, k`, its score terms, content scale and value terms; returns `(b, h, i, d_v)` (and probs)."
+    q, k = pe.transform_qk(q, k, ctx, layer)
+    return attend(q, k, v, pe.score_terms(q, k, ctx, layer), mask, scale=pe.content_scale(q.shape[-1]),
+                  dropout_p=dropout_p, return_probs=return_probs, fast=fast, value_terms=pe.value_terms(ctx, layer))
+
+# %% ../nbs/01_attention.ipynb #f6fe8cf3
 @patch
 def forward(self: MultiHeadAttention,
                  x: torch.Tensor,             # queries' hidden states `(b, i, D)`
@@ -175,10 +187,7 @@ def forward(self: MultiHeadAttention,
     _check_mha_inputs(self, x, kv, ctx)
     if ctx is None: ctx = pe.prepare(default_positions(x.shape[1], x.device), default_positions(kv.shape[1], x.device))
     q, k, v = self.split_heads(self.q_proj(x)), self.split_heads(self.k_proj(kv)), self.split_heads(self.v_proj(kv))  # (b, h, n, d)
-    q, k = pe.transform_qk(q, k, ctx, self)
-    res = attend(q, k, v, pe.score_terms(q, k, ctx, self), mask, scale=pe.content_scale(self.d_head),
-                 dropout_p=self.dropout if self.training else 0.0, return_probs=return_probs, fast=fast,
-                 value_terms=pe.value_terms(ctx, self))
+    res = position_attention(pe, q, k, v, ctx, self, mask, self.dropout if self.training else 0.0, return_probs, fast)
     out, probs = res if return_probs else (res, None)
     out = self.o_proj(out.transpose(1, 2).reshape(x.shape[0], x.shape[1], self.d_model))  # (b, i, D)
     return (out, probs) if return_probs else out

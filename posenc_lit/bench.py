@@ -98,10 +98,7 @@ class _Layer:  # what an encoding sees of its attention layer at the core level:
 
 def core_attention(pe: PositionEncoding, q, k, v, pos, fast=True):
     "Attention of `q, k, v (b, h, L, d)` at positions `pos (1, L)` with `pe`'s signal: `MultiHeadAttention.forward` without its projections."
-    ctx, attn = pe.prepare(pos, pos), _Layer()
-    q, k = pe.transform_qk(q, k, ctx, attn)
-    return attend(q, k, v, pe.score_terms(q, k, ctx, attn), scale=pe.content_scale(q.shape[-1]), fast=fast,
-                  value_terms=pe.value_terms(ctx, attn))
+    return position_attention(pe, q, k, v, pe.prepare(pos, pos), _Layer(), fast=fast)
 
 def naive_attention(q, k, v, terms, scale):
     "softmax(scale·q·kᵀ + Σ terms)·v with each `(b, h, i, j)` tensor written out: attention before fused kernels."
@@ -273,6 +270,7 @@ def bench(lengths=(128, 256, 512, 1024, 2048),  # sequence lengths L
           model_preset: str | None = 'reference', # whole-model throughput with this pretraining preset; None: skip
           model_steps: int = 10,
           tol: float = 1e-4,                      # max |variant − reference| / max |reference|
+          flush_denormal: bool = True,            # subnormal floats read and written as 0 while measuring (`torch.set_flush_denormal`)
           out=None,                               # folder: write bench.json after each length, resume from it
           progress: bool = True) -> dict:
     "The benchmark: time and peak extra memory of every variant of every case at each length, and the whole-model throughput."
@@ -284,8 +282,10 @@ def bench(lengths=(128, 256, 512, 1024, 2048),  # sequence lengths L
     batch_at = {2048: 2} if batch_at is None else {int(k): v for k, v in batch_at.items()}
     lengths = list(dict.fromkeys(lengths))                                # a length given twice is measured once
     _check_sizes(lengths, b, h, d, batch_at)
+    if not isinstance(flush_denormal, bool): raise ValueError(f'flush_denormal must be True or False; got {flush_denormal!r}')
     config = dict(lengths=list(lengths), b=b, h=h, d=d, batch_at={str(k): v for k, v in batch_at.items()}, repeats=repeats,
-                  warmup=warmup, threads=threads, hf=hf, compiled=compiled, model_preset=model_preset, model_steps=model_steps, tol=tol)
+                  warmup=warmup, threads=threads, hf=hf, compiled=compiled, model_preset=model_preset, model_steps=model_steps, tol=tol,
+                  flush_denormal=flush_denormal)
     path = None if out is None else Path(out) / 'bench.json'
     if out is not None:
         if Path(out).exists() and not Path(out).is_dir(): raise ValueError(f'{out} is a file: give a folder for the results')
@@ -300,6 +300,7 @@ def bench(lengths=(128, 256, 512, 1024, 2048),  # sequence lengths L
     def save():
         if path is not None: atomic_write(path, lambda t: Path(t).write_text(json.dumps(res, indent=1)))
     old, done = torch.get_num_threads(), {r['L'] for r in res['rows']}
+    if flush_denormal and not torch.set_flush_denormal(True): raise ValueError('this CPU cannot flush subnormal floats (no SSE3): use flush_denormal=False')
     torch.set_num_threads(threads)
     try:
         with _recompile_limit(64):
@@ -313,7 +314,7 @@ def bench(lengths=(128, 256, 512, 1024, 2048),  # sequence lengths L
             res['model'] = dict(preset=model_preset, steps=model_steps,
                                 tokens_per_s=model_throughput(preset=model_preset, steps=model_steps, warmup=warmup))
             save()
-    finally: torch.set_num_threads(old)
+    finally: torch.set_num_threads(old); torch.set_flush_denormal(False)   # torch has no getter: back to the process default
     return res
 
 # %% ../nbs/24_bench.ipynb #87cb9513
@@ -364,6 +365,7 @@ def _header(res):
     batch = f"b={c['b']}" + ''.join(f', b={v} at L={k}' for k, v in at.items())
     return (f"float32 on CPU, {c['threads']} thread{'s' * (c['threads'] != 1)}, {batch}, h={c['h']}, d={c['d']}; forward+backward, "
             f"median of {c['repeats']} interleaved repeats after {c['warmup']} warm-up; allocator: {e['allocator']}; "
+            f"subnormals {'flushed to zero' if c.get('flush_denormal') else 'kept'}; "
             f"torch {e['torch']}, transformers {e['transformers']}")
 
 def format_bench(res: dict) -> str:

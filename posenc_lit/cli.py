@@ -322,6 +322,8 @@ def _add_bench(sub):
     p.add_argument('--no-hf', action='store_true', help="skip the transformers module-level cases")
     p.add_argument('--no-compiled', action='store_true', help="skip the torch.compile variants (each compiles once per length)")
     p.add_argument('--no-model', action='store_true', help='skip the whole-model throughput')
+    p.add_argument('--keep-denormals', action='store_true', help='measure with subnormal floats computed as such (slow on x86: '
+                   'ALiBi several times the floor); by default they are flushed to zero')
     p.set_defaults(func=cmd_bench, parser=p)
 
 def cmd_bench(args) -> int:
@@ -335,7 +337,8 @@ def cmd_bench(args) -> int:
     if args.no_model: kw['model_preset'] = None
     try: check_creatable_dir(args.out)
     except ValueError as e: raise UsageError(f'argument --out: {e}') from None
-    try: res = bench(threads=args.threads, hf=not args.no_hf, compiled=not args.no_compiled, out=args.out, **kw)
+    try: res = bench(threads=args.threads, hf=not args.no_hf, compiled=not args.no_compiled, flush_denormal=not args.keep_denormals,
+                     out=args.out, **kw)
     except ValueError as e: raise UsageError(str(e)) from None
     write_bench(res, args.out)
     print(format_bench(res)); print(f'results: {args.out}/bench.json, bench.md, bench.png')

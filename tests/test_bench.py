@@ -28,7 +28,8 @@ def test_quick_run_writes_every_variant(quick):
     out, p = quick
     assert {f.name for f in out.iterdir()} >= {'bench.json', 'bench.md', 'bench.png'}
     res = json.loads((out / 'bench.json').read_text())
-    assert res['env']['allocator'] and res['config']['lengths'] == [32, 64]
+    assert res['env']['allocator'] and res['config']['lengths'] == [32, 64] and res['config']['flush_denormal'] is True
+    assert 'subnormals flushed to zero' in format_bench(res).splitlines()[0]
     for L in (32, 64):
         got = {(r['case'], r['variant']) for r in res['rows'] if r['L'] == L}
         assert got == {('floor', 'sdpa'), *((c, v) for c in ('shaw', 'huang4', 'huang4-unclipped') for v in ('ours', 'naive')),
@@ -47,6 +48,8 @@ def test_rerun_resumes_and_other_config_is_refused(quick):
     assert (out / 'bench.json').read_text() == before                 # nothing measured again
     p = run('--quick', '--no-compiled', '--threads', '1', '--repeats', '3', '--out', str(out))
     assert p.returncode == 2 and "another configuration (repeats: 2 in the folder, 3 now)" in p.stderr and 'use a new folder' in p.stderr, p.stderr
+    p = run('--quick', '--no-compiled', '--threads', '1', '--keep-denormals', '--out', str(out))
+    assert p.returncode == 2 and "flush_denormal: True in the folder, False now" in p.stderr, p.stderr
 
 
 @pytest.mark.parametrize('content,msg', [('{"rows": [', 'is unreadable or truncated'), ('[1, 2]', 'is not a benchmark result')])
@@ -82,3 +85,13 @@ def test_ratios_and_targets_follow_from_the_rows():
     t = {(x['case'], x['quantity'], x['L']): x['met'] for x in bench_targets(res)}
     assert t == {('deberta', 'time_ratio', 1024): True, ('huang4', 'time_ratio', 1024): True, ('huang4', 'mem_ratio', 1024): True,
                  ('t5', 'floor_ratio', 1024): False, ('t5', 'throughput_vs_learned', None): False}
+
+
+def test_flush_denormal_is_checked_and_restored():
+    import torch
+    from posenc_lit.bench import bench
+    with pytest.raises(ValueError, match="flush_denormal must be True or False; got 'yes'"):
+        bench((8,), b=1, h=2, d=8, hf=False, compiled=False, model_preset=None, flush_denormal='yes')
+    tiny = torch.tensor(1e-40)                                        # a subnormal float32
+    res = bench((8,), b=1, h=2, d=8, repeats=1, warmup=0, threads=1, hf=False, compiled=False, model_preset=None, progress=False)
+    assert res['config']['flush_denormal'] is True and (tiny * 1) > 0  # back to the process default afterwards: subnormals kept
