@@ -49,8 +49,9 @@ def attend_manual(q, k, v, score_terms=(), mask=None, scale=None, dropout_p=0.0,
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     acc = torch.promote_types(q.dtype, torch.float32)          # fp16/bf16 inputs: sum and softmax in float32
     logits = ((q * scale) @ k.transpose(-1, -2)).to(acc)       # (b, h, i, j); scaled first: s·q·kᵀ fits fp16 where q·kᵀ may not
-    for t in score_terms: logits = logits + t.to(q.dtype).to(acc)  # (b, h, i, j); terms follow q's dtype, as on the fast path
-    if mask is not None: logits = logits.masked_fill(~mask, float('-inf'))
+    for t in score_terms: logits = logits.add_(t.to(q.dtype).to(acc))  # (b, h, i, j), in place: no new full tensor per term;
+                                                               # terms follow q's dtype, as on the fast path
+    if mask is not None: logits = logits.masked_fill_(~mask, float('-inf'))
     probs = logits.softmax(-1).to(q.dtype)                     # (b, h, i, j)
     p = F.dropout(probs, dropout_p) if dropout_p > 0 else probs
     out = p @ v                                                # (b, h, i, d_v)
@@ -58,8 +59,13 @@ def attend_manual(q, k, v, score_terms=(), mask=None, scale=None, dropout_p=0.0,
     return out, probs
 
 # %% ../nbs/01_attention.ipynb #3f47990b
+def _attend_math(q, k, v, score_terms, mask, scale, dropout_p):  # the manual path, output only (no probabilities kept)
+    return attend_manual(q, k, v, score_terms, mask, scale, dropout_p)[0]
+
 def attend_fast(q, k, v, score_terms=(), mask=None, scale=None, dropout_p=0.0):
-    "Fast path of `attend` through `F.scaled_dot_product_attention`; returns `out (b, h, i, d_v)`."
+    "Fast path of `attend` through `F.scaled_dot_product_attention` (on CPU, `_attend_math` when a term needs a gradient); returns `out (b, h, i, d_v)`."
+    if q.device.type == 'cpu' and torch.is_grad_enabled() and any(t.requires_grad for t in score_terms):
+        return _attend_math(q, k, v, score_terms, mask, scale, dropout_p)
     bias = None
     for t in score_terms: bias = t if bias is None else bias + t          # (b|1, h|1, i, j)
     if mask is not None and bias is not None:
@@ -69,9 +75,6 @@ def attend_fast(q, k, v, score_terms=(), mask=None, scale=None, dropout_p=0.0):
 
 # %% ../nbs/01_attention.ipynb #9bb9c2f1
 _COMPILED = {}
-
-def _attend_math(q, k, v, score_terms, mask, scale, dropout_p):  # the manual path, output only (no probabilities kept)
-    return attend_manual(q, k, v, score_terms, mask, scale, dropout_p)[0]
 
 def attend_compiled(q, k, v, score_terms=(), mask=None, scale=None, dropout_p=0.0):
     "Compiled path of `attend`: `attend_manual`'s arithmetic through `torch.compile` (compiled on first use per shape); returns `out (b, h, i, d_v)`."
