@@ -124,7 +124,10 @@ def _bias_case(name, enc, q, k, v, pos, note, compiled):  # a bias-type term: fu
     def naive():
         ctx = enc.prepare(pos, pos)
         return naive_attention(q, k, v, enc.score_terms(q, k, ctx, _Layer()), enc.content_scale(q.shape[-1]))
-    return Case(name, {**_ours(enc, q, k, v, pos, compiled), 'naive': naive}, [q, k, v, *enc.parameters()], 'floor', note)
+    def sdpa_mask():
+        terms = enc.score_terms(q, k, enc.prepare(pos, pos), _Layer())
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=sum(terms[1:], terms[0]), scale=enc.content_scale(q.shape[-1]))
+    return Case(name, {**_ours(enc, q, k, v, pos, compiled), 'naive': naive, 'sdpa-mask': sdpa_mask}, [q, k, v, *enc.parameters()], 'floor', note)
 
 # %% ../nbs/24_bench.ipynb #82c6c432
 def term_cases(L: int, b: int = 8, h: int = 12, d: int = 64, seed: int = 0,

@@ -33,7 +33,7 @@ def test_quick_run_writes_every_variant(quick):
     for L in (32, 64):
         got = {(r['case'], r['variant']) for r in res['rows'] if r['L'] == L}
         assert got == {('floor', 'sdpa'), *((c, v) for c in ('shaw', 'huang4', 'huang4-unclipped') for v in ('ours', 'naive')),
-                       *((c, v) for c in ('t5', 'tupe', 'alibi') for v in ('ours', 'naive')), ('rope', 'ours'),
+                       *((c, v) for c in ('t5', 'tupe', 'alibi') for v in ('ours', 'naive', 'sdpa-mask')), ('rope', 'ours'),
                        ('deberta', 'ours'), ('deberta', 'hf'), ('t5-module', 'ours'), ('t5-module', 'hf')}, got
     assert all(r['time_s'] > 0 and r['peak_bytes'] >= 0 and r['max_rel_diff'] <= 1e-4 for r in res['rows'])
     assert set(res['model']['tokens_per_s']) >= {'learned', 't5', 'deberta', 'rope', 'alibi'}
