@@ -20,8 +20,11 @@ def main(argv=None):
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     torch.set_flush_denormal(not a.keep_denormals)
-    cases = [c for c in term_cases(a.L, a.batch, compiled=False) + hf_cases(a.L, a.batch) if c.name == a.case]
-    if not cases: sys.exit(f'no case {a.case!r}; cases: floor shaw huang4 huang4-unclipped t5 tupe alibi rope deberta t5-module')
+    hf = ('deberta', 't5-module')
+    if a.case not in ('floor', 'shaw', 'huang4', 'huang4-unclipped', 't5', 'tupe', 'alibi', 'rope') + hf:
+        sys.exit(f'no case {a.case!r}; cases: floor shaw huang4 huang4-unclipped t5 tupe alibi rope deberta t5-module')
+    built = hf_cases(a.L, a.batch) if a.case in hf else term_cases(a.L, a.batch, compiled=False)   # only the family it is in
+    cases = [c for c in built if c.name == a.case]
     c = cases[0]
     print(f'## {c.name} at L={a.L}, b={a.batch}, h=12, d=64, {a.threads} threads, subnormals '
           f'{"kept" if a.keep_denormals else "flushed"}: {c.note}\n')
