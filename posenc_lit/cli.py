@@ -131,6 +131,7 @@ _FINETUNE_FLAGS = [  # (flag, type, help) — each overrides the preset's value
     ('--add-relative-kwargs', _json_object, 'JSON object of its options, e.g. \'{"k": 64}\''),
     ('--extend-positions', str, 'fill absolute position rows past the pretraining length: copy (Longformer) or interpolate'),
     ('--trained-len', int, 'the pretraining length for --extend-positions (default: the seq_len of the checkpoint\'s run)'),
+    ('--add-relative-lr', float, 'peak learning rate of the added relative encoding (default: the same as --lr)'),
 ]
 
 def _data_files(items) -> dict:
@@ -160,6 +161,9 @@ def _add_finetune(sub):
                    'an example longer than the encoding can take is an error)')
     p.add_argument('--data-files', nargs='+', metavar='SPLIT=FILE', default=None, help='local files instead of the hub for glue:* and squad '
                    '(train=FILE validation=FILE), or the one source file of sentiment, rating or reviews (FILE)')
+    p.add_argument('--eval-lengths', type=_positive_int, nargs='+', default=None, metavar='N',
+                   help='also score the test split cut to each of these lengths in tokens (downstream length generalization: '
+                   'train with a short --max-len, score longer); a length the encoding cannot take is reported as n/a')
     p.add_argument('--mixed-precision', choices=['no', 'bf16', 'fp16'], default=None)
     p.add_argument('--overwrite', action='store_true', help='replace the fine-tuning runs in --out')
     p.add_argument('--no-baselines', action='store_true', help='skip the majority and bag-of-words baselines')
@@ -174,7 +178,8 @@ def cmd_finetune(args) -> int:
     over = {f[2:].replace('-', '_'): getattr(args, f[2:].replace('-', '_')) for f, _, _ in _FINETUNE_FLAGS}
     try:
         cfg = make_finetune_config(args.preset, task=args.task, checkpoint=args.checkpoint, max_len=args.max_len,
-                                   data_files=_data_files(args.data_files), mixed_precision=args.mixed_precision, **over)
+                                   data_files=_data_files(args.data_files), mixed_precision=args.mixed_precision,
+                                   eval_lengths=args.eval_lengths, **over)
         for s in args.seeds: make_finetune_config(args.preset, **{**vars(cfg), 'seed': s})
         if len(set(args.seeds)) != len(args.seeds): raise ValueError(f'--seeds must be distinct; got {args.seeds}')
     except ValueError as e: raise UsageError(str(e)) from None

@@ -27,8 +27,9 @@ from .tasks import *
 __all__ = ['PRETRAIN_FILES', 'TASK_KINDS', 'EXTEND_METHODS', 'FINETUNE_PRESETS', 'find_checkpoint', 'load_pretrained',
            'add_relative', 'ClassificationHead', 'SpanHead', 'EncoderForTask', 'best_spans', 'encode_texts',
            'encode_squad', 'check_length', 'encode_task', 'extend_positions', 'trained_length', 'collate', 'predict',
-           'span_text', 'score', 'train_subset', 'FinetuneConfig', 'make_finetune_config', 'save_task_model',
-           'load_task_model', 'finetune', 'mean_std', 'result_record', 'finetune_seeds', 'format_summary']
+           'span_text', 'score', 'score_at_lengths', 'train_subset', 'FinetuneConfig', 'make_finetune_config',
+           'save_task_model', 'load_task_model', 'finetune', 'mean_std', 'result_record', 'lengths_summary',
+           'finetune_seeds', 'format_summary']
 
 # %% ../nbs/16_finetune.ipynb #b8d453db
 PRETRAIN_FILES = ('config.json', 'model.safetensors', 'tokenizer.json')
@@ -321,6 +322,20 @@ def score(model: EncoderForTask, data: dict, spec: TaskSpec, ds=None, batch_size
     em_f1 = [squad_em_f1(span_text(data, k, s, e, ctx), data['answers'][k]) for k, (s, e) in enumerate(preds)]
     return {'f1': float(np.mean([f for _, f in em_f1])), 'exact_match': float(np.mean([m for m, _ in em_f1]))}
 
+# %% ../nbs/16_finetune.ipynb #d0c9a0d1
+def score_at_lengths(model: EncoderForTask, ds, spec: TaskSpec, tok: Tokenizer,
+                     lengths,                 # maximum lengths in tokens, each ≥ 4 (special tokens included)
+                     batch_size: int = 64, max_answer_len: int = 30,
+                    ) -> list[dict]:          # per length: {'max_len', metrics…, 'truncated'}, or {'max_len', 'error'}
+    "The task's metrics on split `ds` with every example cut to each of `lengths` tokens (downstream length generalization)."
+    out = []
+    for n in lengths:
+        try: check_length(model.encoder, n, f'max_len={n}')
+        except TaskError as e: out.append({'max_len': n, 'error': str(e)}); continue
+        data = (encode_squad if spec.kind == 'span' else encode_texts)(ds, tok, n)
+        out.append({'max_len': n, **score(model, data, spec, ds, batch_size, max_answer_len), 'truncated': data['truncated']})
+    return out
+
 # %% ../nbs/16_finetune.ipynb #79148495
 def train_subset(ds, n: int, seed: int = 0):   # a `datasets.Dataset`, the number of rows to keep
     "n rows of `ds` drawn at random with `seed` (all rows if n ≥ len), in their original order."
@@ -352,6 +367,8 @@ class FinetuneConfig:
     add_relative_kwargs: dict = field(default_factory=dict)  # its options, e.g. {'k': 64}
     extend_positions: str = ''      # fill absolute rows past the pretraining length: 'copy' or 'interpolate' (`extend_positions`); '' = as they are
     trained_len: int = 0            # the pretraining length for `extend_positions`; 0: the seq_len of the checkpoint's run
+    add_relative_lr: float = 0.0    # peak learning rate of the added relative parameters; 0: the same as `lr`
+    eval_lengths: list = field(default_factory=list)  # also score test cut to each of these lengths (tokens): downstream length generalization
 
 # %% ../nbs/16_finetune.ipynb #b03b1ab3
 FINETUNE_PRESETS = {
@@ -382,6 +399,13 @@ def make_finetune_config(preset: str = 'quick', **overrides) -> FinetuneConfig:
         raise ValueError(f'trained_len must be an integer ≥ 0 (0: read it from the run); got {cfg.trained_len!r}')
     if not isinstance(cfg.add_relative, str) or not isinstance(cfg.add_relative_kwargs, dict):
         raise ValueError(f'add_relative must be an encoding name (str) and add_relative_kwargs a dict; got {cfg.add_relative!r}, {cfg.add_relative_kwargs!r}')
+    if not (isinstance(cfg.add_relative_lr, (int, float)) and math.isfinite(cfg.add_relative_lr) and cfg.add_relative_lr >= 0):
+        raise ValueError(f'add_relative_lr must be a finite number ≥ 0 (0: the same as lr); got {cfg.add_relative_lr!r}')
+    if cfg.add_relative_lr and not cfg.add_relative: raise ValueError('add_relative_lr is the learning rate of the added relative encoding: it needs add_relative')
+    if not isinstance(cfg.eval_lengths, (list, tuple)) or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 4 for n in cfg.eval_lengths) \
+            or len(set(cfg.eval_lengths)) != len(cfg.eval_lengths):
+        raise ValueError(f'eval_lengths must be distinct integers ≥ 4 (tokens); got {cfg.eval_lengths!r}')
+    cfg.eval_lengths = sorted(cfg.eval_lengths)
     return cfg
 
 # %% ../nbs/16_finetune.ipynb #988abca8
@@ -479,15 +503,23 @@ def finetune(cfg: FinetuneConfig,       # task, checkpoint and training settings
     acc.wait_for_everyone()
     set_seed(cfg.seed)                 # the head is drawn again from this seed (`_setup` drew it before)
     nn.init.normal_(model.head.proj.weight, std=model.encoder.cfg.initializer_range)
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
-    opt = torch.optim.AdamW([{'params': decay, 'weight_decay': cfg.weight_decay}, {'params': no_decay, 'weight_decay': 0.0}], lr=cfg.lr)
+    opt = torch.optim.AdamW(_param_groups(model, cfg), lr=cfg.lr)
     n_train, world = len(data['train']['input_ids']), acc.num_processes
     per_epoch = max(1, math.ceil(n_train / (cfg.batch_size * world)))
     steps = per_epoch * cfg.epochs
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _schedule(steps, cfg.warmup))
     model, opt = acc.prepare(model, opt)
     return _loop(cfg, out, acc, model, opt, sched, spec, tok, dd, data, steps, per_epoch, progress, t_start)
+
+# %% ../nbs/16_finetune.ipynb #9f6a351d
+def _param_groups(model: EncoderForTask, cfg: FinetuneConfig) -> list[dict]:
+    "AdamW groups: matrices with weight decay, vectors without; the added relative encoding at `add_relative_lr` if set."
+    added = {id(p) for p in model.encoder.pe.members[1].parameters()} if cfg.add_relative and cfg.add_relative_lr else set()
+    named = [(n, p) for n, p in model.named_parameters() if id(p) not in added]
+    groups = [{'params': [p for _, p in named if p.ndim >= 2], 'weight_decay': cfg.weight_decay},
+              {'params': [p for _, p in named if p.ndim < 2], 'weight_decay': 0.0}]
+    if added: groups.append({'params': [p for p in model.parameters() if id(p) in added], 'weight_decay': cfg.weight_decay, 'lr': cfg.add_relative_lr})
+    return groups
 
 # %% ../nbs/16_finetune.ipynb #797e8460
 def _loop(cfg, out, acc, model, opt, sched, spec, tok, dd, data, steps, per_epoch, progress, t_start):
@@ -543,6 +575,8 @@ def _finish(cfg, out, acc, model, spec, tok, dd, data, steps, best, best_step, l
                'parameters': count_parameters(model), 'processes': acc.num_processes,
                'train_tokens_per_s': tok_per_s, 'wall_s': time.time() - t_start}
     if 'dropped' in data['train']: summary['dropped_train_answers'] = data['train']['dropped']
+    if cfg.add_relative_lr: summary['add_relative_lr'] = cfg.add_relative_lr
+    if cfg.eval_lengths: summary['test_at_length'] = score_at_lengths(model, dd['test'], spec, tok, cfg.eval_lengths, 64, cfg.max_answer_len)
     if acc.is_main_process:
         save_task_model(model, out / 'checkpoint', tok, {'task': cfg.task, 'head_dropout': cfg.head_dropout, 'step': best_step,
                                                          'from_checkpoint': str(cfg.checkpoint),
@@ -560,7 +594,17 @@ def mean_std(values: list) -> dict:
 def result_record(s: dict) -> dict:
     "The JSON record of one run for a results table."
     keys = ('task', 'pe', 'pe_kwargs', 'seed', 'main_metric', 'test', 'validation', 'best_step', 'steps', 'max_len', 'wall_s', 'train_tokens_per_s')
-    return {k: s[k] for k in keys}
+    return {k: s[k] for k in keys} | ({'test_at_length': s['test_at_length']} if 'test_at_length' in s else {})
+
+def lengths_summary(runs: list) -> list[dict]:
+    "Per evaluation length, each metric's mean ± std over the runs' `test_at_length`; a length no run could take keeps its error."
+    out = []
+    for k, first in enumerate(runs[0]['test_at_length']):
+        rows = [r['test_at_length'][k] for r in runs]
+        if 'error' in first: out.append(dict(first)); continue
+        out.append({'max_len': first['max_len'], **{m: mean_std([x[m] for x in rows]) for m in first if m not in ('max_len', 'truncated')},
+                    'truncated': first['truncated']})
+    return out
 
 # %% ../nbs/16_finetune.ipynb #0c2c452a
 def finetune_seeds(cfg: FinetuneConfig, out, seeds=(0, 1, 2), overwrite: bool = False, progress: bool = True,
@@ -582,6 +626,7 @@ def finetune_seeds(cfg: FinetuneConfig, out, seeds=(0, 1, 2), overwrite: bool = 
                'test': {m: mean_std([r['test'][m] for r in runs]) for m in runs[0]['test']},
                'validation': {m: mean_std([r['validation'][m] for r in runs]) for m in runs[0]['validation']},
                'wall_s': sum(r['wall_s'] for r in runs), 'train_tokens_per_s': statistics.fmean(r['train_tokens_per_s'] for r in runs)}
+    if cfg.eval_lengths: summary['test_at_length'] = lengths_summary(runs)
     if baselines and spec.kind != 'span':
         dd = load_task(cfg.task, cfg.data_files or None)
         if cfg.max_train: dd['train'] = train_subset(dd['train'], cfg.max_train)
@@ -597,4 +642,7 @@ def format_summary(s: dict) -> str:
     for m, d in s['test'].items():
         base = ''.join(f"  {b} {v[m]:.4f}" for b, v in s.get('baselines', {}).items() if m in v)
         lines.append(f"  test {m}: {pm(d)}" + (f'   baselines:{base}' if base else ''))
+    for r in s.get('test_at_length', []):
+        lines.append(f"  test cut to {r['max_len']} tokens: " + (f"n/a ({r['error']})" if 'error' in r else
+                     '  '.join(f'{m} {pm(d)}' for m, d in r.items() if m not in ('max_len', 'truncated')) + f"  ({r['truncated']} cut)"))
     return '\n'.join(lines)

@@ -21,7 +21,7 @@ def tiny_spec(folder: Path) -> dict:
         (folder / 'corpus' / f'{split}.jsonl').write_text(''.join(rows))
     return dict(pretrain=dict(preset='smoke', data=str(folder / 'corpus'), steps=6, eval_every=3, save_every=6, log_every=3,
                               eval_blocks=8, max_position_embeddings=48),
-                finetune=dict(preset='smoke', max_train=64, batch_size=32, max_len=48), tasks=['sentiment'], seeds=[0, 1],
+                finetune=dict(preset='smoke', max_train=64, batch_size=32, max_len=16, eval_lengths=[16, 32, 64]), tasks=['sentiment'], seeds=[0, 1],
                 lengths=[32, 64], length_tokens=1024, vit_encodings=['none'],
                 vit=dict(preset='smoke', steps=4, eval_every=4, save_every=4, log_every=2, batch_size=16, eval_sizes=[[28, 28]]))
 
@@ -66,7 +66,7 @@ def test_results_json_records(study):
     env = res['environment']
     assert env['torch'] and env['hostname'] and env['cpu_count'] >= 1 and 'git_commit' in env
     assert res['wall_s'] > 0 and res['compute_s'] > 0
-    assert {p.name for p in (out / 'figures').iterdir()} == {'pretraining.png', 'lengths.png', 'finetune_sentiment.png', 'vit.png'}
+    assert {p.name for p in (out / 'figures').iterdir()} == {'pretraining.png', 'lengths.png', 'finetune_sentiment.png', 'downstream_sentiment.png', 'vit.png'}
     assert '[ 1/10 ' in err and '[10/10 ' in err and 'pretrain learned: done in' in err   # one line per stage
 
 
@@ -78,6 +78,21 @@ def test_length_past_the_encoding_is_reported(study):
     assert 'loss' in learned[32] and 'is outside the learned position table (max_position_embeddings=48' in learned[64]['error']
     assert all('loss' in r for r in res['lengths']['t5']['results'])
     assert 'n/a: learned cannot run 64 tokens: position 63 is outside the learned position table (max_position_embeddings=48, valid positions 0..47)\n' in stdout
+
+
+def test_downstream_lengths(study):
+    "Fine-tuned cut to 16 tokens, scored cut to 16, 32, 64: at 16 the test score itself; learned (48 rows) cannot take 64 and says so."
+    out, stdout, _, _ = study
+    res = json.loads((out / 'results.json').read_text())
+    for r in res['records']:
+        at = {x['max_len']: x for x in r['test_at_length']}
+        assert r['max_len'] == 16 and sorted(at) == [16, 32, 64]
+        assert at[16]['accuracy'] == r['test']['accuracy'] and at[32]['truncated'] <= at[16]['truncated']
+        if r['pe'] == 'learned': assert 'past what the encoding can take' in at[64]['error'] and 'accuracy' not in at[64]
+        else: assert 0 <= at[64]['accuracy'] <= 1
+    block = stdout.split('sentiment, fine-tuned on examples cut to 16 tokens')[1].splitlines()
+    assert block[1].split() == ['encoding', 'accuracy@16', 'accuracy@32', 'accuracy@64']
+    assert block[2].split()[0] == 'learned' and block[2].split()[-1] == 'n/a' and block[3].split()[0] == 't5'
 
 
 def test_printed_table_is_format_results_of_the_json(study):
