@@ -177,3 +177,18 @@ def test_notebook_table_is_the_committed_json():
     assert printed == format_results(res) + '\n'
     assert res['preset'] == 'quick' and res['finished']
     assert len(res['records']) == len(res['encodings']) * len(res['tasks']) * len(res['seeds'])
+
+
+def test_notebook_reference_table_is_the_committed_json():
+    "The reference study's table in nbs/19_compare.ipynb is `format_results` of the committed results/compare/reference/results.json."
+    root = Path(__file__).resolve().parent.parent
+    f = root / 'results' / 'compare' / 'reference' / 'results.json'
+    nb = json.loads((root / 'nbs' / '19_compare.ipynb').read_text())
+    cell = next(c for c in nb['cells'] if c['cell_type'] == 'code' and 'if ref: print(format_results(ref))' in ''.join(c['source']))
+    printed = ''.join(''.join(o['text']) for o in cell['outputs'] if o.get('name') == 'stdout')
+    if not f.is_file():
+        assert printed == ''; return
+    res = json.loads(f.read_text())
+    assert printed == format_results(res) + '\n'
+    assert res['preset'] == 'reference' and res['vit_encodings'] == []
+    assert len(res['records']) == len(res['encodings']) * len(res['tasks']) * len(res['seeds'])   # only whole encodings are committed
