@@ -4,18 +4,25 @@
 
 # %% ../nbs/25_claims.ipynb #08110e80
 from __future__ import annotations
-import json
+import json, math
 from pathlib import Path
 
 # %% auto #0
 __all__ = ['VERDICTS', 'CLAIMS', 'eval_loss', 'loss_at', 'eval_curve', 'claims', 'claims_markdown']
 
 # %% ../nbs/25_claims.ipynb #e714711e
-def _json(root: Path, *parts) -> dict: return json.loads(Path(root, *parts).read_text())
+def _json(root: Path, *parts) -> dict:
+    f = Path(root, *parts)
+    try: return json.loads(f.read_text())
+    except json.JSONDecodeError as e: raise ValueError(f'{f} is not valid JSON ({e})') from None
+
+def _finite(x, what: str) -> float:
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x): raise ValueError(f'{what} is {x!r}, not a finite number')
+    return float(x)
 
 def eval_loss(root, run: str) -> float:
     "Held-out masked-token loss (nats) of the reference pretraining run `run` (`results/pretraining/<run>/summary.json`)."
-    return _json(root, 'pretraining', run, 'summary.json')['eval_loss']
+    return _finite(_json(root, 'pretraining', run, 'summary.json').get('eval_loss'), f"eval_loss of {Path(root, 'pretraining', run, 'summary.json')}")
 
 def loss_at(root, run: str) -> dict:
     "{block length: masked-token loss, or None where the encoding cannot run} of a reference run (`lengths.json`)."
@@ -162,10 +169,13 @@ CLAIMS = [
 # %% ../nbs/25_claims.ipynb #684f1c68
 def claims(root='results') -> list[dict]:
     "One row per entry of `CLAIMS`: paper, claim, what we measured (from the JSON under `root`) and the verdict; a missing result gives 'not measured yet'."
+    if not Path(root).is_dir(): raise FileNotFoundError(f'no results folder {root}: pass the folder the tools write into (results/)')
     rows = []
     for paper, claim, measure in CLAIMS:
         try: ours, verdict = measure(Path(root))
         except FileNotFoundError as e: ours, verdict = f'no committed result ({Path(e.filename).relative_to(Path(root).resolve()) if Path(e.filename).is_absolute() else e.filename})', 'not measured yet'
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
+            raise ValueError(f'claim "{claim}" ({paper}): the results under {root} are not as the tools write them: {type(e).__name__}: {e}') from None
         assert verdict in VERDICTS, verdict
         rows.append({'paper': paper, 'claim': claim, 'ours': ours, 'verdict': verdict})
     return rows

@@ -131,7 +131,7 @@ _FINETUNE_FLAGS = [  # (flag, type, help) — each overrides the preset's value
     ('--add-relative-kwargs', _json_object, 'JSON object of its options, e.g. \'{"k": 64}\''),
     ('--extend-positions', str, 'fill absolute position rows past the pretraining length: copy (Longformer) or interpolate'),
     ('--trained-len', int, 'the pretraining length for --extend-positions (default: the seq_len of the checkpoint\'s run)'),
-    ('--add-relative-lr', float, 'peak learning rate of the added relative encoding (default: the same as --lr)'),
+    ('--add-relative-lr', float, 'peak learning rate of the added relative encoding; needs --add-relative (default, or 0: the same as --lr)'),
 ]
 
 def _data_files(items) -> dict:

@@ -61,8 +61,9 @@ def _stage_configs(spec: dict, encodings, tasks, vits) -> dict:
     ft = {t: make(make_finetune_config, spec['finetune'], **spec.get('task_overrides', {}).get(t, {}), task=t) for t in tasks}
     vit = {pe: make(make_vit_config, spec['vit'], pe=pe) for pe in vits}
     lengths = spec['lengths']
-    if not lengths or not all(isinstance(n, int) and 3 <= n <= spec['length_tokens'] + 2 for n in lengths):
-        raise ValueError(f"lengths must be integers from 3 to length_tokens + 2 = {spec['length_tokens'] + 2}; got {lengths}")
+    if not lengths or not all(isinstance(n, int) and 3 <= n <= spec['length_tokens'] + 2 for n in lengths) or len(set(lengths)) != len(lengths):
+        raise ValueError(f"lengths (--lengths) must be distinct integers from 3 to {spec['length_tokens'] + 2} (the preset's evaluation "
+                         f"tokens + 2); got {lengths}")
     return {'pretrain': pre, 'finetune': ft, 'vit': vit}
 
 # %% ../nbs/19_compare.ipynb #b83f30fd
@@ -190,10 +191,17 @@ def _start_results(plan: dict, out: Path, pretrained_dir) -> dict:
     if (out / 'results.json').is_file():
         try: old = _read(out / 'results.json')
         except ValueError as e: raise ValueError(f'{out / "results.json"} is not valid JSON ({e}): use another --out') from None
-        was = {k: old.get(k) for k in ident}
-        if json.loads(json.dumps(was)) != json.loads(json.dumps(ident)):
-            diff = sorted(k for k in ident if json.loads(json.dumps(was[k])) != json.loads(json.dumps(ident[k])))
-            raise ValueError(f'{out} holds a study with another {", ".join(diff)} ({was["preset"]!r}): use another --out')
+        if not isinstance(old, dict): raise ValueError(f'{out / "results.json"} is not the results of a study (a JSON {type(old).__name__}): use another --out')
+        was, norm = {k: old.get(k) for k in ident}, lambda v: json.loads(json.dumps(v))
+        if norm(was) != norm(ident):
+            diff = sorted(k for k in ident if norm(was[k]) != norm(ident[k]))
+            if 'spec' in diff and isinstance(was['spec'], dict):   # name the options that differ
+                diff[diff.index('spec')] = 'spec (' + ', '.join(sorted(k for k in {*was['spec'], *ident['spec']} if norm(was['spec'].get(k)) != norm(ident['spec'].get(k)))) + ')'
+            raise ValueError(f'{out} holds a study with another {", ".join(diff)} (preset {was["preset"]!r}): use another --out')
+        for key in ('encodings', 'tasks', 'seeds', 'vit_encodings'):   # results.json is rewritten from this call's selection
+            if dropped := [x for x in old.get(key) or [] if x not in plan[key]]:
+                raise ValueError(f'{out} holds results of {key} {dropped} that this call does not select, and results.json would lose them: '
+                                 f'select them too (their finished stages are only read), or use another --out')
     return {**ident, 'encodings': plan['encodings'], 'tasks': plan['tasks'], 'seeds': plan['seeds'], 'vit_encodings': plan['vit_encodings'],
             'main_metrics': {t: get_task(t).main_metric for t in plan['tasks']}, 'environment': environment(),
             'started': time.strftime('%Y-%m-%dT%H:%M:%S%z'), 'finished': False, 'wall_s': 0.0, 'compute_s': 0.0,

@@ -218,10 +218,10 @@ def check_length(encoder: Encoder, n: int, what: str | None = None):
 # %% ../nbs/16_finetune.ipynb #64910eb1
 def encode_task(dd, spec: TaskSpec, tok: Tokenizer, encoder: Encoder, max_len: int | None = None) -> dict:
     "`{split: encoded}` for train, validation and test; `TaskError` if an example (or `max_len`) is past what the encoder can take."
-    if max_len is not None: check_length(encoder, max_len, f'max_len={max_len}')
     enc = {s: (encode_squad if spec.kind == 'span' else encode_texts)(dd[s], tok, max_len) for s in TASK_SPLITS}
-    if max_len is None:
-        split, longest = max(((s, max(map(len, e['input_ids']))) for s, e in enc.items()), key=lambda t: t[1])
+    split, longest = max(((s, max(map(len, e['input_ids']), default=0)) for s, e in enc.items()), key=lambda t: t[1])
+    if max_len is not None and longest == max_len: check_length(encoder, longest, f'max_len={max_len}')   # what runs, never more
+    else:
         try: check_length(encoder, longest, f'the longest {split} example of task {spec.name} ({longest} tokens)')
         except TaskError as e: raise TaskError(f'{e}. Pass max_len=N (--max-len N) to truncate every example to N tokens explicitly') from None
     return enc
@@ -328,11 +328,14 @@ def score_at_lengths(model: EncoderForTask, ds, spec: TaskSpec, tok: Tokenizer,
                      batch_size: int = 64, max_answer_len: int = 30,
                     ) -> list[dict]:          # per length: {'max_len', metrics…, 'truncated'}, or {'max_len', 'error'}
     "The task's metrics on split `ds` with every example cut to each of `lengths` tokens (downstream length generalization)."
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 4 for n in lengths): raise ValueError(f'lengths must be integers ≥ 4; got {lengths!r}')
     out = []
-    for n in lengths:
-        try: check_length(model.encoder, n, f'max_len={n}')
+    for n in dict.fromkeys(lengths):
+        try:
+            data = (encode_squad if spec.kind == 'span' else encode_texts)(ds, tok, n)
+            longest = max(map(len, data['input_ids']), default=0)   # the check runs what is scored: never more than the longest example
+            check_length(model.encoder, longest, f'the test examples cut to {n} tokens ({longest} at most)')
         except TaskError as e: out.append({'max_len': n, 'error': str(e)}); continue
-        data = (encode_squad if spec.kind == 'span' else encode_texts)(ds, tok, n)
         out.append({'max_len': n, **score(model, data, spec, ds, batch_size, max_answer_len), 'truncated': data['truncated']})
     return out
 
@@ -400,24 +403,36 @@ def make_finetune_config(preset: str = 'quick', **overrides) -> FinetuneConfig:
     if not isinstance(cfg.add_relative, str) or not isinstance(cfg.add_relative_kwargs, dict):
         raise ValueError(f'add_relative must be an encoding name (str) and add_relative_kwargs a dict; got {cfg.add_relative!r}, {cfg.add_relative_kwargs!r}')
     if not (isinstance(cfg.add_relative_lr, (int, float)) and math.isfinite(cfg.add_relative_lr) and cfg.add_relative_lr >= 0):
-        raise ValueError(f'add_relative_lr must be a finite number ≥ 0 (0: the same as lr); got {cfg.add_relative_lr!r}')
-    if cfg.add_relative_lr and not cfg.add_relative: raise ValueError('add_relative_lr is the learning rate of the added relative encoding: it needs add_relative')
+        raise ValueError(f'add_relative_lr (--add-relative-lr) must be a finite number ≥ 0 (0: the same as lr); got {cfg.add_relative_lr!r}')
+    for opt, needs in (('add_relative_lr', 'add_relative'), ('add_relative_kwargs', 'add_relative'), ('trained_len', 'extend_positions')):
+        if getattr(cfg, opt) and not getattr(cfg, needs):
+            raise ValueError(f"{opt} (--{opt.replace('_', '-')}) only applies with {needs} (--{needs.replace('_', '-')}); set both or neither")
     if not isinstance(cfg.eval_lengths, (list, tuple)) or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 4 for n in cfg.eval_lengths) \
             or len(set(cfg.eval_lengths)) != len(cfg.eval_lengths):
-        raise ValueError(f'eval_lengths must be distinct integers ≥ 4 (tokens); got {cfg.eval_lengths!r}')
+        raise ValueError(f'eval_lengths (--eval-lengths) must be distinct integers ≥ 4 (tokens, special tokens included); got {cfg.eval_lengths!r}')
     cfg.eval_lengths = sorted(cfg.eval_lengths)
     return cfg
 
 # %% ../nbs/16_finetune.ipynb #988abca8
-_FT_FILES = ('config.json', 'metrics.jsonl', 'summary.json', 'checkpoint', 'results.jsonl')
+def _is_finetune_run(d: Path) -> bool:
+    "Whether folder `d` was written by `finetune` (its config.json is a `FinetuneConfig`) or `finetune_seeds` (seed folders of those)."
+    def ft_config(f: Path) -> bool:
+        try: c = json.loads(f.read_text())
+        except (OSError, ValueError): return False
+        return isinstance(c, dict) and 'task' in c and 'checkpoint' in c
+    return ft_config(d / 'config.json') or any(ft_config(x / 'config.json') for x in d.glob('seed*'))
 
-def _prepare_out(out: Path, overwrite: bool):
-    "Refuse a non-empty `out` unless `overwrite` and it holds a run; then empty it."
+def _prepare_out(out: Path, overwrite: bool, checkpoint=None):
+    "Refuse a non-empty `out` unless `overwrite` and it holds a fine-tuning run (never the `checkpoint` being fine-tuned); then empty it."
     if out.exists() and not out.is_dir(): raise ValueError(f'{out} is a file, not a run directory; choose another --out')
+    ck = Path(checkpoint).expanduser().resolve() if checkpoint else None
+    if ck and out.exists() and (out.resolve() == ck or out.resolve() in ck.parents):
+        raise ValueError(f'--out {out} holds the checkpoint being fine-tuned ({checkpoint}); choose another --out')
     if out.exists() and any(out.iterdir()):
         if not overwrite: raise ValueError(f'run directory {out} exists and is not empty: pass --overwrite to replace it, or choose another --out')
-        if not any((out / f).exists() for f in _FT_FILES) and not any(out.glob('seed*/summary.json')):
-            raise ValueError(f'{out} is not empty and holds no fine-tuning run: refusing to delete it with --overwrite; choose another --out')
+        if not _is_finetune_run(out):
+            raise ValueError(f'{out} is not empty and holds no fine-tuning run (a pretraining run, a ViT run or other files?): '
+                             'refusing to delete it with --overwrite; choose another --out')
         aside = out.with_name(f'.{out.name}.replaced-{os.getpid()}'); out.rename(aside); shutil.rmtree(aside)
 
 def _write_json(path, obj): atomic_write(Path(path), lambda t: Path(t).write_text(json.dumps(obj, indent=2, sort_keys=True)))
@@ -451,6 +466,7 @@ def load_task_model(path) -> tuple[EncoderForTask, Tokenizer, dict]:
 # %% ../nbs/16_finetune.ipynb #2b62c97f
 def _setup(cfg: FinetuneConfig):
     "Checkpoint, tokenizer, task data (encoded, lengths checked) and the model, before anything is written."
+    if cfg.mixed_precision == 'fp16' and not torch.cuda.is_available(): raise ValueError("mixed_precision='fp16' needs a CUDA GPU; on CPU use 'bf16' or 'no'")
     spec = get_task(cfg.task)
     if not cfg.checkpoint: raise CheckpointError('no checkpoint given: pass the checkpoint/ of a `posenc_lit pretrain` run (--checkpoint)')
     encoder, tok = load_pretrained(cfg.checkpoint)
@@ -495,11 +511,10 @@ def finetune(cfg: FinetuneConfig,       # task, checkpoint and training settings
             ) -> dict:  # the summary (also in `out/summary.json`)
     "Fine-tune the encoder of `cfg.checkpoint` on `cfg.task` with seed `cfg.seed`; keep the best model on validation, score it on test."
     out, t_start = Path(out), time.time()
-    if cfg.mixed_precision == 'fp16' and not torch.cuda.is_available(): raise ValueError("mixed_precision='fp16' needs a CUDA GPU; on CPU use 'bf16' or 'no'")
     spec, tok, dd, data, model = _setup(cfg)
     AcceleratorState._reset_state(reset_partial_state=False)
     acc = Accelerator(mixed_precision=cfg.mixed_precision, cpu=not torch.cuda.is_available())
-    if acc.is_main_process: _prepare_out(out, overwrite)
+    if acc.is_main_process: _prepare_out(out, overwrite, cfg.checkpoint)
     acc.wait_for_everyone()
     set_seed(cfg.seed)                 # the head is drawn again from this seed (`_setup` drew it before)
     nn.init.normal_(model.head.proj.weight, std=model.encoder.cfg.initializer_range)
@@ -614,7 +629,7 @@ def finetune_seeds(cfg: FinetuneConfig, out, seeds=(0, 1, 2), overwrite: bool = 
     if not seeds or len(set(seeds)) != len(seeds): raise ValueError(f'seeds must be distinct and at least one; got {seeds}')
     cfgs = [make_finetune_config('quick', **{**asdict(cfg), 'seed': s}) for s in seeds]   # every seed checked first
     _setup(cfgs[0])                             # checkpoint, data and lengths checked before anything is written
-    _prepare_out(out, overwrite); out.mkdir(parents=True, exist_ok=True)
+    _prepare_out(out, overwrite, cfg.checkpoint); out.mkdir(parents=True, exist_ok=True)
     runs = []
     for c in cfgs:
         runs.append(finetune(c, out / f'seed{c.seed}', progress=progress))

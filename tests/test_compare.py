@@ -144,7 +144,8 @@ def test_reused_pretraining_runs(study, tmp_path, capsys):
     (['--vit-encodings', 'rope'], "unknown vision encoding 'rope'; valid: learned,"),
     (['--seeds', '1', '1'], 'seeds must be distinct'),
     (['--preset', 'huge'], "unknown preset 'huge'; valid: quick, reference"),
-    (['--lengths', '64', '9000'], 'lengths must be integers from 3 to length_tokens + 2 = 8194; got [64, 9000]'),
+    (['--lengths', '64', '9000'], 'lengths (--lengths) must be distinct integers from 3 to 8194'),
+    (['--lengths', '64', '64'], 'lengths (--lengths) must be distinct integers'),
     (['--lengths', '0'], 'argument --lengths: must be an integer ≥ 1; got 0'),
     (['--pretrained-dir', 'NOWHERE'], '--pretrained-dir NOWHERE: no such folder'),
     (['--pretrained-dir', 'PRE', '--encodings', 'learned', 'rope'], "has no pretraining run for encoding 'rope'"),
@@ -164,7 +165,15 @@ def test_bad_input_exits_2_before_anything_runs(argv, msg, study, tmp_path, caps
 
 def test_another_study_in_the_same_folder_is_refused(study, capsys):
     rc, _, err = run_cli(['compare', '--preset', 'quick', '--out', str(study[0]), '--encodings', 'learned'], capsys)
-    assert rc == 2 and "holds a study with another preset, spec ('tiny')" in err, err
+    assert rc == 2 and "holds a study with another preset, spec (finetune, length_tokens, lengths, " in err and "(preset 'tiny')" in err, err
+
+
+def test_a_narrower_selection_in_the_same_folder_is_refused(study, capsys):
+    "results.json is rebuilt from the call's selection: a call that leaves out an earlier encoding would lose its records."
+    before = (study[0] / 'results.json').read_text()
+    rc, _, err = run_cli(['compare', '--preset', 'tiny', '--out', str(study[0]), '--encodings', 't5', '--quiet'], capsys)
+    assert rc == 2 and "holds results of encodings ['learned'] that this call does not select" in err, err
+    assert (study[0] / 'results.json').read_text() == before
 
 
 def test_notebook_table_is_the_committed_json():
