@@ -13,7 +13,7 @@ from .core import atomic_write, list_encodings
 from .model import CheckpointError
 from .training import make_train_config, pretrain
 from .tasks import get_task, load_task, majority_baseline, bow_baseline
-from .finetune import make_finetune_config, finetune, find_checkpoint, mean_std
+from .finetune import make_finetune_config, finetune, find_checkpoint, mean_std, lengths_summary
 from .lengths import evaluate_run
 from .vit import vision_encodings
 from .vit_train import make_vit_config, train_vit
@@ -345,10 +345,8 @@ def _downstream(results: dict, task: str) -> dict | None:
     recs = [r for r in results['records'] if r['task'] == task and r.get('test_at_length')]
     if not recs: return None
     m, lengths = results['main_metrics'][task], sorted({x['max_len'] for r in recs for x in r['test_at_length']})
-    out = {}
-    for pe in results['encodings']:
-        xs = {n: [x for r in recs if r['pe'] == pe for x in r['test_at_length'] if x['max_len'] == n] for n in lengths}
-        if any(xs.values()): out[pe] = {n: None if any('error' in x for x in v) else mean_std([x[m] for x in v]) for n, v in xs.items() if v}
+    out = {pe: {x['max_len']: None if 'error' in x else x[m] for x in lengths_summary(runs)}   # the seeds' summary, as `finetune_seeds` writes it
+           for pe in results['encodings'] if (runs := [r for r in recs if r['pe'] == pe])}
     return {'metric': m, 'train_len': recs[0]['max_len'], 'lengths': lengths, 'by_pe': out}
 
 def _downstream_rows(d: dict) -> list:
