@@ -1,0 +1,61 @@
+"""Fold the finished encodings of the lanes (tools/run_compare_lane.sh) into the reference compare study.
+
+An encoding of a lane is finished when its pretraining summary, its lengths file and the summary of every task × seed
+are there. Its folders move to results/compare/reference (the paths written in its JSON files are rewritten to the new
+place), its stage times join the study's, and `posenc_lit compare` is called once on the study with every encoding, so
+results.json, the table and the figures are rebuilt from the finished stages (nothing is trained again). Encodings of a
+lane that are not finished stay where they are. A lane of another preset or spec is refused.
+Usage: python tools/merge_compare_lanes.py [--dry-run]
+"""
+import json, shutil, sys
+from pathlib import Path
+
+from posenc_lit.compare import compare
+from posenc_lit.core import list_encodings
+
+root = Path(__file__).resolve().parent.parent
+ref = Path('results/compare/reference')
+
+
+def finished(lane: Path, res: dict, pe: str) -> bool:
+    runs = [lane / 'finetune' / pe / t / f'seed{s}' / 'summary.json' for t in res['tasks'] for s in res['seeds']]
+    return all(f.is_file() for f in [lane / 'pretrain' / pe / 'summary.json', lane / 'lengths' / f'{pe}.json', *runs])
+
+
+def move(lane: Path, pe: str):
+    "Move `pe`'s folders from `lane` to the study; rewrite the lane's path in their JSON files."
+    for sub in (Path('pretrain') / pe, Path('lengths') / f'{pe}.json', Path('finetune') / pe):
+        if (ref / sub).exists(): raise SystemExit(f'{ref / sub} exists already: {pe} is in the study; remove {lane / sub} or the study copy')
+        shutil.move(str(lane / sub), str(ref / sub))
+        for f in ([ref / sub] if (ref / sub).is_file() else (ref / sub).rglob('*.json')):
+            text = f.read_text()
+            if str(lane) + '/' in text: f.write_text(text.replace(str(lane) + '/', str(ref) + '/'))
+
+
+def main(dry: bool):
+    import os; os.chdir(root)
+    study = json.loads((ref / 'results.json').read_text())
+    keys = ('preset', 'spec', 'tasks', 'seeds')
+    merged = []
+    for lane in sorted(ref.parent.glob('reference.lane-*')):
+        if not (lane / 'results.json').is_file(): continue
+        res = json.loads((lane / 'results.json').read_text())
+        if bad := [k for k in keys if res.get(k) != study.get(k)]:
+            raise SystemExit(f'{lane} is a study with another {", ".join(bad)} than {ref}: not merged')
+        for pe in res['encodings']:
+            if pe in study['encodings']: print(f'{lane}: {pe} is in the study already, skipped'); continue
+            if not finished(lane, res, pe): print(f'{lane}: {pe} is not finished, left there'); continue
+            print(f'{lane}: {pe} finished, merged' + (' (dry run)' if dry else ''))
+            if dry: continue
+            move(lane, pe)
+            study['stage_wall_s'].update({k: v for k, v in res['stage_wall_s'].items() if k.split()[1:2] == [pe]})
+            merged.append(pe)
+    if not merged: return print('nothing to merge')
+    study['encodings'] += merged
+    (ref / 'results.json').write_text(json.dumps(study, indent=2))
+    order = [pe for pe in list_encodings() if pe in study['encodings']]
+    compare('reference', out=ref, encodings=order, vit=False, bars=False)
+    print(f'{ref}: encodings {", ".join(order)}')
+
+
+if __name__ == '__main__': main('--dry-run' in sys.argv[1:])
