@@ -27,11 +27,15 @@ def _path(s: str) -> str:
 
 # %% ../nbs/13_cli.ipynb #014e55d8
 def cmd_encodings(args) -> int:
-    "Print each registered encoding: name, kind, one-line summary (and the source with `--verbose`)."
-    encs = list_encodings()
-    w = max(map(len, encs))
-    for name, spec in encs.items():
-        print(f'{name:<{w}}  {spec.kind:<8}  {spec.summary}' + (f'  [{spec.source}]' if args.verbose else ''))
+    "Print each registered encoding, language then vision: name, kind, one-line summary (and the source with `--verbose`)."
+    from posenc_lit.vit import get_vision_encoding, vision_encodings
+    groups = {'language encodings (pretrain --pe, finetune, compare --encodings)': list_encodings(),
+              'vision encodings (vit --pe, compare --vit-encodings)': {n: get_vision_encoding(n) for n in vision_encodings()}}
+    w = max(len(n) for encs in groups.values() for n in encs)
+    for i, (title, encs) in enumerate(groups.items()):
+        print(('\n' if i else '') + title + ':')
+        for name, spec in encs.items():
+            print(f'  {name:<{w}}  {spec.kind:<8}  {spec.summary}' + (f'  [{spec.source}]' if args.verbose else ''))
     return 0
 
 # %% ../nbs/13_cli.ipynb #0196a2e0

@@ -4,7 +4,7 @@
 
 # %% ../nbs/19_compare.ipynb #d7847fd3
 from __future__ import annotations
-import copy, json, os, platform, socket, subprocess, sys, time
+import contextlib, copy, json, os, platform, socket, subprocess, sys, time
 from dataclasses import asdict
 from pathlib import Path
 import torch
@@ -214,7 +214,7 @@ def _stage_runner(out: Path, res: dict, n: int, progress: bool):
     t0, k = time.time(), [0]
     def run(key: str, done: bool, fn, note=lambda r: ''):
         k[0] += 1; t = time.time()
-        r = fn()
+        with contextlib.redirect_stdout(sys.stderr): r = fn()   # the stages' step lines: stdout keeps only the table
         before = res['stage_wall_s'].get(key, 0.0) if (res['resumed_from'] or {}).get('stage') == key else 0.0
         if not done: res['stage_wall_s'][key] = before + time.time() - t    # an interrupted stage: both parts
         res['wall_s'] = time.time() - t0; res['compute_s'] = sum(res['stage_wall_s'].values())
@@ -334,8 +334,8 @@ def _language_rows(results: dict) -> tuple[list, list]:
             if r is not None and 'error' in r: notes.append(f"n/a: {pe} cannot run {n} tokens: {r['error'].split(':')[0]}")
         rows.append(cells)
     for b, label in (('majority', 'majority'), ('bow', 'bag-of-words')):
-        vals = [results['baselines'].get(t, {}).get(b, {}).get(results['main_metrics'][t]) for t in tasks]
-        rows.append([label, '—'] + ['—' if v is None else f'{v:.4f}' for v in vals] + ['—'] * len(lengths))
+        vals = [(results['baselines'].get(t, {}).get(b, {}), results['main_metrics'][t]) for t in tasks]   # None: undefined (a constant's correlation)
+        rows.append([label, '—'] + ['—' if m not in v else 'n/a' if v[m] is None else f'{v[m]:.4f}' for v, m in vals] + ['—'] * len(lengths))
     uni = next((p['unigram_loss'] for p in pre.values()), None)
     rows.append(['unigram', '—' if uni is None else f'{uni:.4f}'] + ['—'] * (len(tasks) + len(lengths)))
     return rows, notes
@@ -362,7 +362,9 @@ def format_results(results: dict) -> str:
     head = [f"posenc_lit compare, preset {results['preset']}: {len(results['encodings'])} encodings, tasks {', '.join(results['tasks'])}, "
             f"{len(seeds)} seed(s); compute {results['compute_s'] / 60:.1f} min" + ('' if results['finished'] else ' (unfinished)'),
             f"pretrain loss: masked-token loss on held-out text (nats); tasks: test metric, mean ± std over seeds; "
-            f"loss@n: masked-token loss on blocks of n tokens (trained on {', '.join(map(str, seq)) or '?'})"]
+            f"loss@n: masked-token loss on blocks of n tokens (trained on {', '.join(map(str, seq)) or '?'}), on the first "
+            f"{results['spec']['length_tokens']:,} held-out tokens masked once for every n; pretrain loss uses the run's own evaluation blocks and "
+            f"masks, so at the training length the two differ a little"]
     rows, notes = _language_rows(results)
     lines = head + [''] + _grid(rows) + notes
     for t in results['tasks']:

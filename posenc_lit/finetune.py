@@ -638,6 +638,7 @@ def finetune_seeds(cfg: FinetuneConfig, out, seeds=(0, 1, 2), overwrite: bool = 
     summary = {'task': cfg.task, 'pe': runs[0]['pe'], 'pe_kwargs': runs[0]['pe_kwargs'], 'checkpoint': str(cfg.checkpoint), 'seeds': seeds,
                'main_metric': spec.main_metric, 'max_len': cfg.max_len, 'steps': runs[0]['steps'], 'examples': runs[0]['examples'],
                'truncated': runs[0]['truncated'],
+               **{k: runs[0][k] for k in ('add_relative', 'add_relative_kwargs', 'add_relative_lr', 'extend_positions') if runs[0].get(k)},
                'test': {m: mean_std([r['test'][m] for r in runs]) for m in runs[0]['test']},
                'validation': {m: mean_std([r['validation'][m] for r in runs]) for m in runs[0]['validation']},
                'wall_s': sum(r['wall_s'] for r in runs), 'train_tokens_per_s': statistics.fmean(r['train_tokens_per_s'] for r in runs)}
@@ -653,9 +654,9 @@ def finetune_seeds(cfg: FinetuneConfig, out, seeds=(0, 1, 2), overwrite: bool = 
 def format_summary(s: dict) -> str:
     "One line per test metric: the fine-tuned mean ± std over seeds, then the baselines."
     pm = lambda d: f"{d['mean']:.4f}" + ('' if d['std'] is None else f" ± {d['std']:.4f}")
-    lines = [f"{s['task']} ({s['pe']}), {len(s['seeds'])} seed(s), {s['steps']} steps each:"]
+    lines = [f"{s['task']} ({s['pe']}" + (f" + {s['add_relative']}" if s.get('add_relative') else '') + f"), {len(s['seeds'])} seed(s), {s['steps']} steps each:"]
     for m, d in s['test'].items():
-        base = ''.join(f"  {b} {v[m]:.4f}" for b, v in s.get('baselines', {}).items() if m in v)
+        base = ''.join(f"  {b} " + ('n/a' if v[m] is None else f'{v[m]:.4f}') for b, v in s.get('baselines', {}).items() if m in v)
         lines.append(f"  test {m}: {pm(d)}" + (f'   baselines:{base}' if base else ''))
     for r in s.get('test_at_length', []):
         lines.append(f"  test cut to {r['max_len']} tokens: " + (f"n/a ({r['error']})" if 'error' in r else

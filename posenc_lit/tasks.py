@@ -42,9 +42,9 @@ def matthews(pred, ref) -> float:
 def pearson(pred, ref) -> float:
     "Pearson's r; NaN if either side is constant (a correlation is undefined)."
     x, y = np.asarray(pred, np.float64), np.asarray(ref, np.float64)
+    if np.ptp(x) == 0 or np.ptp(y) == 0: return float('nan')   # tested on the values: x - x.mean() of a constant need not be 0
     x, y = x - x.mean(), y - y.mean()
-    den = math.sqrt((x * x).sum() * (y * y).sum())
-    return float((x * y).sum() / den) if den else float('nan')
+    return float((x * y).sum() / math.sqrt((x * x).sum() * (y * y).sum()))
 
 def _ranks(x) -> np.ndarray:   # 1-based ranks, ties get the mean of their ranks
     x = np.asarray(x, np.float64)
@@ -304,11 +304,13 @@ def load_task(name: str, data_files: dict | None = None) -> datasets.DatasetDict
 
 # %% ../nbs/15_tasks.ipynb #b00f0bb8
 def majority_baseline(dd: datasets.DatasetDict, spec: TaskSpec) -> dict:
-    "`{'validation': metrics, 'test': metrics}` of the constant prediction: the most frequent (or mean) training label."
+    """`{'validation': metrics, 'test': metrics}` of the constant prediction: the most frequent (or mean) training label.
+    A metric that is undefined for a constant prediction (Pearson's and Spearman's correlation) is `None` (JSON null), not NaN."""
     if spec.kind == 'span': raise TaskError(f'{spec.name}: no majority baseline for span extraction')
     y = np.asarray(dd['train']['label'])
     const = collections.Counter(y.tolist()).most_common(1)[0][0] if spec.kind == 'classification' else float(y.mean())
-    return {s: compute_metrics(spec.metrics, np.full(dd[s].num_rows, const), dd[s]['label']) for s in ('validation', 'test')}
+    metrics = lambda s: compute_metrics(spec.metrics, np.full(dd[s].num_rows, const), dd[s]['label'])
+    return {s: {k: None if math.isnan(v) else v for k, v in metrics(s).items()} for s in ('validation', 'test')}
 
 # %% ../nbs/15_tasks.ipynb #b82ef86e
 def _texts(d: datasets.Dataset) -> list[str]:

@@ -121,9 +121,10 @@ def test_interrupted_seed_runs_again_alone(study, capsys):
     out = study[0]
     seed = out / 'finetune' / 't5' / 'sentiment' / 'seed1'
     (seed / 'summary.json').unlink()
-    rc, stdout, err = run_cli(['compare', '--preset', 'tiny', '--out', str(out), '--encodings', 'learned', 't5', '--quiet'], capsys)
+    rc, stdout, err = run_cli(['compare', '--preset', 'tiny', '--out', str(out), '--encodings', 'learned', 't5'], capsys)   # with progress
     assert rc == 0 and err.count('done in') == 1 and 'finetune t5 sentiment seed 1: done in' in err
     assert (seed / 'summary.json').is_file()
+    assert 'step ' in err and 'step ' not in stdout and stdout.startswith('posenc_lit compare')   # progress on stderr, the table alone on stdout
 
 
 def test_reused_pretraining_runs(study, tmp_path, capsys):

@@ -300,5 +300,8 @@ def test_cli_add_relative(ckpt, tmp_path):
     assert r.returncode == 0, r.stderr
     s = json.loads((out / 'seed0' / 'summary.json').read_text())
     assert s['add_relative'] == 'huang4' and s['add_relative_kwargs'] == {'k': 8}
+    top = json.loads((out / 'summary.json').read_text())             # the summary over the seeds says so too
+    assert top['add_relative'] == 'huang4' and top['add_relative_kwargs'] == {'k': 8} and 'extend_positions' not in top
+    assert 'sentiment (learned + huang4)' in r.stdout
     r = subprocess.run(cmd[:-4] + ['--add-relative', 'alibi', '--out', str(tmp_path / 'x')], capture_output=True, text=True, env=ENV)
     assert r.returncode == 2 and "'alibi' has no learned parameters" in r.stderr and not (tmp_path / 'x').exists()
