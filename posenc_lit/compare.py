@@ -363,8 +363,8 @@ def format_results(results: dict) -> str:
             f"{len(seeds)} seed(s); compute {results['compute_s'] / 60:.1f} min" + ('' if results['finished'] else ' (unfinished)'),
             f"pretrain loss: masked-token loss on held-out text (nats); tasks: test metric, mean ± std over seeds; "
             f"loss@n: masked-token loss on blocks of n tokens (trained on {', '.join(map(str, seq)) or '?'}), on the first "
-            f"{results['spec']['length_tokens']:,} held-out tokens masked once for every n; pretrain loss uses the run's own evaluation blocks and "
-            f"masks, so at the training length the two differ a little"]
+            f"{results['spec']['length_tokens']:,} held-out tokens masked once for every n; pretrain loss is on the run's own evaluation "
+            f"blocks (other text, other masks): compare each column across encodings, not the two columns with each other"]
     rows, notes = _language_rows(results)
     lines = head + [''] + _grid(rows) + notes
     for t in results['tasks']:
