@@ -90,7 +90,7 @@ def _tupe_order(root):
 def _tupe_cls(root):
     t, u = eval_loss(root, 'tupe-a-tiecls'), eval_loss(root, 'tupe-a')
     return (f'loss tied [CLS] {t:.3f}, untied {u:.3f}: the masked-token loss never reads [CLS], so it cannot show this; '
-            'the downstream comparison is in the reference compare study', 'not measured yet')
+            'it needs the tied-[CLS] run fine-tuned beside tupe-a (the compare study runs registered encodings only; not run yet)', 'not measured yet')
 
 # %% ../nbs/25_claims.ipynb #e38ed1d0
 def _deberta_ablation(root):

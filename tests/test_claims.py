@@ -41,14 +41,14 @@ def test_downstream_accuracy_joins_the_loss_verdict(tmp_path):
     "Where the reference compare study has fine-tuned the encodings of a claim, their accuracy is shown and can turn the verdict."
     import shutil
     shutil.copytree(ROOT / 'results' / 'pretraining', tmp_path / 'pretraining')
+    loss_only = next(r for r in claims(tmp_path) if r['claim'].startswith('DeBERTa beats'))   # no compare study in the copy
+    assert loss_only['verdict'] == 'holds' and 'sentiment accuracy' not in loss_only['ours']   # deberta has the lowest loss
     f = tmp_path / 'compare' / 'reference' / 'results.json'; f.parent.mkdir(parents=True)
     rec = lambda pe, acc: {'pe': pe, 'task': 'sentiment', 'main_metric': 'accuracy', 'test': {'accuracy': acc}}
     def deberta_row(gain, pes=('learned', 'deberta')):
         recs = [rec(pe, a + (gain if pe == 'deberta' else 0)) for pe in pes for a in (0.70, 0.71, 0.72)]
         f.write_text(json.dumps({'encodings': list(pes), 'records': recs}))
         return next(r for r in claims(tmp_path) if r['claim'].startswith('DeBERTa beats'))
-    loss_only = next(r for r in claims(ROOT / 'results') if r['claim'].startswith('DeBERTa beats'))['verdict']
-    assert loss_only == 'holds'                                    # deberta has the lowest committed pretraining loss
     up, down = deberta_row(0.05), deberta_row(-0.05)
     assert up['verdict'] == 'holds' and 'deberta 0.760 ± 0.010, learned 0.710 ± 0.010' in up['ours']
     assert down['verdict'] == 'in part' and 'deberta 0.660 ± 0.010' in down['ours']
