@@ -50,7 +50,7 @@ def main(dry: bool):
             move(lane, pe)
             study['stage_wall_s'].update({k: v for k, v in res['stage_wall_s'].items() if k.split()[1:2] == [pe]})
             merged.append(pe)
-    if not merged: return print('nothing to merge')
+    if not merged: return print('nothing merged' + (' (dry run)' if dry else ''))
     study['encodings'] += merged
     (ref / 'results.json').write_text(json.dumps(study, indent=2))
     order = [pe for pe in list_encodings() if pe in study['encodings']]
