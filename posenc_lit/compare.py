@@ -13,7 +13,7 @@ from .core import atomic_write, list_encodings
 from .model import CheckpointError
 from .training import make_train_config, pretrain
 from .tasks import get_task, load_task, majority_baseline, bow_baseline
-from .finetune import make_finetune_config, finetune, find_checkpoint, mean_std, lengths_summary
+from .finetune import make_finetune_config, finetune, find_checkpoint, mean_std, lengths_summary, train_subset
 from .lengths import evaluate_run
 from .vit import vision_encodings
 from .vit_train import make_vit_config, train_vit
@@ -25,10 +25,10 @@ __all__ = ['COMPARE_PRESETS', 'compare_plan', 'pretrained_runs', 'environment', 
 # %% ../nbs/19_compare.ipynb #acd90be7
 COMPARE_PRESETS = {
     'quick': dict(
-        pretrain=dict(preset='quick', d_model=64, n_layers=2, n_heads=4, d_ff=256, seq_len=64, batch_size=32, steps=150,
-                      lr=2e-3, eval_every=75, save_every=150, log_every=25, eval_blocks=128),
+        pretrain=dict(preset='quick', d_model=64, n_layers=2, n_heads=4, d_ff=256, seq_len=64, batch_size=32, steps=100,
+                      lr=2e-3, eval_every=50, save_every=100, log_every=25, eval_blocks=128),
         pe_overrides={'deberta': dict(emd_steps=2)},       # DeBERTa with its Enhanced Mask Decoder, as in the paper
-        finetune=dict(preset='quick', epochs=1, lr=1e-3), task_overrides={},   # every training example: the split is sorted by label
+        finetune=dict(preset='quick', epochs=1, lr=1e-3, max_train=4096), task_overrides={},   # a random half of the training sentences
         tasks=['sentiment'], seeds=[0], lengths=[64, 128, 256], length_tokens=8192,
         vit=dict(preset='smoke', d_model=32, n_layers=2, n_heads=2, d_ff=64, steps=100, batch_size=64, eval_every=50,
                  save_every=100, log_every=25), vit_encodings=['learned', 'sincos2d', 'none']),
@@ -150,7 +150,7 @@ def _baselines_stage(cfg, f: Path) -> dict:
     "Majority and bag-of-words test metrics on the training examples the fine-tuning uses."
     if f.is_file(): return _read(f)
     spec, dd = get_task(cfg.task), load_task(cfg.task, cfg.data_files or None)
-    if cfg.max_train: dd['train'] = dd['train'].select(range(min(cfg.max_train, dd['train'].num_rows)))
+    if cfg.max_train: dd['train'] = train_subset(dd['train'], cfg.max_train)   # the rows the fine-tuning draws
     r = {'task': cfg.task, 'main_metric': spec.main_metric, 'train_examples': dd['train'].num_rows}
     if spec.kind != 'span': r |= {'majority': majority_baseline(dd, spec)['test'], 'bow': bow_baseline(dd, spec)['test']}
     _write_json(f, r); return r

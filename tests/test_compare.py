@@ -70,6 +70,18 @@ def test_results_json_records(study):
     assert '[ 1/10 ' in err and '[10/10 ' in err and 'pretrain learned: done in' in err   # one line per stage
 
 
+def test_baselines_fit_the_sentences_the_fine_tuning_draws(study):
+    """With `max_train` the baselines see the random subset the fine-tuning trains on (`train_subset`), not the first
+    rows (the split is sorted by label)."""
+    from posenc_lit.finetune import train_subset
+    from posenc_lit.tasks import bow_baseline, get_task, load_task, majority_baseline
+    res = json.loads((study[0] / 'results.json').read_text())
+    dd, spec = load_task('sentiment'), get_task('sentiment')
+    dd['train'] = train_subset(dd['train'], 64)
+    b = res['baselines']['sentiment']
+    assert b['bow'] == bow_baseline(dd, spec)['test'] and b['majority'] == majority_baseline(dd, spec)['test']
+
+
 def test_length_past_the_encoding_is_reported(study):
     "learned has 48 positions: n=64 is `n/a` with the reason; t5 runs at any length."
     out, stdout, _, _ = study
