@@ -180,15 +180,32 @@ def _save_checkpoint(accelerator, out: Path, state: dict, mcfg, tokenizer, cfg):
 # %% ../nbs/12_training.ipynb #b7b56874
 _RUN_FILES = ('config.json', 'metrics.jsonl', 'summary.json', 'checkpoint', 'checkpoint.old', 'checkpoint.tmp')
 
+def _check_replaceable(out: Path, files: tuple, kind: str, is_kind) -> None:
+    """`RunDirError` unless the non-empty folder `out` holds a `kind` run and nothing else: only names in `files` (what
+    such a run writes) and a config.json, if any, that `is_kind(config: dict)` accepts. `--overwrite` deletes no other files."""
+    names = sorted(p.name for p in out.iterdir())
+    other = [n for n in names if n not in files]
+    if len(other) == len(names):
+        raise RunDirError(f'{out} is not empty and holds no {kind} run (none of {", ".join(files)}): '
+                          'refusing to delete it with --overwrite; choose another --out')
+    if other:
+        raise RunDirError(f'{out} holds files a {kind} run does not write ({", ".join(other[:5])}{", …" if len(other) > 5 else ""}): '
+                          'refusing to delete them with --overwrite; move them out of the folder, or choose another --out')
+    f = out / 'config.json'
+    if f.exists():
+        try: c = json.loads(f.read_text())
+        except (OSError, ValueError): c = None
+        if not (isinstance(c, dict) and is_kind(c)):
+            raise RunDirError(f'{f} is not a {kind} configuration (another kind of run, or damaged): refusing to delete {out} '
+                              'with --overwrite; choose another --out')
+
 def _prepare_run_dir(out: Path, cfg: TrainConfig, resume: bool, overwrite: bool = False):
     "Check `out` against `cfg`; returns the trainer state to resume from, or None for a fresh run."
     if resume and overwrite: raise ValueError('resume and overwrite exclude each other: continue the run, or replace it')
     if out.exists() and not out.is_dir(): raise RunDirError(f'{out} is a file, not a run directory; choose another --out')
     if out.exists() and any(out.iterdir()):
         if overwrite:
-            if not any((out / f).exists() for f in _RUN_FILES):
-                raise RunDirError(f'{out} is not empty and holds no pretraining run (none of {", ".join(_RUN_FILES)}): '
-                                  'refusing to delete it with --overwrite; choose another --out')
+            _check_replaceable(out, _RUN_FILES, 'pretraining', lambda c: 'seq_len' in c and 'patch_size' not in c and 'task' not in c)
             return None
         if not resume: raise RunDirError(f'run directory {out} exists and is not empty: pass --resume to continue it, '
                                          '--overwrite to replace it, or choose another --out')
@@ -392,7 +409,7 @@ def _train_loop(cfg, out, accelerator, model, opt, sched, tok, train, ev_in, ev_
             if main and progress: bar.write(f"step {step}: eval_loss {ev['loss']:.4f}  eval_accuracy {ev['accuracy']:.4f}  unigram_loss {uni:.4f}")
             t0 += time.time() - te
         signalled = stop is not None and step < cfg.steps and _any_process(accelerator, stop.signum is not None)
-        if step % cfg.save_every == 0 or step == cfg.steps or signalled:
+        if step % cfg.save_every == 0 or step == cfg.steps or signalled or step == last:   # `stop_at`: saved, as a signal would
             pending = accelerator.reduce(run_loss.to(dev), 'mean').item()   # the same on every process after resume
             _save_checkpoint(accelerator, out, {'step': step, 'micro_step': t, 'run_loss': pending, 'run_n': run_n, 'processes': world},
                              mcfg, tok, cfg)

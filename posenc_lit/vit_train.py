@@ -16,7 +16,7 @@ from accelerate.utils import set_seed
 from .core import atomic_write
 from .model import CheckpointError, check_field_types, count_parameters
 from .training import (RunDirError, SignalStop, check_creatable_dir, micro_batch, _any_process, _mask_generator,
-                                 _read_metrics, _replace_run_dir, _write_json)
+                                 _read_metrics, _replace_run_dir, _write_json, _check_replaceable)
 from .vision import *
 from .vit import (INTERPOLATIONS, ViT, ViTConfig, get_vision_encoding, load_vit, reinit_pos_embed_, resize_pos_embed_,
                             save_vit, vision_encodings)
@@ -241,9 +241,7 @@ def _prepare_vit_run_dir(out: Path, cfg: VitTrainConfig, resume: bool, overwrite
     if out.exists() and not out.is_dir(): raise RunDirError(f'{out} is a file, not a run directory; choose another --out')
     if not (out.exists() and any(out.iterdir())): return None
     if overwrite:
-        if not any((out / f).exists() for f in _VIT_RUN_FILES):
-            raise RunDirError(f'{out} is not empty and holds no training run (none of {", ".join(_VIT_RUN_FILES)}): '
-                              'refusing to delete it with --overwrite; choose another --out')
+        _check_replaceable(out, _VIT_RUN_FILES, 'ViT training', lambda c: 'patch_size' in c)
         return None
     if not resume: raise RunDirError(f'run directory {out} exists and is not empty: pass --resume to continue it, '
                                      '--overwrite to replace it, or choose another --out')

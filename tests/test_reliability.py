@@ -496,17 +496,22 @@ def test_checkpoint_holds_everything_to_resume(corpus, tmp_path):
 
 
 def test_full_folder_needs_overwrite(corpus, tmp_path):
-    "A non-empty run folder is replaced only with overwrite=True, and only once every input has been checked."
+    """A non-empty run folder is replaced only with overwrite=True, only once every input has been checked, and only if it holds
+    nothing but the run (a file of the user's beside it is never deleted)."""
     out = tmp_path / 'run'
     pretrain(_cfg(corpus), out, stop_at=3, progress=False)
     (out / 'note.txt').write_text('mine')
     with pytest.raises(RunDirError, match='--overwrite to replace it'):
         pretrain(_cfg(corpus), out, progress=False)
+    with pytest.raises(RunDirError, match=r'files a pretraining run does not write \(note.txt\)'):   # the user's file is never deleted
+        pretrain(_cfg(corpus, steps=4), out, overwrite=True, progress=False)
+    assert (out / 'note.txt').read_text() == 'mine'
+    (out / 'note.txt').unlink()
     with pytest.raises(ValueError, match='fewer than one global batch'):   # a bad option: the old run stays
         pretrain(_cfg(corpus, batch_size=100000), out, overwrite=True, progress=False)
-    assert (out / 'note.txt').is_file()
+    assert (out / 'checkpoint' / 'trainer_state.json').is_file()
     pretrain(_cfg(corpus, steps=4), out, overwrite=True, progress=False)
-    assert not (out / 'note.txt').exists() and json.loads((out / 'summary.json').read_text())['steps'] == 4
+    assert json.loads((out / 'summary.json').read_text())['steps'] == 4
     assert [p.name for p in tmp_path.iterdir()] == ['run']                 # nothing left aside
     other = tmp_path / 'photos'; other.mkdir(); (other / 'a.png').write_bytes(b'')
     with pytest.raises(RunDirError, match='refusing to delete it'):

@@ -46,6 +46,16 @@ def test_resume_matches_uninterrupted(tmp_path, small_corpus):
     assert pretrain(cfg, tmp_path / 'cut', resume=True, progress=False) == resumed
 
 
+def test_stop_at_saves_a_checkpoint_between_saves(tmp_path, small_corpus):
+    "`stop_at` off the `save_every` grid still saves (as a signal would), so `--resume` continues from that very step."
+    cfg = make_train_config('smoke', data=small_corpus, steps=8, save_every=5, log_every=1, eval_every=4)
+    full = pretrain(cfg, tmp_path / 'full', progress=False)
+    assert pretrain(cfg, tmp_path / 'cut', stop_at=3, progress=False) == {'stopped_at_step': 3, 'steps': 8}
+    assert json.loads((tmp_path / 'cut' / 'checkpoint' / 'trainer_state.json').read_text())['step'] == 3
+    assert pretrain(cfg, tmp_path / 'cut', resume=True, progress=False)['eval_loss'] == pytest.approx(full['eval_loss'], rel=1e-6)
+    assert [r['loss'] for r in _records(tmp_path / 'cut')] == pytest.approx([r['loss'] for r in _records(tmp_path / 'full')], rel=1e-6)
+
+
 def test_run_dir_protection(tmp_path, small_corpus):
     cfg = make_train_config('smoke', data=small_corpus, steps=4, save_every=2, eval_every=2)
     pretrain(cfg, tmp_path / 'r', stop_at=2, progress=False)
