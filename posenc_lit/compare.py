@@ -28,7 +28,8 @@ COMPARE_PRESETS = {
         pretrain=dict(preset='quick', d_model=64, n_layers=2, n_heads=4, d_ff=256, seq_len=64, batch_size=32, steps=100,
                       lr=2e-3, eval_every=50, save_every=100, log_every=25, eval_blocks=128),
         pe_overrides={'deberta': dict(emd_steps=2)},       # DeBERTa with its Enhanced Mask Decoder, as in the paper
-        finetune=dict(preset='quick', epochs=1, lr=1e-3), task_overrides={},   # every training sentence (half of them: some models stay at the majority class)
+        finetune=dict(preset='quick', epochs=1, lr=1e-3),   # every training sentence (half of them: some models stay at the majority class)
+        task_overrides={'reviews': dict(max_len=64, eval_lengths=[64, 128, 256])},   # for --tasks reviews: cut to the pretraining length
         tasks=['sentiment'], seeds=[0], lengths=[64, 128, 256], length_tokens=8192,
         vit=dict(preset='smoke', d_model=32, n_layers=2, n_heads=2, d_ff=64, steps=100, batch_size=64, eval_every=50,
                  save_every=100, log_every=25), vit_encodings=['learned', 'sincos2d', 'none']),

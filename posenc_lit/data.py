@@ -238,11 +238,18 @@ def _stream(ds: datasets.Dataset, tokenizer: Tokenizer) -> np.ndarray:
     return np.insert(ids, ends[:-1], SEP_ID)
 
 # %% ../nbs/11_data.ipynb #c728d640
-def tokenize_blocks(ds: datasets.Dataset, # rows with a `text` column, in reading order
+def tokenize_blocks(ds: datasets.Dataset | list, # rows with a `text` column (or a list of texts), in reading order
                     tokenizer: Tokenizer, # WordPiece tokenizer with `SPECIAL_TOKENS`
                     seq_len: int, # block length n, [CLS] and [SEP] included; at least 8
                    ) -> torch.LongTensor: # (n_blocks, seq_len)
-    "Cut the tokenized text of `ds` into `[CLS] … [SEP]` blocks of `seq_len` tokens."
+    "Cut the tokenized text of `ds` into `[CLS] … [SEP]` blocks of `seq_len` tokens; `TypeError` for one string."
+    if isinstance(ds, str): raise TypeError('ds is one string; expected a datasets.Dataset with a text column or a list of strings: pass [text]')
+    if not isinstance(ds, datasets.Dataset):
+        texts = list(ds) if hasattr(ds, '__iter__') else None
+        if texts is None or not all(isinstance(t, str) for t in texts):
+            raise TypeError(f'ds: expected a datasets.Dataset with a text column or a list of strings; got {type(ds).__name__}')
+        ds = datasets.Dataset.from_dict({'text': texts})
+    if 'text' not in ds.column_names: raise TypeError(f'ds has no text column (columns: {ds.column_names}); rename the column of the texts to text')
     if seq_len < 8: raise ValueError(f'seq_len={seq_len}: expected at least 8 ([CLS], 6 tokens, [SEP])')
     stream, body = _stream(ds, tokenizer), seq_len - 2
     n = len(stream) // body

@@ -296,6 +296,8 @@ def tokenize_texts(tok: Tokenizer, texts: list[str], # the tokenizer (`hf_tokeni
                    pad_token: str = '[PAD]',         # the padding token of the vocabulary
                   ) -> dict: # `input_ids`, `attention_mask` (bool), `token_type_ids`, each `(b, n)`, padded on the right
     "A right-padded batch of `texts` for `Encoder.forward`, with the special tokens of the tokenizer's template ([CLS] … [SEP])."
+    if isinstance(texts, str): raise TypeError('texts is one string; expected a list of strings: pass [text]')
+    if not texts or not all(isinstance(t, str) for t in texts): raise ValueError(f'texts: expected a non-empty list of strings; got {texts!r:.80}')
     pad_id = tok.token_to_id(pad_token)
     if pad_id is None: raise ValueError(f'pad_token {pad_token!r} is not in the vocabulary')
     encs = [tok.encode(t) for t in texts]

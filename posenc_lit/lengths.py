@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from .core import *
 from .data import CLS_ID, SEP_ID, PAD_ID, mask_tokens, load_corpus, load_tokenizer, _stream
-from .model import load_model
+from .model import CheckpointError, load_model
 
 # %% auto #0
 __all__ = ['length_eval_blocks', 'evaluate_lengths', 'evaluate_run', 'load_length_results']
@@ -86,11 +86,14 @@ def evaluate_run(run,                        # run directory of `posenc_lit pret
     "Length generalization of a pretraining run on its corpus' validation split; `CheckpointError` if the run has no checkpoint."
     if not isinstance(max_tokens, int) or max_tokens < 1: raise ValueError(f'max_tokens must be an integer ≥ 1; got {max_tokens!r}')
     run = Path(run)
-    if not (run / 'config.json').is_file():
+    if (run / 'train_config.json').is_file() and (run / 'model.safetensors').is_file(): run = run.parent   # its checkpoint/ folder
+    try: train_cfg = json.loads((run / 'config.json').read_text())
+    except (OSError, ValueError): train_cfg = None
+    if not (isinstance(train_cfg, dict) and {'pe', 'seq_len', 'data'} <= set(train_cfg) and 'patch_size' not in train_cfg):
         raise ValueError(f'{run} is not a pretraining run: expected the folder given to `posenc_lit pretrain --out`, '
-                         f'holding config.json and checkpoint/')
+                         f'holding config.json (its training configuration) and checkpoint/')
+    if not (run / 'checkpoint').is_dir(): raise CheckpointError(f'{run} has no checkpoint/ yet: the run saves one every save_every steps')
     model = load_model(run / 'checkpoint')
-    train_cfg = json.loads((run / 'config.json').read_text())
     tok = load_tokenizer(run / 'checkpoint' / 'tokenizer.json')
     stream = torch.from_numpy(_stream(load_corpus(train_cfg['data'])['validation'], tok))[:max_tokens]
     res = {'pe': train_cfg['pe'], 'pe_kwargs': train_cfg['pe_kwargs'], 'train_seq_len': train_cfg['seq_len'],

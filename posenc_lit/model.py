@@ -317,10 +317,11 @@ def save_model(model: EncoderForMLM, path) -> Path:
 # %% ../nbs/10_model.ipynb #92460fe3
 def load_config(path, config_cls=None, kind: str = 'model') -> ModelConfig:
     "The config (a `ModelConfig`, or `config_cls`) in `path/config.json`; `CheckpointError` if missing or invalid."
-    f = Path(path) / 'config.json'
-    if not f.is_file(): raise CheckpointError(f'no config.json in {path}: a {kind} folder holds config.json and model.safetensors')
+    f, ck = Path(path) / 'config.json', Path(path) / 'checkpoint'
+    hint = f'; {path} is a run directory: pass its model folder {ck}' if (ck / 'config.json').is_file() else ''
+    if not f.is_file(): raise CheckpointError(f'no config.json in {path}: a {kind} folder holds config.json and model.safetensors{hint}')
     try: return (config_cls or ModelConfig).from_dict(json.loads(f.read_text()))
-    except (json.JSONDecodeError, TypeError, ValueError) as e: raise CheckpointError(f'invalid {f}: {e}') from None
+    except (json.JSONDecodeError, TypeError, ValueError) as e: raise CheckpointError(f'invalid {f}: {e}{hint}') from None
 
 def load_weights(path, model_cls, config_cls, kind: str = 'model'):
     "`model_cls(config)` from folder `path` with its `model.safetensors` loaded strictly; `CheckpointError` naming the file that is missing, corrupt or does not match."

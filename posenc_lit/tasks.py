@@ -107,8 +107,17 @@ def source_file(data_files, task: str):
 def read_rt_sentences(path=None) -> list[dict]:
     "The embedded sentences: `[{'id', 'text', 'rating'}]` in the order of the original file; `TaskError` if missing."
     path = Path(path) if path is not None else taskdata_dir() / 'rt_sentences.jsonl.gz'
-    if not path.is_file(): raise TaskError(f'{path}: file not found; rebuild it with `python tools/build_taskdata.py` or reinstall posenc_lit')
-    with gzip.open(path, 'rt', encoding='utf-8') as f: return [json.loads(l) for l in f]
+    if not path.is_file():
+        if path == taskdata_dir() / 'rt_sentences.jsonl.gz':
+            raise TaskError(f'{path}: file not found; rebuild it with `python tools/build_taskdata.py` or reinstall posenc_lit')
+        raise TaskError(f'{path}: file not found; expected a gzipped JSON Lines file of {{"id", "text", "rating"}} rows, like the embedded one')
+    try:
+        with gzip.open(path, 'rt', encoding='utf-8') as f: rows = [json.loads(l) for l in f]
+    except (OSError, EOFError, UnicodeDecodeError, ValueError) as e:
+        raise TaskError(f'{path}: not a gzipped JSON Lines file of {{"id", "text", "rating"}} rows ({type(e).__name__}: {e})') from None
+    if not all(isinstance(r, dict) and {'text', 'rating'} <= set(r) for r in rows):
+        raise TaskError(f'{path}: every row must be an object with "text" and "rating"')
+    return rows
 
 # %% ../nbs/15_tasks.ipynb #06035904
 def _by_split(rows: list[dict]) -> datasets.DatasetDict:
@@ -183,6 +192,9 @@ GLUE = {  # name: (text columns, labels (0 = regression), metrics (the first sel
 def _load_files(data_files: dict, what: str) -> datasets.DatasetDict:
     "Local `{split: file}` (JSON, JSON Lines or CSV, by suffix) loaded with `datasets`; `TaskError` if unreadable."
     files = {s: str(Path(p).expanduser()) for s, p in data_files.items()}
+    bad = sorted(set(files) - {'train', 'validation', 'test'})
+    if bad: raise TaskError(f"{what}: unknown split name(s) {bad} in data_files; name each file's split: "
+                            "data_files={'train': ..., 'validation': ...} (--data-files train=FILE validation=FILE)")
     for s, p in files.items():
         if not Path(p).is_file(): raise TaskError(f'{what}: {s} file {p} not found')
     kinds = {'csv' if p.endswith(('.csv', '.csv.gz')) else 'json' for p in files.values()}

@@ -178,7 +178,8 @@ def _save_checkpoint(accelerator, out: Path, state: dict, mcfg, tokenizer, cfg):
     accelerator.wait_for_everyone()
 
 # %% ../nbs/12_training.ipynb #b7b56874
-_RUN_FILES = ('config.json', 'metrics.jsonl', 'summary.json', 'checkpoint', 'checkpoint.old', 'checkpoint.tmp')
+_RUN_FILES = ('config.json', 'metrics.jsonl', 'summary.json', 'checkpoint', 'checkpoint.old', 'checkpoint.tmp',
+              'lengths.json', 'locality.json')   # the last two: written into the run by `evaluate_run` and the locality study
 
 def _check_replaceable(out: Path, files: tuple, kind: str, is_kind) -> None:
     """`RunDirError` unless the non-empty folder `out` holds a `kind` run and nothing else: only names in `files` (what

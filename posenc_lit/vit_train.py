@@ -22,8 +22,8 @@ from .vit import (INTERPOLATIONS, ViT, ViTConfig, get_vision_encoding, load_vit,
                             save_vit, vision_encodings)
 
 # %% auto #0
-__all__ = ['EVAL_MODES', 'VIT_PRESETS', 'VitTrainConfig', 'vit_config', 'make_vit_config', 'lr_factor', 'param_groups',
-           'evaluate_images', 'model_for', 'evaluate_sizes', 'total_steps', 'train_vit']
+__all__ = ['EVAL_MODES', 'VIT_PRESETS', 'MAX_PATCHES', 'VitTrainConfig', 'vit_config', 'make_vit_config', 'lr_factor',
+           'param_groups', 'evaluate_images', 'model_for', 'evaluate_sizes', 'total_steps', 'train_vit']
 
 # %% ../nbs/18_vit_train.ipynb #adb82fe5
 EVAL_MODES = ('bicubic', 'bilinear', 'none')   # interpolate the table on the fly (two methods), or re-initialise it
@@ -90,6 +90,8 @@ def vit_config(cfg: VitTrainConfig, n_classes: int = 10, image_size=None) -> ViT
                      interpolate=cfg.interpolate)
 
 # %% ../nbs/18_vit_train.ipynb #798b4d5b
+MAX_PATCHES = 16384   # the largest patch grid `_check_sizes` lets a run evaluate or fine-tune at (128 × 128)
+
 def _check_sizes(cfg: VitTrainConfig):
     "Every evaluation and fine-tuning size a multiple of the patch size; no grid change for a table that may not be interpolated."
     P, grid = cfg.patch_size, tuple(s // cfg.patch_size for s in cfg.image_size)
@@ -99,6 +101,10 @@ def _check_sizes(cfg: VitTrainConfig):
         if h % P or w % P:
             raise ValueError(f'{what} {h}x{w} is not a multiple of the patch size {P} on each side: use sizes such as '
                              f'{grid[0] * P}, {2 * grid[0] * P} or {grid[0] * P}x{2 * grid[1] * P}, or another patch size')
+        if (h // P) * (w // P) > MAX_PATCHES:
+            raise ValueError(f'{what} {h}x{w} makes {(h // P) * (w // P):,} patches of {P}x{P}, more than {MAX_PATCHES:,} (a 128×128 grid): '
+                             f'exact attention would score {((h // P) * (w // P)) ** 2:,} pairs per head and image; use a size '
+                             f'up to {128 * P}x{128 * P}, or a larger patch size')
     with torch.random.fork_rng(devices=[]): has_table = get_vision_encoding(cfg.pe).factory(vit_config(cfg)).table_grid is not None
     if cfg.finetune_init and len(cfg.finetune_init) > 1 and not has_table:
         raise ValueError(f'pe={cfg.pe!r} has no learned table, so every finetune_init {cfg.finetune_init} gives the same fine-tune: '

@@ -93,3 +93,20 @@ def test_step_that_does_not_fit_in_memory_writes_nothing(tmp_path, capsys):
 def test_eval_blocks_beyond_the_validation_set_are_capped_with_a_notice(tmp_path, capsys):
     assert main([*PRETRAIN, '--eval-blocks', '100000000', '--stop-at', '1', '--quiet', '--out', str(tmp_path / 'run')]) == 0
     assert 'note: eval_blocks=100000000 is more than the' in capsys.readouterr().err
+
+
+def test_lengths_takes_the_run_or_its_checkpoint_and_names_other_folders(tmp_path, capsys):
+    "`lengths --run` accepts the run folder or its checkpoint/ (as `finetune` does); a ViT run or another folder is named as such."
+    run = tmp_path / 'run'
+    assert main([*PRETRAIN, '--stop-at', '2', '--quiet', '--out', str(run)]) == 0   # --stop-at saves a checkpoint
+    assert 'stopped at step 2 of 20; continue with --resume' in capsys.readouterr().out
+    args = ['lengths', '--lengths', '16', '32', '--max-tokens', '256']
+    assert main([*args, '--run', str(run / 'checkpoint')]) == 0
+    first = capsys.readouterr().out
+    assert main([*args, '--run', str(run)]) == 0
+    assert capsys.readouterr().out == first != ''   # the same evaluation
+    vit = tmp_path / 'vit'; vit.mkdir(); (vit / 'config.json').write_text('{"pe": "learned", "patch_size": 4}')
+    for bad in (vit, tmp_path):
+        assert main([*args, '--run', str(bad)]) == 2
+        err = capsys.readouterr().err
+        assert f'{bad} is not a pretraining run' in err and 'Traceback' not in err, err
