@@ -295,6 +295,7 @@ def cmd_compare(args) -> int:
     from posenc_lit.training import check_creatable_dir
     from posenc_lit.compare import compare, compare_plan, pretrained_runs, format_results
     try:
+        if args.no_vit and args.vit_encodings: raise ValueError('--vit-encodings selects ViTs and --no-vit skips them: pass one of the two')
         plan = compare_plan(args.preset, args.encodings, args.tasks, args.seeds, not args.no_vit, args.vit_encodings, args.lengths)
         if args.pretrained_dir is not None: pretrained_runs(args.pretrained_dir, plan['encodings'])
     except ValueError as e: raise UsageError(str(e)) from None

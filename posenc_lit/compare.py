@@ -97,6 +97,7 @@ def pretrained_runs(folder,      # a folder with one `posenc_lit pretrain` run d
                    ) -> dict:    # {pe: run directory}
     "The finished pretraining run of each encoding in `folder`; `CheckpointError` naming the first that is missing, unfinished, of another encoding or of another kind."
     folder = Path(folder).expanduser()
+    if folder.is_file(): raise CheckpointError(f'--pretrained-dir {folder} is a file; expected a folder with one pretraining run per encoding, <folder>/<pe>/')
     if not folder.is_dir(): raise CheckpointError(f'--pretrained-dir {folder}: no such folder')
     runs = {}
     for pe in encodings:
@@ -185,10 +186,15 @@ def _task_summary(task: str, pe: str, runs: list) -> dict:
             'wall_s': sum(r['wall_s'] for r in runs)}
 
 # %% ../nbs/19_compare.ipynb #c6dac28d
+_STUDY_FILES = ('results.json', 'baselines', 'pretrain', 'lengths', 'finetune', 'vit', 'figures')   # what `compare` writes into --out
+
 def _start_results(plan: dict, out: Path, pretrained_dir) -> dict:
     "A fresh results dict; the stage times of a previous call on `out` are kept. `ValueError` if `out` holds another study."
     ident = {'preset': plan['preset'], 'spec': plan['spec'], 'pretrained_dir': None if pretrained_dir is None else str(pretrained_dir)}
     old = {}
+    if out.is_dir() and not (out / 'results.json').exists() and (other := sorted(p.name for p in out.iterdir() if p.name not in _STUDY_FILES)):
+        raise ValueError(f'{out} is not empty and holds no study ({", ".join(other[:5])}{", …" if len(other) > 5 else ""}): '
+                         'choose another --out (an empty or new folder, or the --out of an earlier compare to resume it)')
     if (out / 'results.json').is_file():
         try: old = _read(out / 'results.json')
         except ValueError as e: raise ValueError(f'{out / "results.json"} is not valid JSON ({e}): use another --out') from None

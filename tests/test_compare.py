@@ -164,12 +164,15 @@ def test_reused_pretraining_runs(study, tmp_path, capsys):
     (['--pretrained-dir', 'PRE', '--encodings', 'learned', 'rope'], "has no pretraining run for encoding 'rope'"),
     (['--pretrained-dir', 'FT', '--encodings', 'learned'], 'is a fine-tuning checkpoint (task sentiment), not a pretraining one'),
     (['--pretrained-dir', 'VIT', '--encodings', 'none'], 'is not a pretraining checkpoint'),
+    (['--pretrained-dir', 'AFILE'], 'is a file; expected a folder with one pretraining run per encoding'),
+    (['--no-vit', '--vit-encodings', 'none'], '--vit-encodings selects ViTs and --no-vit skips them: pass one of the two'),
 ])
 def test_bad_input_exits_2_before_anything_runs(argv, msg, study, tmp_path, capsys):
     out = study[0]
     ft = tmp_path / 'ft'; ft.mkdir(); (ft / 'learned').symlink_to(out / 'finetune' / 'learned' / 'sentiment' / 'seed0')   # a fine-tuning run
     vit = tmp_path / 'vit'; vit.mkdir(); (vit / 'none').symlink_to(out / 'vit' / 'none')                           # a ViT run
-    subst = {'NOWHERE': str(tmp_path / 'nowhere'), 'PRE': str(out / 'pretrain'), 'FT': str(ft), 'VIT': str(vit)}
+    (tmp_path / 'afile').write_text('')
+    subst = {'NOWHERE': str(tmp_path / 'nowhere'), 'PRE': str(out / 'pretrain'), 'FT': str(ft), 'VIT': str(vit), 'AFILE': str(tmp_path / 'afile')}
     argv, msg = [subst.get(a, a) for a in argv], msg.replace('NOWHERE', subst['NOWHERE'])
     rc, stdout, err = run_cli(['compare', '--out', str(tmp_path / 'never'), '--quiet', *argv], capsys)
     assert rc == 2 and err.startswith('usage: posenc_lit compare') and msg in err and 'Traceback' not in err, err
@@ -179,6 +182,14 @@ def test_bad_input_exits_2_before_anything_runs(argv, msg, study, tmp_path, caps
 def test_another_study_in_the_same_folder_is_refused(study, capsys):
     rc, _, err = run_cli(['compare', '--preset', 'quick', '--out', str(study[0]), '--encodings', 'learned'], capsys)
     assert rc == 2 and "holds a study with another preset, spec (finetune, length_tokens, lengths, " in err and "(preset 'tiny')" in err, err
+
+
+def test_a_folder_of_other_files_is_refused(tmp_path, capsys):
+    "--out that holds something other than a study (a pretraining run, the user's files): refused, nothing written into it."
+    mine = tmp_path / 'mine'; mine.mkdir(); (mine / 'notes.txt').write_text('mine')
+    rc, _, err = run_cli(['compare', '--preset', 'quick', '--out', str(mine), '--quiet'], capsys)
+    assert rc == 2 and f'{mine} is not empty and holds no study (notes.txt)' in err, err
+    assert [p.name for p in mine.iterdir()] == ['notes.txt']
 
 
 def test_a_narrower_selection_in_the_same_folder_is_refused(study, capsys):
