@@ -39,7 +39,10 @@ def check_positions(pos: torch.Tensor, # integer positions, any shape
                     table: str,        # the table, for the message, e.g. 'the learned position table'
                     remedy: str = '',  # a further way out, appended to the message, e.g. ', or emd_steps=0'
                    ):
-    "`PositionRangeError` naming the table, its size and what to change, unless every position is in `[0, max_len)`."
+    "`PositionRangeError` naming the table, its size and what to change, unless every position is in `[0, max_len)`; `TypeError` for non-integer positions."
+    if not isinstance(pos, torch.Tensor) or pos.dtype.is_floating_point or pos.dtype.is_complex or pos.dtype == torch.bool:
+        raise TypeError(f'positions must be an integer tensor (torch.long) to index {table}; got '
+                        f'{pos.dtype if isinstance(pos, torch.Tensor) else type(pos).__name__}')
     if pos.numel() == 0: return
     lo, hi = int(pos.min()), int(pos.max())
     if lo < 0 or hi >= max_len:

@@ -211,6 +211,9 @@ def _prepare_run_dir(out: Path, cfg: TrainConfig, resume: bool, overwrite: bool 
         if not resume: raise RunDirError(f'run directory {out} exists and is not empty: pass --resume to continue it, '
                                          '--overwrite to replace it, or choose another --out')
         f = out / 'config.json'
+        if not f.exists() and (other := sorted(p.name for p in out.iterdir() if p.name not in _RUN_FILES)):
+            raise RunDirError(f'{out} holds no pretraining run to resume ({", ".join(other[:5])}{", …" if len(other) > 5 else ""}): '
+                              'choose another --out (a new or empty folder starts a run)')
         if f.is_file():
             try: old = json.loads(f.read_text())
             except json.JSONDecodeError as e: raise RunDirError(f'{f} is not valid JSON ({e}); the run directory is damaged') from None
