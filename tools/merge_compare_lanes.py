@@ -4,7 +4,8 @@ An encoding of a lane is finished when its pretraining summary, its lengths file
 are there. Its folders move to results/compare/reference (the paths written in its JSON files are rewritten to the new
 place), its stage times join the study's, and `posenc_lit compare` is called once on the study with every encoding, so
 results.json, the table and the figures are rebuilt from the finished stages (nothing is trained again). Encodings of a
-lane that are not finished stay where they are. A lane of another preset or spec is refused.
+lane that are not finished stay where they are, and the lane's results.json forgets the moved ones, so that
+`tools/run_compare_lane.sh NAME` can go on with the rest. A lane of another preset or spec is refused.
 Usage: python tools/merge_compare_lanes.py [--dry-run]
 """
 import json, shutil, sys
@@ -32,6 +33,19 @@ def move(lane: Path, pe: str):
             if str(lane) + '/' in text: f.write_text(text.replace(str(lane) + '/', str(ref) + '/'))
 
 
+def forget_moved(lane: Path, res: dict, in_study: list):
+    "Drop from the lane's results.json the encodings now in the study, so the lane can go on with the others alone."
+    gone = [pe for pe in res['encodings'] if pe in in_study and not (lane / 'pretrain' / pe).exists()]
+    if not gone: return
+    res['encodings'] = [pe for pe in res['encodings'] if pe not in gone]
+    res['records'] = [r for r in res.get('records', []) if r.get('pe') not in gone]
+    res['stage_wall_s'] = {k: v for k, v in res.get('stage_wall_s', {}).items() if k.split()[1:2] not in [[pe] for pe in gone]}
+    for key in ('pretrain', 'lengths'):
+        if isinstance(res.get(key), dict): res[key] = {k: v for k, v in res[key].items() if k not in gone}
+    (lane / 'results.json').write_text(json.dumps(res, indent=2))
+    print(f'{lane}: results.json no longer lists {", ".join(gone)} (in the study now)')
+
+
 def main(dry: bool):
     import os; os.chdir(root)
     study = json.loads((ref / 'results.json').read_text())
@@ -50,6 +64,7 @@ def main(dry: bool):
             move(lane, pe)
             study['stage_wall_s'].update({k: v for k, v in res['stage_wall_s'].items() if k.split()[1:2] == [pe]})
             merged.append(pe)
+        if not dry: forget_moved(lane, res, study['encodings'] + merged)
     if not merged: return print('nothing merged' + (' (dry run)' if dry else ''))
     study['encodings'] += merged
     (ref / 'results.json').write_text(json.dumps(study, indent=2))
