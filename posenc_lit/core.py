@@ -12,9 +12,10 @@ import torch
 import matplotlib.pyplot as plt
 
 # %% auto #0
-__all__ = ['CONVENTIONS', 'KINDS', 'ENCODING_MODULES', 'HOOK_PLACES', 'rel_pos', 'PositionRangeError', 'check_positions',
-           'to_convention', 'test_close_rel', 'EncodingSpec', 'register_encoding', 'list_encodings', 'get_encoding',
-           'encoding_facts', 'doc_url', 'encodings_table', 'atomic_write', 'plot_curves', 'plot_heatmaps']
+__all__ = ['CONVENTIONS', 'KINDS', 'ENCODING_MODULES', 'HOOK_PLACES', 'rel_pos', 'PositionRangeError', 'is_int_tensor',
+           'check_positions', 'to_convention', 'test_close_rel', 'EncodingSpec', 'register_encoding', 'list_encodings',
+           'get_encoding', 'encoding_facts', 'doc_url', 'encodings_table', 'atomic_write', 'plot_curves',
+           'plot_heatmaps']
 
 # %% ../nbs/00_core.ipynb #2283af21
 def rel_pos(q_pos: torch.Tensor, # query positions, integer, `(i,)` or `(b, i)`
@@ -34,13 +35,17 @@ def rel_pos(q_pos: torch.Tensor, # query positions, integer, `(i,)` or `(b, i)`
 class PositionRangeError(ValueError):
     "A position or relative distance lies outside what an encoding's table covers; the message says the limit and what to change."
 
+def is_int_tensor(t) -> bool:
+    "Whether `t` is a tensor of integers (ids, positions, offsets): not floating point, complex or bool."
+    return isinstance(t, torch.Tensor) and not (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool)
+
 def check_positions(pos: torch.Tensor, # integer positions, any shape
                     max_len: int,      # rows of the absolute table: valid positions are 0 … max_len-1
                     table: str,        # the table, for the message, e.g. 'the learned position table'
                     remedy: str = '',  # a further way out, appended to the message, e.g. ', or emd_steps=0'
                    ):
     "`PositionRangeError` naming the table, its size and what to change, unless every position is in `[0, max_len)`; `TypeError` for non-integer positions."
-    if not isinstance(pos, torch.Tensor) or pos.dtype.is_floating_point or pos.dtype.is_complex or pos.dtype == torch.bool:
+    if not is_int_tensor(pos):
         raise TypeError(f'positions must be an integer tensor (torch.long) to index {table}; got '
                         f'{pos.dtype if isinstance(pos, torch.Tensor) else type(pos).__name__}')
     if pos.numel() == 0: return

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np, torch
 import datasets, pyarrow.compute as pc
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from .core import is_int_tensor
 
 # %% auto #0
 __all__ = ['SPECIAL_TOKENS', 'PAD_ID', 'UNK_ID', 'CLS_ID', 'SEP_ID', 'MASK_ID', 'SPLITS', 'NEVER_MASKED', 'CorpusError',
@@ -270,7 +271,7 @@ def mask_tokens(input_ids: torch.LongTensor, # (b, n) token ids
     "BERT's masked-LM corruption: choose positions, then 80% `[MASK]`, 10% random token, 10% unchanged."
     if not 0 < mlm_probability < 1: raise ValueError(f'mlm_probability={mlm_probability}: expected 0 < p < 1')
     if vocab_size <= len(SPECIAL_TOKENS): raise ValueError(f'vocab_size={vocab_size}: expected more than {len(SPECIAL_TOKENS)}')
-    if not isinstance(input_ids, torch.Tensor) or input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
+    if not is_int_tensor(input_ids):
         raise TypeError(f'input_ids must be an integer tensor of token ids; got {getattr(input_ids, "dtype", type(input_ids).__name__)}')
     if not isinstance(generator, torch.Generator): raise TypeError(f'generator must be a torch.Generator (all randomness comes from it); got {type(generator).__name__}')
     input_ids = input_ids.long()   # labels hold -100: never in an unsigned or narrow dtype

@@ -145,7 +145,7 @@ class EncoderLayer(nn.Module):
         return x, probs
 
 # %% ../nbs/10_model.ipynb #19328af6
-def _is_int(t): return isinstance(t, torch.Tensor) and not (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool)
+_is_int = is_int_tensor   # `posenc_lit.core`
 def _desc(t): return f'{t.dtype} tensor of shape {tuple(t.shape)}' if isinstance(t, torch.Tensor) else type(t).__name__
 
 def _check_inputs(input_ids, attention_mask, position_ids, token_type_ids=None):
