@@ -36,7 +36,7 @@ def deberta_delta(rel: torch.Tensor, # DeBERTa relative positions i - j (maybe b
                  ) -> torch.Tensor:  # rows `clamp(i - j + k, 0, 2k - 1)`, shape of `rel`
     "Row $\\delta(i,j)$ of the relative table $P$ for each distance $i-j$ (He et al. 2021, eq. 3)."
     _check_span(k)
-    if not isinstance(rel, torch.Tensor) or rel.dtype.is_floating_point or rel.dtype.is_complex or rel.dtype in (torch.bool, torch.uint8):
+    if not is_int_tensor(rel) or rel.dtype == torch.uint8:
         raise ValueError(f'rel must be a signed integer tensor of relative positions i - j; got '
                          f'{rel.dtype if isinstance(rel, torch.Tensor) else type(rel).__name__}')
     return (rel.long() + k).clamp(0, 2 * k - 1)
@@ -60,7 +60,7 @@ def make_log_bucket_position(rel: torch.Tensor, # relative positions i - j, inte
                             ) -> torch.Tensor:   # bucketed positions, int64, shape of `rel`; not clamped (as HF)
     "DeBERTa-v2's log bucket of each relative position (HF `make_log_bucket_position`: float32 arithmetic, no clamp at ±L)."
     _check_buckets(bucket_size, max_position)
-    if not isinstance(rel, torch.Tensor) or rel.dtype.is_floating_point or rel.dtype.is_complex or rel.dtype == torch.bool:
+    if not is_int_tensor(rel):
         raise ValueError(f'rel must be an integer tensor of relative positions; got {rel.dtype if isinstance(rel, torch.Tensor) else type(rel).__name__}')
     rel, mid = rel.long(), bucket_size // 2
     log_base = torch.log(torch.tensor((max_position - 1) / mid, dtype=torch.float32))     # float32 like HF: see below

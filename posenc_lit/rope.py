@@ -63,7 +63,7 @@ def rope_cos_sin(pos: torch.Tensor,       # integer token positions `(n,)` or `(
                  inv_freq: torch.Tensor,  # θ `(d_r/2,)` (its dtype is the angles' dtype: float32 from `rope_inv_freq`)
                 ) -> tuple:               # `(cos, sin)`, each `(…, n, d_r/2)`
     "Cosines and sines of the rotation angles $m\\theta_i$ (radians) of each position $m$; `TypeError` for non-integer positions."
-    if not isinstance(pos, torch.Tensor) or pos.dtype.is_floating_point or pos.dtype.is_complex or pos.dtype == torch.bool:
+    if not is_int_tensor(pos):
         got = pos.dtype if isinstance(pos, torch.Tensor) else type(pos).__name__
         raise TypeError(f'positions must be an integer tensor of token indices; got {got}')
     if not isinstance(inv_freq, torch.Tensor) or inv_freq.ndim != 1 or not inv_freq.dtype.is_floating_point:
@@ -186,7 +186,7 @@ def prepare(self: RoPE, q_pos, k_pos):  # integer positions `(b|1, i)`, `(b|1, j
     same = q_pos is k_pos
     q_pos, k_pos = (p[None] if isinstance(p, torch.Tensor) and p.ndim == 1 else p for p in (q_pos, k_pos))
     for name, p in (('q_pos', q_pos), ('k_pos', k_pos)):
-        if not isinstance(p, torch.Tensor) or p.ndim != 2 or p.dtype.is_floating_point or p.dtype.is_complex or p.dtype == torch.bool:
+        if not is_int_tensor(p) or p.ndim != 2:
             got = f'{p.dtype} tensor of shape {tuple(p.shape)}' if isinstance(p, torch.Tensor) else type(p).__name__
             raise TypeError(f'{name} must be an integer tensor of token positions, shape (n,) or (b, n); got {got}')
     return {'q_pos': q_pos, 'k_pos': k_pos, 'rope_same': same, 'rope': {}}

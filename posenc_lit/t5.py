@@ -37,7 +37,7 @@ def t5_bucket(rel: torch.Tensor,           # relative distances j - i, integer, 
              ) -> torch.Tensor:            # bucket ids in `[0, num_buckets)`, int64, shape of `rel`
     "T5's relative-position bucket of each distance $j-i$ (Raffel et al. 2020, §2.1; HF `T5Attention._relative_position_bucket`)."
     max_exact = _check_buckets(bidirectional, num_buckets, max_distance)
-    if not isinstance(rel, torch.Tensor) or rel.dtype.is_floating_point or rel.dtype.is_complex or rel.dtype == torch.bool:
+    if not is_int_tensor(rel):
         raise ValueError(f'rel must be an integer tensor of distances j - i (e.g. from rel_pos); got '
                          f'{rel.dtype if isinstance(rel, torch.Tensor) else type(rel).__name__}')
     rel = rel.long()
