@@ -477,6 +477,9 @@ def _setup(cfg: FinetuneConfig):
         trained = cfg.trained_len or trained_length(cfg.checkpoint)
         n = cfg.max_len or max(len(ids) for sp in TASK_SPLITS
                                for ids in (encode_squad if spec.kind == 'span' else encode_texts)(dd[sp], tok)['input_ids'])
+        if trained > (rows := encoder.cfg.max_position_embeddings):
+            raise ValueError(f'trained_len={trained} is longer than the position table of {cfg.checkpoint} ({rows} rows): '
+                             f'the pretraining length is at most {rows} (leave --trained-len out to read it from the run)')
         if n > trained: encoder = extend_positions(encoder, trained, n, cfg.extend_positions)
     data = encode_task(dd, spec, tok, encoder, cfg.max_len)
     if spec.kind == 'span':   # training needs the answer inside what is kept

@@ -282,6 +282,10 @@ def test_extend_positions_in_finetune(ckpt, tmp_path):
     torch.testing.assert_close(m.encoder.pe.weight[32:48].detach(), w[1:17], rtol=0, atol=1e-6)
     with pytest.raises(CheckpointError, match='pass trained_len'):
         trained_length(_bare_checkpoint(ckpt, tmp_path))
+    rows = enc.cfg.max_position_embeddings   # a trained length past the table is refused, even where nothing needs extending
+    with pytest.raises(ValueError, match=f'trained_len={rows + 1} is longer than the position table .*{rows} rows'):
+        finetune(make_finetune_config('smoke', task='sentiment', checkpoint=str(ckpt), max_train=32, max_len=48, epochs=1,
+                                      extend_positions='copy', trained_len=rows + 1), tmp_path / 'ext2', progress=False)
 
 
 def _bare_checkpoint(ckpt, tmp_path):   # the checkpoint folder alone, without its run's config.json
