@@ -200,6 +200,12 @@ def _check_replaceable(out: Path, files: tuple, kind: str, is_kind) -> None:
             raise RunDirError(f'{f} is not a {kind} configuration (another kind of run, or damaged): refusing to delete {out} '
                               'with --overwrite; choose another --out')
 
+def _check_resumable(out: Path, files: tuple, kind: str) -> None:
+    "`RunDirError` if the non-empty folder `out` has no config.json and holds names a `kind` run does not write (not in `files`): no run to resume."
+    if not (out / 'config.json').exists() and (other := sorted(p.name for p in out.iterdir() if p.name not in files)):
+        raise RunDirError(f'{out} holds no {kind} run to resume ({", ".join(other[:5])}{", …" if len(other) > 5 else ""}): '
+                          'choose another --out (a new or empty folder starts a run)')
+
 def _prepare_run_dir(out: Path, cfg: TrainConfig, resume: bool, overwrite: bool = False):
     "Check `out` against `cfg`; returns the trainer state to resume from, or None for a fresh run."
     if resume and overwrite: raise ValueError('resume and overwrite exclude each other: continue the run, or replace it')
@@ -210,10 +216,8 @@ def _prepare_run_dir(out: Path, cfg: TrainConfig, resume: bool, overwrite: bool 
             return None
         if not resume: raise RunDirError(f'run directory {out} exists and is not empty: pass --resume to continue it, '
                                          '--overwrite to replace it, or choose another --out')
+        _check_resumable(out, _RUN_FILES, 'pretraining')
         f = out / 'config.json'
-        if not f.exists() and (other := sorted(p.name for p in out.iterdir() if p.name not in _RUN_FILES)):
-            raise RunDirError(f'{out} holds no pretraining run to resume ({", ".join(other[:5])}{", …" if len(other) > 5 else ""}): '
-                              'choose another --out (a new or empty folder starts a run)')
         if f.is_file():
             try: old = json.loads(f.read_text())
             except json.JSONDecodeError as e: raise RunDirError(f'{f} is not valid JSON ({e}); the run directory is damaged') from None

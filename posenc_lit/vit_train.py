@@ -16,7 +16,7 @@ from accelerate.utils import set_seed
 from .core import atomic_write
 from .model import CheckpointError, check_field_types, count_parameters
 from .training import (RunDirError, SignalStop, check_creatable_dir, micro_batch, _any_process, _mask_generator,
-                                 _read_metrics, _replace_run_dir, _write_json, _check_replaceable)
+                                 _read_metrics, _replace_run_dir, _write_json, _check_replaceable, _check_resumable)
 from .vision import *
 from .vit import (INTERPOLATIONS, ViT, ViTConfig, get_vision_encoding, load_vit, reinit_pos_embed_, resize_pos_embed_,
                             save_vit, vision_encodings)
@@ -251,6 +251,7 @@ def _prepare_vit_run_dir(out: Path, cfg: VitTrainConfig, resume: bool, overwrite
         return None
     if not resume: raise RunDirError(f'run directory {out} exists and is not empty: pass --resume to continue it, '
                                      '--overwrite to replace it, or choose another --out')
+    _check_resumable(out, _VIT_RUN_FILES, 'ViT training')
     _saved_config(out, cfg)
     ck, old = out / 'checkpoint', out / 'checkpoint.old'
     if not ck.exists() and old.exists(): old.rename(ck)      # interrupted between the two renames of a save
