@@ -14,15 +14,21 @@ from .attention import *
 __all__ = ['sinusoidal_table', 'SinusoidalEncoding', 'LearnedEncoding', 'four_terms']
 
 # %% ../nbs/02_absolute.ipynb #30ca5cd7
+def _check_sinusoidal(D, base, layout):
+    if not (isinstance(D, int) and not isinstance(D, bool) and D > 0 and D % 2 == 0):
+        raise ValueError(f'D must be even (pairs of sin, cos) and positive for sinusoidal embeddings; got D={D!r}')
+    if not (isinstance(base, (int, float)) and not isinstance(base, bool) and math.isfinite(base) and base > 1):
+        raise ValueError(f'base must be a finite number > 1 (the paper: 10000); got {base!r}')
+    if layout not in ('interleave', 'concat'): raise ValueError(f"layout must be 'interleave' or 'concat'; got {layout!r}")
+
 def sinusoidal_table(pos: torch.Tensor,  # positions, integer or float, any shape `(...)`, in tokens
                      D: int,             # model width, even
                      base: float = 10000.0,
                      layout: str = 'interleave',  # 'interleave' (sin, cos, sin, cos …: the paper) or 'concat' ([sin | cos]: tensor2tensor)
                      dtype=torch.float32,
                     ) -> torch.Tensor:   # `(..., D)`
-    "Sinusoidal position embeddings of Vaswani et al. 2017, §3.5, for arbitrary positions (no maximum length)."
-    if D % 2: raise ValueError(f'D must be even for sinusoidal embeddings; got D={D}')
-    if layout not in ('interleave', 'concat'): raise ValueError(f"layout must be 'interleave' or 'concat'; got {layout!r}")
+    "Sinusoidal position embeddings of Vaswani et al. 2017, §3.5, for arbitrary positions (no maximum length); `ValueError` for a bad `D`, `base` or `layout`."
+    _check_sinusoidal(D, base, layout)
     inv_freq = base ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)      # (D/2,)  omega_i
     angle = pos.to(torch.float64)[..., None] * inv_freq.to(pos.device)         # (..., D/2)  radians
     pe = torch.stack([angle.sin(), angle.cos()], -1)                           # (..., D/2, 2)
@@ -35,6 +41,7 @@ class SinusoidalEncoding(PositionEncoding):
     kind = 'absolute'
     def __init__(self, d_model: int, base: float = 10000.0, layout: str = 'interleave', scale_words: bool = True):
         super().__init__()
+        _check_sinusoidal(d_model, base, layout)                 # refused when built, not at the first forward
         self.d_model, self.base, self.layout = d_model, base, layout
         self.word_scale = math.sqrt(d_model) if scale_words else 1.0
     def embed(self, pos): # `(b|1, n)` integer positions
@@ -54,7 +61,7 @@ class LearnedEncoding(PositionEncoding):
         "`(b|1, n, D)` rows of the table; `PositionRangeError` (a `ValueError`) naming the table size for positions outside it."
         check_positions(pos, self.max_len, 'the learned position table',
                         ', or an encoding without a maximum length (sinusoidal, none, t5, or shaw/huang4 with clip=true)')
-        return self.weight[pos]
+        return self.weight[pos.long()]                        # a uint8 index would select rows as a boolean mask
 
 # %% ../nbs/02_absolute.ipynb #a1588e7c
 @register_encoding('learned', 'absolute', 'learned absolute position table added to the input (BERT)',

@@ -64,7 +64,8 @@ def _attend_math(q, k, v, score_terms, mask, scale, dropout_p):  # the manual pa
 
 def attend_fast(q, k, v, score_terms=(), mask=None, scale=None, dropout_p=0.0):
     "Fast path of `attend` through `F.scaled_dot_product_attention` (on CPU, `_attend_math` when a term needs a gradient); returns `out (b, h, i, d_v)`."
-    if q.device.type == 'cpu' and torch.is_grad_enabled() and any(t.requires_grad for t in score_terms):
+    if q.device.type == 'cpu' and (torch.is_grad_enabled() and any(t.requires_grad for t in score_terms)
+                                   or mask is None and not score_terms and bool(q.isnan().any())):   # NaN: see above
         return _attend_math(q, k, v, score_terms, mask, scale, dropout_p)
     bias = None
     for t in score_terms: bias = t if bias is None else bias + t          # (b|1, h|1, i, j)
@@ -85,9 +86,9 @@ def attend_compiled(q, k, v, score_terms=(), mask=None, scale=None, dropout_p=0.
 def attend(q: torch.Tensor, # queries `(b, h, i, d)`, float
            k: torch.Tensor, # keys `(b, h, j, d)`, float
            v: torch.Tensor, # values `(b, h, j, d_v)`, float
-           score_terms=(),  # float tensors broadcastable to `(b, h, i, j)`, in logit units, summed onto `scale·q·kᵀ`
+           score_terms=(),  # finite float tensors broadcastable to `(b, h, i, j)`, in logit units, summed onto `scale·q·kᵀ` (forbid keys with `mask`, not -inf)
            mask: torch.Tensor | None = None, # bool, broadcastable to `(b, h, i, j)`, `True` = may attend
-           scale: float | None = None,  # content scale `s`; default `1/sqrt(d)`
+           scale: float | None = None,  # content scale `s`, a finite number; default `1/sqrt(d)`
            dropout_p: float = 0.0,      # dropout on the attention probabilities (pass 0 in eval)
            return_probs: bool = False,  # also return the probabilities `(b, h, i, j)` (uses the manual path)
            fast: bool | str = True,     # True: `F.scaled_dot_product_attention` when possible; False: manual; 'compiled': `attend_compiled`
@@ -98,6 +99,8 @@ def attend(q: torch.Tensor, # queries `(b, h, i, d)`, float
     if not (isinstance(fast, bool) or fast == 'compiled'): raise ValueError(f"fast must be True, False or 'compiled'; got {fast!r}")
     if not (isinstance(dropout_p, (int, float)) and not isinstance(dropout_p, bool) and 0 <= dropout_p <= 1):
         raise ValueError(f'dropout_p is a probability in [0, 1]; got {dropout_p!r}')
+    if scale is not None and not (isinstance(scale, (int, float)) and not isinstance(scale, bool) and math.isfinite(scale)):
+        raise ValueError(f'scale must be a finite number (the content scale s; None: 1/sqrt(d)); got {scale!r}')
     valid = None
     if mask is not None:
         valid = mask.any(-1, keepdim=True)                   # (b|1, h|1, i|1, 1): row has an allowed key
