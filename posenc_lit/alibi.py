@@ -34,6 +34,8 @@ def alibi_bias(q_pos: torch.Tensor,   # integer query positions `(i,)` or `(b, i
     if not isinstance(bidirectional, bool): raise ValueError(f'bidirectional must be true or false; got {bidirectional!r}')
     if not isinstance(slopes, torch.Tensor) or slopes.ndim != 1 or not slopes.dtype.is_floating_point:
         raise ValueError('slopes must be a float tensor of shape (h,), e.g. alibi_slopes(h)')
+    if not bool(((slopes > 0) & slopes.isfinite()).all()):   # (h,): a negative slope would reward distance
+        raise ValueError(f'slopes must be finite and > 0 (a penalty that grows with distance), e.g. alibi_slopes(h); got {slopes.tolist()}')
     rel = rel_pos(q_pos, k_pos)                                         # (…, i, j): j - i, int64
     dist = rel.abs() if bidirectional else (-rel).clamp(min=0)          # |j - i|, or i - j for keys before the query
     dist = dist if dist.ndim == 3 else dist[None]                       # (b|1, i, j)

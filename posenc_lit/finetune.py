@@ -113,12 +113,29 @@ class EncoderForTask(nn.Module):
     def __init__(self, encoder: Encoder, kind: str, n_labels: int = 2, dropout: float = 0.1):
         super().__init__()
         if kind not in TASK_KINDS: raise ValueError(f'kind must be one of {TASK_KINDS}; got {kind!r}')
+        if kind == 'classification' and not (isinstance(n_labels, int) and not isinstance(n_labels, bool) and n_labels >= 2):
+            raise ValueError(f'n_labels must be an integer ≥ 2 for classification; got {n_labels!r}')
         self.encoder, self.kind, self.n_labels = encoder, kind, n_labels
         D = encoder.cfg.d_model
         self.head = SpanHead(D) if kind == 'span' else ClassificationHead(D, n_labels if kind == 'classification' else 1, dropout)
         nn.init.normal_(self.head.proj.weight, std=encoder.cfg.initializer_range); nn.init.zeros_(self.head.proj.bias)
 
 # %% ../nbs/16_finetune.ipynb #ae4892a8
+def _check_labels(m: EncoderForTask, labels, b: int, n: int, context_mask=None):
+    "`ValueError` unless `labels` fit the head: `(b,)` class ids in `[0, n_labels)`, `(b,)` targets, or `(b, 2)` token indices in the paragraph."
+    want = {'classification': f'(b,) = ({b},) integer class ids in [0, {m.n_labels})', 'regression': f'(b,) = ({b},) float targets',
+            'span': f'(b, 2) = ({b}, 2) integer (start, end) token indices in [0, {n}), inside context_mask'}[m.kind]
+    ok = isinstance(labels, torch.Tensor) and labels.shape == ((b, 2) if m.kind == 'span' else (b,)) and labels.dtype != torch.bool
+    if ok and m.kind == 'regression': ok = not labels.dtype.is_complex
+    elif ok:
+        hi = m.n_labels if m.kind == 'classification' else n
+        ok = is_int_tensor(labels) and (labels.numel() == 0 or (int(labels.min()) >= 0 and int(labels.max()) < hi))
+        if ok and m.kind == 'span' and context_mask is not None and labels.numel():
+            ok = bool(context_mask.gather(1, labels.long()).all())
+    if not ok:
+        got = f'{labels.dtype} tensor of shape {tuple(labels.shape)}' if isinstance(labels, torch.Tensor) else type(labels).__name__
+        raise ValueError(f'labels of a {m.kind} head must be {want}; got {got}' + (f' with values {labels.flatten()[:8].tolist()}' if isinstance(labels, torch.Tensor) else ''))
+
 @patch
 def forward(self: EncoderForTask,
             input_ids: torch.Tensor,                    # `(b, n)` token ids
@@ -127,6 +144,7 @@ def forward(self: EncoderForTask,
             context_mask: torch.Tensor | None = None,   # span: `(b, n)` bool, True where an answer may start or end
            ) -> dict:
     "Logits of the task head and, given `labels`, the loss: cross-entropy, squared error, or the mean of the start and end cross-entropies."
+    if labels is not None: _check_labels(self, labels, *input_ids.shape, context_mask)
     h = self.encoder(input_ids, attention_mask=attention_mask)['hidden_states']   # (b, n, D)
     if self.kind == 'span':
         start, end = self.head(h)                                                    # (b, n) each
@@ -146,7 +164,7 @@ def best_spans(start: torch.Tensor, end: torch.Tensor, # `(b, n)` start and end 
                context_mask: torch.Tensor,             # `(b, n)` bool, True where an answer may lie
                max_answer_len: int = 30,               # longest answer, in tokens
               ) -> torch.Tensor:                       # `(b, 2)` token indices (start, end), start ≤ end
-    "The highest-scoring span (i, j), i ≤ j < i + max_answer_len, both in the paragraph (BERT §4.2)."
+    "The highest-scoring span (i, j), i ≤ j < i + max_answer_len, both in the paragraph (BERT §4.2); a row with no such span gives (0, 0), the [CLS] token (BERT's no-answer span)."
     n = start.shape[1]
     score = start[:, :, None].float() + end[:, None, :].float()                    # (b, i, j)
     i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]

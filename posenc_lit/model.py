@@ -286,13 +286,18 @@ def forward(self: EncoderForMLM,
 
 # %% ../nbs/10_model.ipynb #e5dd7c51
 def padding_invariance_error(model: nn.Module, ids: torch.Tensor, n_pad: int = 3, pad_id: int = 0) -> float:
-    "Largest change of the real tokens' hidden states when `n_pad` padding tokens are appended and masked."
+    "Largest change of the real tokens' hidden states when `n_pad` padding tokens are appended and masked; run in eval mode (no dropout), on `ids`' device."
+    if not (isinstance(n_pad, int) and not isinstance(n_pad, bool) and n_pad >= 1): raise ValueError(f'n_pad must be an integer ≥ 1; got {n_pad!r}')
     b, n = ids.shape
-    padded = torch.cat([ids, torch.full((b, n_pad), pad_id, dtype=ids.dtype)], 1)
-    mask = torch.cat([torch.ones(b, n, dtype=torch.bool), torch.zeros(b, n_pad, dtype=torch.bool)], 1)
-    with torch.no_grad():
-        ref = model(ids)['hidden_states']
-        out = model(padded, attention_mask=mask)['hidden_states'][:, :n]
+    padded = torch.cat([ids, torch.full((b, n_pad), pad_id, dtype=ids.dtype, device=ids.device)], 1)
+    mask = torch.cat([torch.ones(b, n, dtype=torch.bool, device=ids.device), torch.zeros(b, n_pad, dtype=torch.bool, device=ids.device)], 1)
+    was = model.training
+    try:
+        with torch.no_grad():
+            model.eval()                                  # dropout would read as a failure of invariance
+            ref = model(ids)['hidden_states']
+            out = model(padded, attention_mask=mask)['hidden_states'][:, :n]
+    finally: model.train(was)
     return (out - ref).abs().max().item()
 
 # %% ../nbs/10_model.ipynb #dd0bde34

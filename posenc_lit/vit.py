@@ -212,7 +212,10 @@ def apply_rope_2d(x: torch.Tensor,          # queries or keys `(…, n, d)`, flo
                   inv_freq: torch.Tensor,   # θ `(d/4,)` from `rope_inv_freq(d // 2, base)`
                   pairing: str = 'half',    # pairing within each half, see `posenc_lit.rope.PAIRINGS`
                  ) -> torch.Tensor:         # `x` rotated: dims `[0, d/2)` by the column, `[d/2, d)` by the row
-    "Axial 2D RoPE (RoPE-ViT): the first half of the dimensions rotated by column·θ, the second half by row·θ."
+    "Axial 2D RoPE (RoPE-ViT): the first half of the dimensions rotated by column·θ, the second half by row·θ; `ValueError` if d ≠ 4·len(θ)."
+    if not (isinstance(x, torch.Tensor) and isinstance(inv_freq, torch.Tensor) and x.ndim >= 1 and inv_freq.ndim == 1 and x.shape[-1] == 4 * len(inv_freq)):
+        raise ValueError(f'2D RoPE rotates d = 4·len(inv_freq) dimensions (two axes, pairs); got x of shape '
+                         f'{tuple(getattr(x, "shape", ()))} and inv_freq of shape {tuple(getattr(inv_freq, "shape", ()))}: use rope_inv_freq(d // 2, base)')
     h = x.shape[-1] // 2
     cos_c, sin_c = rope_cos_sin(rc[:, 1], inv_freq)                          # (n, d/4) each
     cos_r, sin_r = rope_cos_sin(rc[:, 0], inv_freq)
@@ -240,6 +243,7 @@ class RelBias2d(VisionEncoding):
     kind = 'score'
     def __init__(self, n_heads: int, max_distance: int, num_prefix_tokens: int = 1):
         super().__init__(num_prefix_tokens)
+        if not _is_int(n_heads) or n_heads < 1: raise ValueError(f'n_heads must be an integer ≥ 1; got {n_heads!r}')
         if not _is_int(max_distance) or max_distance < 0: raise ValueError(f'max_distance must be an integer ≥ 0; got {max_distance!r}')
         self.k = max_distance
         self.table = nn.Parameter(torch.zeros(n_heads, 2 * max_distance + 1, 2 * max_distance + 1))   # (h, 2k+1, 2k+1)
