@@ -76,7 +76,7 @@ def add_relative(encoder: Encoder,    # a pretrained encoder (`load_pretrained`)
     added = new.pe.members[1]
     if not any(True for _ in added.parameters()):
         raise ValueError(f'{name!r} has no learned parameters: it cannot start at zero, so adding it would change the pretrained model; '
-                         f'use one with learned relative parameters (huang4, huang3, shaw, t5)')
+                         f'use one with learned relative parameters (huang4, shaw, t5)')
     sd = {('pe.members.0.' + k[3:] if k.startswith('pe.') else k): v for k, v in encoder.state_dict().items()}
     missing, unexpected = new.load_state_dict(sd, strict=False)
     assert not unexpected and all(k.startswith('pe.members.1.') for k in missing), (missing, unexpected)

@@ -354,7 +354,9 @@ def four_term_scores(model: EncoderForMLM | Encoder, # a model with an absolute 
                     ) -> dict: # 'word-word', 'word-pos', 'pos-word', 'pos-pos' → `(b, h, i, j)` logits of layer 0
     "The first layer's logits split into the four terms of Ke et al. 2021, §3.1 (they sum to the logits)."
     enc = model if isinstance(model, Encoder) else model.encoder
-    if enc.pe.kind != 'absolute': raise ValueError(f"four_term_scores needs an absolute encoding; the model uses {enc.cfg.pe!r} ({enc.pe.kind})")
+    if enc.pe.kind != 'absolute':
+        how = f"{enc.cfg.pe!r} with add_relative={enc.cfg.add_relative!r} (score terms)" if enc.cfg.add_relative else f"{enc.cfg.pe!r} ({enc.pe.kind})"
+        raise ValueError(f"four_term_scores needs an absolute encoding alone (learned, sinusoidal); the model uses {how}")
     input_ids, position_ids, token_type_ids = _check_inputs(input_ids, None, position_ids, token_type_ids)
     w, p = enc.embeddings.parts(input_ids, enc.positions(input_ids, position_ids), enc.pe, token_type_ids)
     a = enc.layers[0].attn
