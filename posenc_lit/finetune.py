@@ -144,8 +144,8 @@ def forward(self: EncoderForTask,
             context_mask: torch.Tensor | None = None,   # span: `(b, n)` bool, True where an answer may start or end
            ) -> dict:
     "Logits of the task head and, given `labels`, the loss: cross-entropy, squared error, or the mean of the start and end cross-entropies."
-    if labels is not None: _check_labels(self, labels, *input_ids.shape, context_mask)
-    h = self.encoder(input_ids, attention_mask=attention_mask)['hidden_states']   # (b, n, D)
+    h = self.encoder(input_ids, attention_mask=attention_mask)['hidden_states']   # (b, n, D); the encoder checks the inputs
+    if labels is not None: _check_labels(self, labels, *h.shape[:2], context_mask)
     if self.kind == 'span':
         start, end = self.head(h)                                                    # (b, n) each
         if context_mask is not None:
