@@ -19,8 +19,8 @@ from .vit import vision_encodings
 from .vit_train import make_vit_config, train_vit
 
 # %% auto #0
-__all__ = ['COMPARE_PRESETS', 'compare_plan', 'pretrained_runs', 'environment', 'compare', 'format_results', 'plot_pretraining',
-           'plot_task', 'plot_lengths', 'plot_downstream', 'plot_vit', 'save_figures']
+__all__ = ['COMPARE_PRESETS', 'ABLATIONS', 'compare_plan', 'pretrained_runs', 'environment', 'compare', 'format_results',
+           'plot_pretraining', 'plot_task', 'plot_lengths', 'plot_downstream', 'plot_vit', 'save_figures']
 
 # %% ../nbs/19_compare.ipynb #acd90be7
 COMPARE_PRESETS = {
@@ -41,6 +41,18 @@ COMPARE_PRESETS = {
         vit=dict(preset='reference'), vit_encodings=None),   # None: every vision encoding
 }
 
+# %% ../nbs/19_compare.ipynb #87312d60
+ABLATIONS = {   # name -> the pretraining options that make it: its encoding `pe` and the options that differ from that encoding's
+    'tupe-a-tiecls': dict(pe='tupe-a', pe_kwargs={'untie_cls': False}),         # TUPE with [CLS] tied to the positions like any token
+    'deberta-noemd': dict(pe='deberta', emd_steps=0),                            # DeBERTa −EMD
+    'deberta-noc2p': dict(pe='deberta', pe_kwargs={'pos_att_type': ['p2c']}),   # DeBERTa −C2P
+    'deberta-nop2c': dict(pe='deberta', pe_kwargs={'pos_att_type': ['c2p']}),   # DeBERTa −P2C
+}
+
+def _base(name: str) -> str:
+    "The registered encoding a study name runs: itself, or the `pe` of its ablation."
+    return ABLATIONS.get(name, {}).get('pe', name)
+
 # %% ../nbs/19_compare.ipynb #8f0f06dc
 def _unknown(what: str, bad: list, valid) -> ValueError:
     return ValueError(f'unknown {what} {", ".join(map(repr, bad))}; valid: {", ".join(valid)}')
@@ -58,7 +70,10 @@ def _stage_configs(spec: dict, encodings, tasks, vits) -> dict:
     "The `TrainConfig`, `FinetuneConfig` and `VitTrainConfig` of each stage, each checked by its module."
     def make(maker, d: dict, **extra):   # d: {'preset': name, option: value, ...}; `extra` wins
         return maker(d.get('preset', 'quick'), **{**{k: x for k, x in d.items() if k != 'preset'}, **extra})
-    pre = {pe: make(make_train_config, spec['pretrain'], **spec.get('pe_overrides', {}).get(pe, {}), pe=pe) for pe in encodings}
+    def pretraining(name):   # the preset's options, then the encoding's overrides, then the ablation's
+        ab, pe = {k: v for k, v in ABLATIONS.get(name, {}).items() if k != 'pe'}, _base(name)
+        return make(make_train_config, spec['pretrain'], **{**spec.get('pe_overrides', {}).get(pe, {}), **ab}, pe=pe)
+    pre = {name: pretraining(name) for name in encodings}
     ft = {t: make(make_finetune_config, spec['finetune'], **spec.get('task_overrides', {}).get(t, {}), task=t) for t in tasks}
     vit = {pe: make(make_vit_config, spec['vit'], pe=pe) for pe in vits}
     lengths = spec['lengths']
@@ -69,7 +84,7 @@ def _stage_configs(spec: dict, encodings, tasks, vits) -> dict:
 
 # %% ../nbs/19_compare.ipynb #b83f30fd
 def compare_plan(preset='quick',       # a name in `COMPARE_PRESETS`, or a dict shaped like its entries
-                 encodings=None,       # language encodings (default: every registered one, `list_encodings()`)
+                 encodings=None,       # language encodings and `ABLATIONS` (default: every registered encoding, `list_encodings()`)
                  tasks=None, seeds=None,  # default: the preset's
                  vit=True,             # run the ViT grid
                  vit_encodings=None,   # default: the preset's (None there: every vision encoding)
@@ -81,7 +96,7 @@ def compare_plan(preset='quick',       # a name in `COMPARE_PRESETS`, or a dict 
         name, spec = preset, copy.deepcopy(COMPARE_PRESETS[preset])
     else: name, spec = 'custom', copy.deepcopy(preset)
     if lengths is not None: spec['lengths'] = list(lengths)
-    encodings = _pick(encodings, list_encodings(), list_encodings(), 'encoding')
+    encodings = _pick(encodings, list_encodings(), [*list_encodings(), *ABLATIONS], 'encoding')
     from posenc_lit.tasks import TASKS
     tasks = _pick(tasks, spec['tasks'], TASKS, 'task')
     seeds = list(spec['seeds'] if seeds is None else seeds)
@@ -93,9 +108,9 @@ def compare_plan(preset='quick',       # a name in `COMPARE_PRESETS`, or a dict 
 
 # %% ../nbs/19_compare.ipynb #c30e2047
 def pretrained_runs(folder,      # a folder with one `posenc_lit pretrain` run directory per encoding, `folder/<pe>/`
-                    encodings,   # the encodings the study needs
+                    encodings,   # the encodings (and `ABLATIONS`) the study needs
                    ) -> dict:    # {pe: run directory}
-    "The finished pretraining run of each encoding in `folder`; `CheckpointError` naming the first that is missing, unfinished, of another encoding or of another kind."
+    "The finished pretraining run of each encoding in `folder`; `CheckpointError` naming the first that is missing, unfinished, of another encoding (or ablation) or of another kind."
     folder = Path(folder).expanduser()
     if folder.is_file(): raise CheckpointError(f'--pretrained-dir {folder} is a file; expected a folder with one pretraining run per encoding, <folder>/<pe>/')
     if not folder.is_dir(): raise CheckpointError(f'--pretrained-dir {folder}: no such folder')
@@ -106,8 +121,12 @@ def pretrained_runs(folder,      # a folder with one `posenc_lit pretrain` run d
         except CheckpointError as e:
             raise CheckpointError(f'--pretrained-dir {folder} has no pretraining run for encoding {pe!r}: {e}; '
                                   'pretrain it, or leave it out with --encodings') from None
-        saved = json.loads((run / 'config.json').read_text()).get('pe') if (run / 'config.json').is_file() else None
-        if saved != pe: raise CheckpointError(f'{run} holds a run of pe={saved!r}, not {pe!r}: the folders must be named after their encodings')
+        saved = json.loads((run / 'config.json').read_text()) if (run / 'config.json').is_file() else {}
+        if saved.get('pe') != _base(pe): raise CheckpointError(f"{run} holds a run of pe={saved.get('pe')!r}, not {_base(pe)!r}: the folders must be named after their encodings")
+        want = {'pe_kwargs': {}, **{k: v for k, v in ABLATIONS.get(pe, {}).items() if k != 'pe'}}   # an ablation's options, or none
+        got = {k: saved.get(k, {} if k == 'pe_kwargs' else 0) for k in want}
+        if got != want: raise CheckpointError(f'{run} was pretrained with {got}, not {want}: it is not the run {pe!r} needs (an ablation has its '
+                                              f'own folder, named as in ABLATIONS: {", ".join(ABLATIONS)})')
         if not (run / 'summary.json').is_file():
             raise CheckpointError(f'{run} has not finished (no summary.json): finish it (posenc_lit pretrain ... --resume) first')
         runs[pe] = run
@@ -164,13 +183,13 @@ def _vit_stage(cfg, run: Path, bars: bool) -> dict:
 # %% ../nbs/19_compare.ipynb #5b21a89d
 def _pretrain_record(pe: str, run: Path, s: dict, reused: bool, wall_s) -> dict:
     cfg = _read(run / 'config.json')
-    return {'pe': pe, 'run': str(run), 'reused': reused, 'seq_len': cfg['seq_len'], 'd_model': cfg['d_model'], 'n_layers': cfg['n_layers'],
+    return {'pe': pe, 'pe_kwargs': cfg.get('pe_kwargs', {}), 'run': str(run), 'reused': reused, 'seq_len': cfg['seq_len'], 'd_model': cfg['d_model'], 'n_layers': cfg['n_layers'],
             'emd_steps': cfg.get('emd_steps', 0), 'steps': s['steps'], 'eval_loss': s['eval_loss'], 'eval_accuracy': s['eval_accuracy'],
             'unigram_loss': s['unigram_loss'], 'parameters': s['parameters'], 'train_tokens_per_s': s['train_tokens_per_s'], 'wall_s': wall_s}
 
 def _finetune_record(s: dict, pre: dict) -> dict:
-    keys = ('pe', 'task', 'seed', 'main_metric', 'test', 'validation', 'best_step', 'steps', 'max_len', 'examples', 'wall_s', 'train_tokens_per_s')
-    return {**{k: s[k] for k in keys}, 'pretrain_eval_loss': pre['eval_loss'], 'pretrain_steps': pre['steps'],
+    keys = ('task', 'seed', 'main_metric', 'test', 'validation', 'best_step', 'steps', 'max_len', 'examples', 'wall_s', 'train_tokens_per_s')
+    return {'pe': pre['pe'], **{k: s[k] for k in keys}, 'pretrain_eval_loss': pre['eval_loss'], 'pretrain_steps': pre['steps'],   # pe: the study's name (an ablation's too)
             **({'test_at_length': s['test_at_length']} if s.get('test_at_length') else {})}
 
 def _vit_record(s: dict) -> dict:

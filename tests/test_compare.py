@@ -225,3 +225,21 @@ def test_notebook_reference_table_is_the_committed_json():
     assert printed == format_results(res) + '\n'
     assert res['preset'] == 'reference' and res['vit_encodings'] == []
     assert len(res['records']) == len(res['encodings']) * len(res['tasks']) * len(res['seeds'])   # only whole encodings are committed
+
+
+@pytest.mark.parametrize('name', ['tupe-a-tiecls', 'deberta-noemd', 'deberta-noc2p', 'deberta-nop2c'])
+def test_ablation_is_the_pretraining_study_run(name):
+    "An ablation of the reference compare pretrains what the reference pretraining study (tools/run_reference.sh) ran under its name."
+    from dataclasses import asdict
+    from posenc_lit.compare import ABLATIONS, compare_plan
+    assert name in ABLATIONS
+    saved = json.loads((Path(__file__).parent.parent / 'results' / 'pretraining' / name / 'config.json').read_text())
+    plan = json.loads(json.dumps(asdict(compare_plan('reference', encodings=[name], vit=False)['pretrain'][name])))
+    assert {k: plan[k] for k in saved} == saved
+
+
+def test_cli_help_names_every_ablation(capsys):
+    from posenc_lit.compare import ABLATIONS
+    assert main(['compare', '--help']) == 0
+    text = ' '.join(capsys.readouterr().out.split()).replace('- ', '-')   # argparse wraps lines, at hyphens too
+    assert all(a in text for a in ABLATIONS), text
