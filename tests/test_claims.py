@@ -58,3 +58,24 @@ def test_downstream_accuracy_joins_the_loss_verdict(tmp_path):
     f.write_text(json.dumps({'encodings': ['learned'], 'records': [rec('learned', float('nan'))]}))
     try: claims(tmp_path); raise AssertionError('a NaN accuracy was read')
     except ValueError as e: assert 'sentiment test accuracy of learned' in str(e) and str(f) in str(e)
+
+
+def test_untied_cls_reads_the_ablation_on_every_task(tmp_path):
+    "The untied-[CLS] row compares tupe-a with the tupe-a-tiecls ablation task by task; its verdict follows the gaps and the seed spread."
+    import shutil
+    shutil.copytree(ROOT / 'results' / 'pretraining', tmp_path / 'pretraining')
+    f = tmp_path / 'compare' / 'reference' / 'results.json'; f.parent.mkdir(parents=True)
+    metric = {'sentiment': 'accuracy', 'rating': 'pearson', 'reviews': 'accuracy'}
+    def row(gains: dict):
+        recs = [{'pe': pe, 'task': t, 'main_metric': metric[t], 'test': {metric[t]: a + (g if pe == 'tupe-a' else 0)}}
+                for t, g in gains.items() for pe in ('tupe-a', 'tupe-a-tiecls') for a in (0.70, 0.71, 0.72)]
+        f.write_text(json.dumps({'encodings': ['tupe-a', 'tupe-a-tiecls'], 'records': recs}))
+        return next(r for r in claims(tmp_path) if r['claim'].startswith('untying [CLS]'))
+    up = row({'sentiment': 0.05, 'rating': 0.02, 'reviews': 0.001})
+    assert up['verdict'] == 'holds' and 'sentiment accuracy 0.760 ± 0.010 against 0.710 ± 0.010 (+5.0 pts)' in up['ours']
+    assert 'rating pearson 0.730' in up['ours'] and 'reviews accuracy' in up['ours']
+    assert row({'sentiment': 0.05, 'rating': -0.02, 'reviews': 0.0})['verdict'] == 'in part'
+    flat = row({'sentiment': 0.005, 'rating': -0.005, 'reviews': 0.0})
+    assert flat['verdict'] == 'does not hold' and 'no gain beyond the seed spread' in flat['ours']
+    f.write_text(json.dumps({'encodings': ['tupe-a'], 'records': []}))
+    assert next(r for r in claims(tmp_path) if r['claim'].startswith('untying [CLS]'))['verdict'] == 'not measured yet'
