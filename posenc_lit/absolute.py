@@ -15,9 +15,9 @@ __all__ = ['sinusoidal_table', 'SinusoidalEncoding', 'LearnedEncoding', 'four_te
 
 # %% ../nbs/02_absolute.ipynb #30ca5cd7
 def _check_sinusoidal(D, base, layout):
-    if not (isinstance(D, int) and not isinstance(D, bool) and D > 0 and D % 2 == 0):
+    if not (is_int(D) and D > 0 and D % 2 == 0):
         raise ValueError(f'D must be even (pairs of sin, cos) and positive for sinusoidal embeddings; got D={D!r}')
-    if not (isinstance(base, (int, float)) and not isinstance(base, bool) and math.isfinite(base) and base > 1):
+    if not (is_real(base) and math.isfinite(base) and base > 1):
         raise ValueError(f'base must be a finite number > 1 (the paper: 10000); got {base!r}')
     if layout not in ('interleave', 'concat'): raise ValueError(f"layout must be 'interleave' or 'concat'; got {layout!r}")
 

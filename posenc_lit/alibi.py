@@ -17,7 +17,7 @@ def alibi_slopes(n_heads: int,  # h ≥ 1
                  device=None,
                 ) -> torch.Tensor:  # m `(h,)`, float32: head k's penalty per token of distance, in logit units
     "ALiBi's fixed head slopes (Press et al. 2022, §3; head counts that are not powers of two as in the authors' code); `ValueError` for `n_heads` < 1."
-    if not isinstance(n_heads, int) or isinstance(n_heads, bool) or n_heads < 1:
+    if not is_int(n_heads) or n_heads < 1:
         raise ValueError(f'n_heads must be an integer ≥ 1; got {n_heads!r}')
     P = 1 << (n_heads.bit_length() - 1)                                   # the largest power of two ≤ h
     exps = [8 * k / P for k in range(1, P + 1)]                            # 2^(-8k/P), k = 1 … P

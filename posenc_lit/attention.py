@@ -97,9 +97,9 @@ def attend(q: torch.Tensor, # queries `(b, h, i, d)`, float
     "Attention with position score terms: `softmax(scale·q·kᵀ + Σ terms, masked)·v`; rows with no allowed key give 0."
     _check_attend_inputs(q, k, v, score_terms, mask)
     if not (isinstance(fast, bool) or fast == 'compiled'): raise ValueError(f"fast must be True, False or 'compiled'; got {fast!r}")
-    if not (isinstance(dropout_p, (int, float)) and not isinstance(dropout_p, bool) and 0 <= dropout_p <= 1):
+    if not (is_real(dropout_p) and 0 <= dropout_p <= 1):
         raise ValueError(f'dropout_p is a probability in [0, 1]; got {dropout_p!r}')
-    if scale is not None and not (isinstance(scale, (int, float)) and not isinstance(scale, bool) and math.isfinite(scale)):
+    if scale is not None and not (is_real(scale) and math.isfinite(scale)):
         raise ValueError(f'scale must be a finite number (the content scale s; None: 1/sqrt(d)); got {scale!r}')
     valid = None
     if mask is not None:

@@ -224,7 +224,7 @@ def _recompile_limit(n):
 # %% ../nbs/24_bench.ipynb #1634bc8a
 def _check_sizes(lengths, b, h, d, batch_at):
     for name, v in (('b', b), ('h', h), ('d', d), *((f'L={L}', L) for L in lengths)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1: raise ValueError(f'{name} must be an integer ≥ 1; got {v!r}')
+        if not is_int(v) or v < 1: raise ValueError(f'{name} must be an integer ≥ 1; got {v!r}')
     try: ram = os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE')
     except (ValueError, OSError, AttributeError): return
     for L in lengths:

@@ -12,10 +12,10 @@ import torch
 import matplotlib.pyplot as plt
 
 # %% auto #0
-__all__ = ['CONVENTIONS', 'KINDS', 'ENCODING_MODULES', 'HOOK_PLACES', 'rel_pos', 'PositionRangeError', 'is_int_tensor',
-           'check_positions', 'to_convention', 'test_close_rel', 'EncodingSpec', 'register_encoding', 'list_encodings',
-           'get_encoding', 'encoding_facts', 'doc_url', 'encodings_table', 'atomic_write', 'plot_curves',
-           'plot_heatmaps']
+__all__ = ['CONVENTIONS', 'KINDS', 'ENCODING_MODULES', 'HOOK_PLACES', 'rel_pos', 'PositionRangeError', 'is_int', 'is_real',
+           'is_int_tensor', 'check_positions', 'to_convention', 'test_close_rel', 'EncodingSpec', 'register_encoding',
+           'list_encodings', 'get_encoding', 'encoding_facts', 'doc_url', 'encodings_table', 'atomic_write',
+           'plot_curves', 'plot_heatmaps']
 
 # %% ../nbs/00_core.ipynb #2283af21
 def rel_pos(q_pos: torch.Tensor, # query positions, integer, `(i,)` or `(b, i)`
@@ -34,6 +34,14 @@ def rel_pos(q_pos: torch.Tensor, # query positions, integer, `(i,)` or `(b, i)`
 # %% ../nbs/00_core.ipynb #801254e8
 class PositionRangeError(ValueError):
     "A position or relative distance lies outside what an encoding's table covers; the message says the limit and what to change."
+
+def is_int(v) -> bool:
+    "Whether `v` is a Python integer (a size, a count, a length); `True` and `False` are not."
+    return isinstance(v, int) and not isinstance(v, bool)
+
+def is_real(v) -> bool:
+    "Whether `v` is a Python int or float (a rate, a scale); `True` and `False` are not. Infinities and NaN are: check `math.isfinite` where they are wrong."
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 def is_int_tensor(t) -> bool:
     "Whether `t` is a tensor of integers (ids, positions, offsets): not floating point, complex or bool."

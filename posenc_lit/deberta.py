@@ -28,7 +28,7 @@ def build_relative_position(q_pos: torch.Tensor, # query positions, integer, `(i
 
 # %% ../nbs/06_deberta.ipynb #6551d47f
 def _check_span(k):
-    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+    if not is_int(k) or k < 1:
         raise ValueError(f'the maximum relative distance k must be an integer ≥ 1 (the table holds 2k rows); got {k!r}')
 
 def deberta_delta(rel: torch.Tensor, # DeBERTa relative positions i - j (maybe bucketed), integer, any shape
@@ -44,7 +44,7 @@ def deberta_delta(rel: torch.Tensor, # DeBERTa relative positions i - j (maybe b
 # %% ../nbs/06_deberta.ipynb #a289c269
 def _check_buckets(bucket_size, max_position):
     for name, v in (('position_buckets', bucket_size), ('max_position (the span k)', max_position)):
-        if not isinstance(v, int) or isinstance(v, bool): raise ValueError(f'{name} must be an integer; got {v!r}')
+        if not is_int(v): raise ValueError(f'{name} must be an integer; got {v!r}')
     if bucket_size < 2: raise ValueError(f'position_buckets must be ≥ 2 (or 0 for no buckets); got {bucket_size}')
     if bucket_size > max_position:
         raise ValueError(f'position_buckets={bucket_size} is larger than the span k={max_position}: buckets shrink a table of '
@@ -86,14 +86,14 @@ def _check_deberta(d_model, n_heads, n_layers, k, position_buckets, flags, pos_d
     if d_model < 1 or n_heads < 1 or n_layers < 1 or d_model % n_heads:
         raise ValueError(f'need n_layers ≥ 1 and d_model a positive multiple of n_heads; got {d_model}, {n_heads}, {n_layers}')
     _check_span(k)
-    if not isinstance(position_buckets, int) or isinstance(position_buckets, bool) or position_buckets < 0:
+    if not is_int(position_buckets) or position_buckets < 0:
         raise ValueError(f'position_buckets must be an integer ≥ 0 (0: no buckets); got {position_buckets!r}')
     if position_buckets: _check_buckets(position_buckets, k)
     for name, flag in flags.items():
         if not isinstance(flag, bool): raise ValueError(f'{name} must be true or false; got {flag!r}')
     for name, v, ok in (('pos_dropout', pos_dropout, lambda v: 0 <= v < 1), ('layer_norm_eps', layer_norm_eps, lambda v: 0 < v < math.inf),
                         ('init_std', init_std, lambda v: 0 <= v < math.inf)):
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not ok(v): raise ValueError(f'{name} out of range; got {v!r}')
+        if not is_real(v) or not ok(v): raise ValueError(f'{name} out of range; got {v!r}')
 
 # %% ../nbs/06_deberta.ipynb #4ab3ada6
 class DebertaRelative(PositionEncoding):

@@ -113,7 +113,7 @@ class EncoderForTask(nn.Module):
     def __init__(self, encoder: Encoder, kind: str, n_labels: int = 2, dropout: float = 0.1):
         super().__init__()
         if kind not in TASK_KINDS: raise ValueError(f'kind must be one of {TASK_KINDS}; got {kind!r}')
-        if kind == 'classification' and not (isinstance(n_labels, int) and not isinstance(n_labels, bool) and n_labels >= 2):
+        if kind == 'classification' and not (is_int(n_labels) and n_labels >= 2):
             raise ValueError(f'n_labels must be an integer ≥ 2 for classification; got {n_labels!r}')
         self.encoder, self.kind, self.n_labels = encoder, kind, n_labels
         D = encoder.cfg.d_model
@@ -287,7 +287,7 @@ def trained_length(checkpoint) -> int:
     f = p.parent / 'config.json'
     try: n = json.loads(f.read_text())['seq_len']
     except (OSError, ValueError, KeyError, TypeError): n = None
-    if not isinstance(n, int) or isinstance(n, bool) or n < 2:
+    if not is_int(n) or n < 2:
         raise CheckpointError(f'{f} does not give the pretraining seq_len of {p}: pass trained_len (--trained-len) explicitly')
     return n
 
@@ -346,7 +346,7 @@ def score_at_lengths(model: EncoderForTask, ds, spec: TaskSpec, tok: Tokenizer,
                      batch_size: int = 64, max_answer_len: int = 30,
                     ) -> list[dict]:          # per length: {'max_len', metrics…, 'truncated'}, or {'max_len', 'error'}
     "The task's metrics on split `ds` with every example cut to each of `lengths` tokens (downstream length generalization)."
-    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 4 for n in lengths): raise ValueError(f'lengths must be integers ≥ 4; got {lengths!r}')
+    if not all(is_int(n) and n >= 4 for n in lengths): raise ValueError(f'lengths must be integers ≥ 4; got {lengths!r}')
     out = []
     for n in dict.fromkeys(lengths):
         try:
@@ -416,7 +416,7 @@ def make_finetune_config(preset: str = 'quick', **overrides) -> FinetuneConfig:
     if cfg.mixed_precision not in ('no', 'bf16', 'fp16'): raise ValueError(f"mixed_precision must be 'no', 'bf16' or 'fp16'; got {cfg.mixed_precision!r}")
     if not 0 <= cfg.seed < 2**32: raise ValueError(f'seed must be in [0, 2**32); got {cfg.seed}')
     if cfg.extend_positions not in ('',) + EXTEND_METHODS: raise ValueError(f"extend_positions must be '' (off) or one of {EXTEND_METHODS}; got {cfg.extend_positions!r}")
-    if not isinstance(cfg.trained_len, int) or isinstance(cfg.trained_len, bool) or cfg.trained_len < 0:
+    if not is_int(cfg.trained_len) or cfg.trained_len < 0:
         raise ValueError(f'trained_len must be an integer ≥ 0 (0: read it from the run); got {cfg.trained_len!r}')
     if not isinstance(cfg.add_relative, str) or not isinstance(cfg.add_relative_kwargs, dict):
         raise ValueError(f'add_relative must be an encoding name (str) and add_relative_kwargs a dict; got {cfg.add_relative!r}, {cfg.add_relative_kwargs!r}')
@@ -425,7 +425,7 @@ def make_finetune_config(preset: str = 'quick', **overrides) -> FinetuneConfig:
     for opt, needs in (('add_relative_lr', 'add_relative'), ('add_relative_kwargs', 'add_relative'), ('trained_len', 'extend_positions')):
         if getattr(cfg, opt) and not getattr(cfg, needs):
             raise ValueError(f"{opt} (--{opt.replace('_', '-')}) only applies with {needs} (--{needs.replace('_', '-')}); set both or neither")
-    if not isinstance(cfg.eval_lengths, (list, tuple)) or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 4 for n in cfg.eval_lengths) \
+    if not isinstance(cfg.eval_lengths, (list, tuple)) or not all(is_int(n) and n >= 4 for n in cfg.eval_lengths) \
             or len(set(cfg.eval_lengths)) != len(cfg.eval_lengths):
         raise ValueError(f'eval_lengths (--eval-lengths) must be distinct integers ≥ 4 (tokens, special tokens included); got {cfg.eval_lengths!r}')
     cfg.eval_lengths = sorted(cfg.eval_lengths)

@@ -66,7 +66,7 @@ def _check_hf_fields(hf: dict):  # the numbers we read: required ones present, e
     for k, t in {**dict.fromkeys(_HF_INTS, int), **_HF_OPTIONAL}.items():
         v = hf.get(k)
         if k in _HF_OPTIONAL and (k not in hf or v is None and k in _HF_NULLABLE): continue
-        ok = type(v) is int if t is int else isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        ok = type(v) is int if t is int else is_real(v) and math.isfinite(v)
         if not ok: raise CheckpointError(f'{k} must be {"an integer" if t is int else "a finite number"}; got {v!r}')
 
 def _common_config(hf: dict) -> dict:

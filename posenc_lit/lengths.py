@@ -25,7 +25,7 @@ def length_eval_blocks(stream: torch.Tensor,     # token ids of the evaluation t
     if not isinstance(stream, torch.Tensor) or stream.ndim != 1 or len(stream) == 0 or stream.dtype.is_floating_point:
         raise ValueError(f'stream must be a non-empty 1-d integer tensor of token ids; got '
                          f'{f"{stream.dtype} of shape {tuple(stream.shape)}" if isinstance(stream, torch.Tensor) else type(stream).__name__}')
-    if isinstance(lengths, int) or not all(isinstance(n, int) and not isinstance(n, bool) for n in lengths):
+    if isinstance(lengths, int) or not all(is_int(n) for n in lengths):
         raise ValueError(f'lengths must be a list of integers, e.g. [128, 256]; got {lengths!r}')
     lengths = list(dict.fromkeys(lengths))                                   # each length once, in the order given
     bad = [n for n in lengths if n < 3 or n - 2 > len(stream)]

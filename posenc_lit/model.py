@@ -30,7 +30,7 @@ def check_field_types(cfg):
         v, t = getattr(cfg, f.name), str(f.type)
         if t not in _KINDS: continue
         ok = {'int': type(v) is int, 'bool': isinstance(v, bool), 'str': isinstance(v, str), 'dict': isinstance(v, dict),
-              'float': isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}[t]
+              'float': is_real(v) and math.isfinite(v)}[t]
         if not ok: raise ValueError(f'{f.name} must be {_KINDS[t]}; got {v!r}')
 
 # %% ../nbs/10_model.ipynb #948948d1
@@ -145,23 +145,22 @@ class EncoderLayer(nn.Module):
         return x, probs
 
 # %% ../nbs/10_model.ipynb #19328af6
-_is_int = is_int_tensor   # `posenc_lit.core`
 def _desc(t): return f'{t.dtype} tensor of shape {tuple(t.shape)}' if isinstance(t, torch.Tensor) else type(t).__name__
 
 def _check_inputs(input_ids, attention_mask, position_ids, token_type_ids=None):
     "Check the model's inputs; returns `(input_ids, position_ids, token_type_ids)` as int64, whatever integer dtype was given."
-    if not _is_int(input_ids) or input_ids.ndim != 2:
+    if not is_int_tensor(input_ids) or input_ids.ndim != 2:
         raise ValueError(f'input_ids must be an integer tensor of shape (b, n); got {_desc(input_ids)}')
     b, n = input_ids.shape
     m = attention_mask
-    if m is not None and (not (_is_int(m) or isinstance(m, torch.Tensor) and m.dtype == torch.bool) or m.shape != (b, n)):
+    if m is not None and (not (is_int_tensor(m) or isinstance(m, torch.Tensor) and m.dtype == torch.bool) or m.shape != (b, n)):
         raise ValueError(f'attention_mask must be a bool or 0/1 integer tensor of shape (b, n) = {(b, n)} (True/1 = real token); got {_desc(m)}')
     if m is not None and m.dtype != torch.bool and m.device.type != 'meta' and not ((m == 0) | (m == 1)).all():
         raise ValueError(f'attention_mask must hold only 0 (padding) and 1 (real token); got values {sorted(set(m.unique().tolist()))[:6]} '
                          '(an additive mask of 0 / -inf is not accepted: pass 1 / 0)')
-    if token_type_ids is not None and (not _is_int(token_type_ids) or token_type_ids.shape != (b, n)):
+    if token_type_ids is not None and (not is_int_tensor(token_type_ids) or token_type_ids.shape != (b, n)):
         raise ValueError(f'token_type_ids must be an integer tensor of shape (b, n) = {(b, n)}; got {_desc(token_type_ids)}')
-    if position_ids is not None and (not _is_int(position_ids) or position_ids.shape not in ((b, n), (1, n), (n,))):
+    if position_ids is not None and (not is_int_tensor(position_ids) or position_ids.shape not in ((b, n), (1, n), (n,))):
         raise ValueError(f'position_ids must be an integer tensor of shape (b, n), (1, n) or (n,) with n={n}; got {_desc(position_ids)}')
     for name, t in (('attention_mask', m), ('position_ids', position_ids), ('token_type_ids', token_type_ids)):
         if t is not None and t.device != input_ids.device:
@@ -213,7 +212,7 @@ def forward(self: Encoder,
     if input_ids.device != dev: raise ValueError(f'input_ids are on device {input_ids.device} but the model is on {dev}: move one to the other')
     _check_ids(input_ids, self.cfg.vocab_size, 'input_ids', 'vocab_size')
     if token_type_ids is not None and self.cfg.type_vocab_size: _check_ids(token_type_ids, self.cfg.type_vocab_size, 'token_type_ids', 'type_vocab_size')
-    if n_layers is not None and (not isinstance(n_layers, int) or isinstance(n_layers, bool) or not 0 <= n_layers <= len(self.layers)):
+    if n_layers is not None and (not is_int(n_layers) or not 0 <= n_layers <= len(self.layers)):
         raise ValueError(f'n_layers must be an integer in 0..{len(self.layers)} (the layers to run); got {n_layers!r}')
     pos = self.positions(input_ids, position_ids)
     mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]   # (b, 1, 1, j)
@@ -275,7 +274,7 @@ def forward(self: EncoderForMLM,
         out['hidden_states'] = self.emd(self.encoder.layers[-1], out['hidden_states'], out['pos'], out['mask'], self.encoder.pe, out['ctx'])
     h = out['hidden_states']
     if labels is None: return {**out, 'logits': self.logits(h), 'loss': None}
-    if not _is_int(labels) or labels.shape != input_ids.shape:
+    if not is_int_tensor(labels) or labels.shape != input_ids.shape:
         raise ValueError(f'labels must be an integer tensor with the shape of input_ids {tuple(input_ids.shape)}; got {_desc(labels)}')
     bad = (labels != -100) & ((labels < 0) | (labels >= self.cfg.vocab_size))
     if bad.any(): raise ValueError(f'labels must be token ids in [0, vocab_size={self.cfg.vocab_size}) or -100 (no loss); got {int(labels[bad][0])}')
@@ -287,7 +286,7 @@ def forward(self: EncoderForMLM,
 # %% ../nbs/10_model.ipynb #e5dd7c51
 def padding_invariance_error(model: nn.Module, ids: torch.Tensor, n_pad: int = 3, pad_id: int = 0) -> float:
     "Largest change of the real tokens' hidden states when `n_pad` padding tokens are appended and masked; run in eval mode (no dropout), on `ids`' device."
-    if not (isinstance(n_pad, int) and not isinstance(n_pad, bool) and n_pad >= 1): raise ValueError(f'n_pad must be an integer ≥ 1; got {n_pad!r}')
+    if not (is_int(n_pad) and n_pad >= 1): raise ValueError(f'n_pad must be an integer ≥ 1; got {n_pad!r}')
     b, n = ids.shape
     padded = torch.cat([ids, torch.full((b, n_pad), pad_id, dtype=ids.dtype, device=ids.device)], 1)
     mask = torch.cat([torch.ones(b, n, dtype=torch.bool, device=ids.device), torch.zeros(b, n_pad, dtype=torch.bool, device=ids.device)], 1)

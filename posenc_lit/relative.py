@@ -21,7 +21,7 @@ def rel_index(q_pos: torch.Tensor, # query positions, integer, `(i,)` or `(b, i)
               clip: bool = True,   # clip longer distances to ±k (the paper); False: refuse them
              ) -> torch.Tensor:    # table rows `clip(j - i, k) + k`, int64, `(i, j)` or `(b, i, j)`
     "Row of each query/key pair in a table of relative vectors $w_{-k} … w_k$ (Shaw et al. 2018, §3.2)."
-    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+    if not is_int(k) or k < 1:
         raise ValueError(f'the clipping distance k must be an integer ≥ 1 (the table holds 2k+1 distances); got {k!r}')
     rel = rel_pos(q_pos, k_pos)                                  # (…, i, j)  j - i
     if not clip and rel.numel() and int(rel.abs().max()) > k:
@@ -92,7 +92,7 @@ class RelativeVectors(PositionEncoding):
         for name, flag in (('clip', clip), ('query_term', query_term), ('key_term', key_term), ('values', values), ('share_layers', share_layers)):
             if not isinstance(flag, bool): raise ValueError(f'{name} must be true or false; got {flag!r}')
         if not (query_term or key_term or values): raise ValueError('enable at least one of query_term, key_term, values')
-        if not isinstance(init_std, (int, float)) or isinstance(init_std, bool) or not 0 <= init_std < math.inf:
+        if not is_real(init_std) or not 0 <= init_std < math.inf:
             raise ValueError(f'init_std must be a finite number ≥ 0; got {init_std!r}')
         self.k, self.clip, self.query_term, self.key_term, self.share_layers = k, clip, query_term, key_term, share_layers
         self.n_layers = n_layers

@@ -15,8 +15,7 @@ __all__ = ['PAIRINGS', 'SCALINGS', 'rope_inv_freq', 'rope_cos_sin', 'apply_rope'
            'RoPE']
 
 # %% ../nbs/07_rope.ipynb #f9a3ac40
-def _is_int(v): return isinstance(v, int) and not isinstance(v, bool)
-def _is_num(v): return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+def _is_num(v): return is_real(v) and math.isfinite(v)
 
 def _check_base(base):
     if not _is_num(base) or base <= 1: raise ValueError(f'base must be a finite number > 1 (RoFormer: 10000); got {base!r}')
@@ -36,7 +35,7 @@ def _check_rotary_dim(rotary_dim, d_head=None):
         if d_head % 2: raise ValueError(f'the head dimension d={d_head} is odd and RoPE rotates pairs of dimensions: set '
                                         f'rotary_dim to an even number ≤ {d_head} (e.g. {d_head - 1}), or use an even head dimension')
         rotary_dim = d_head
-    if not _is_int(rotary_dim) or rotary_dim < 2:
+    if not is_int(rotary_dim) or rotary_dim < 2:
         raise ValueError(f'rotary_dim must be an even integer ≥ 2 (the number of dimensions RoPE rotates); got {rotary_dim!r}')
     if rotary_dim % 2:
         ok = [r for r in (rotary_dim - 1, rotary_dim + 1) if r >= 2 and (d_head is None or r <= d_head)]
@@ -168,7 +167,7 @@ class RoPE(PositionEncoding):
                  scaling: str = 'none',            # 'none', 'linear' (position interpolation) or 'ntk', see `SCALINGS`
                  factor: float = 1.0):             # s = L'/L ≥ 1 for the scaling
         super().__init__()
-        if not _is_int(d_head) or d_head < 1: raise ValueError(f'd_head must be an integer ≥ 1; got {d_head!r}')
+        if not is_int(d_head) or d_head < 1: raise ValueError(f'd_head must be an integer ≥ 1; got {d_head!r}')
         self.d_head, self.rotary_dim = d_head, _check_rotary_dim(rotary_dim, d_head)
         _check_base(base); _check_pairing(pairing); _check_scaling(scaling, factor, self.rotary_dim)
         self.base, self.pairing, self.scaling, self.factor = base, pairing, scaling, factor

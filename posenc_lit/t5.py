@@ -16,12 +16,12 @@ __all__ = ['t5_bucket', 'T5RelativeBias']
 # %% ../nbs/04_t5.ipynb #c72c57e1
 def _check_buckets(bidirectional, num_buckets, max_distance):
     if not isinstance(bidirectional, bool): raise ValueError(f'bidirectional must be true or false; got {bidirectional!r}')
-    if not isinstance(num_buckets, int) or isinstance(num_buckets, bool) or num_buckets < (4 if bidirectional else 2):
+    if not is_int(num_buckets) or num_buckets < (4 if bidirectional else 2):
         raise ValueError(f'num_buckets must be an integer ≥ {4 if bidirectional else 2}; got {num_buckets!r}')
     if bidirectional and num_buckets % 2:
         raise ValueError(f'bidirectional buckets are split in two halves (before/after the query), so num_buckets must be '
                          f'even; got {num_buckets} (use {num_buckets + 1} or {num_buckets - 1})')
-    if not isinstance(max_distance, (int, float)) or isinstance(max_distance, bool) or not max_distance < math.inf:
+    if not is_real(max_distance) or not max_distance < math.inf:
         raise ValueError(f'max_distance must be a finite number of tokens; got {max_distance!r}')
     max_exact = (num_buckets // 2 if bidirectional else num_buckets) // 2
     if not max_distance > max_exact:
@@ -60,9 +60,9 @@ class T5RelativeBias(PositionEncoding):
                  init_std: float = 0.02):
         super().__init__()
         _check_buckets(bidirectional, num_buckets, max_distance)
-        if not isinstance(n_heads, int) or isinstance(n_heads, bool) or n_heads < 1: raise ValueError(f'n_heads must be an integer ≥ 1; got {n_heads!r}')
+        if not is_int(n_heads) or n_heads < 1: raise ValueError(f'n_heads must be an integer ≥ 1; got {n_heads!r}')
         if not isinstance(scale_content, bool): raise ValueError(f'scale_content must be true or false; got {scale_content!r}')
-        if not isinstance(init_std, (int, float)) or isinstance(init_std, bool) or not 0 <= init_std < math.inf:
+        if not is_real(init_std) or not 0 <= init_std < math.inf:
             raise ValueError(f'init_std must be a finite number ≥ 0; got {init_std!r}')
         self.num_buckets, self.max_distance, self.bidirectional, self.scale_content = num_buckets, max_distance, bidirectional, scale_content
         self.weight = nn.Parameter(torch.randn(num_buckets, n_heads) * init_std)    # (num_buckets, h)

@@ -243,7 +243,6 @@ def _check_trainer_state(st: Path, state: dict, cfg: TrainConfig) -> dict:
     "`state` if every field has the type and range `cfg` implies; else `CheckpointError` naming `st` and the field."
     def bad(k, allowed): raise CheckpointError(f'{st}: {k} must be {allowed}; got {state[k]!r}: the checkpoint is damaged; '
                                                '--overwrite (instead of --resume) starts the run again')
-    def is_int(v): return isinstance(v, int) and not isinstance(v, bool)
     if not is_int(state['step']) or not 0 <= state['step'] <= cfg.steps: bad('step', f'an integer in [0, steps={cfg.steps}]')
     if not is_int(state['micro_step']) or state['micro_step'] != state['step'] * cfg.grad_accum:
         bad('micro_step', f"step × grad_accum = {state['step']} × {cfg.grad_accum} = {state['step'] * cfg.grad_accum}")
@@ -252,7 +251,7 @@ def _check_trainer_state(st: Path, state: dict, cfg: TrainConfig) -> dict:
     if 'run_n' in state and (not is_int(state['run_n']) or state['run_n'] != n):
         bad('run_n', f"the steps since the last record, step % log_every = {n}")
     v = state.get('run_loss', 0.0)
-    if 'run_loss' in state and (not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0):
+    if 'run_loss' in state and (not is_real(v) or not math.isfinite(v) or v < 0):
         bad('run_loss', 'a finite number ≥ 0 (a sum of cross-entropies)')
     return state
 

@@ -29,7 +29,7 @@ class TUPE(PositionEncoding):
                  init_std: float = 0.02):     # std of p (and of U^Q, U^K outside a model: EncoderForMLM initialises all Linear layers with initializer_range)
         super().__init__()
         if not isinstance(n_heads, int) or n_heads < 1: raise ValueError(f'n_heads must be an integer ≥ 1; got {n_heads!r}')
-        if not isinstance(init_std, (int, float)) or isinstance(init_std, bool) or not 0 <= init_std < math.inf:
+        if not is_real(init_std) or not 0 <= init_std < math.inf:
             raise ValueError(f'init_std must be a finite number ≥ 0; got {init_std!r}')
         for name, flag in (('relative', relative), ('untie_cls', untie_cls), ('reset_relative', reset_relative), ('pos_ln', pos_ln)):
             if not isinstance(flag, bool): raise ValueError(f'{name} must be true or false; got {flag!r}')

@@ -47,11 +47,10 @@ def grid_positions(grid: tuple,                # (gh, gw): patches per column an
 # %% ../nbs/09_vit.ipynb #869f6fe8
 INTERPOLATIONS = ('bicubic', 'bilinear')
 
-def _is_int(v): return isinstance(v, int) and not isinstance(v, bool)
 def _desc(t): return f'{t.dtype} tensor of shape {tuple(t.shape)}' if isinstance(t, torch.Tensor) else f'{type(t).__name__} {t!r:.40}'
 
 def _check_grid(grid, name):
-    if not (isinstance(grid, (tuple, list)) and len(grid) == 2 and all(_is_int(g) and g > 0 for g in grid)):
+    if not (isinstance(grid, (tuple, list)) and len(grid) == 2 and all(is_int(g) and g > 0 for g in grid)):
         raise ValueError(f'{name} must be a (rows, cols) pair of positive integers (patches per column, per row); got {grid!r}')
     return tuple(grid)
 
@@ -70,7 +69,7 @@ def interpolate_pos_embed(pos_embed: torch.Tensor, # `(n, D)` or `(1, n, D)` flo
     old_grid, new_grid = _check_grid(old_grid, 'old_grid'), _check_grid(new_grid, 'new_grid')
     _check_mode(mode)
     if not isinstance(antialias, bool): raise ValueError(f'antialias must be True or False; got {antialias!r}')
-    if not _is_int(num_prefix_tokens) or num_prefix_tokens < 0: raise ValueError(f'num_prefix_tokens must be an integer ≥ 0; got {num_prefix_tokens!r}')
+    if not is_int(num_prefix_tokens) or num_prefix_tokens < 0: raise ValueError(f'num_prefix_tokens must be an integer ≥ 0; got {num_prefix_tokens!r}')
     t = pos_embed
     if not isinstance(t, torch.Tensor) or not t.dtype.is_floating_point or t.ndim not in (2, 3) or (t.ndim == 3 and t.shape[0] != 1):
         raise ValueError(f'pos_embed must be a float tensor of shape (n, D) or (1, n, D); got {_desc(t)}')
@@ -112,7 +111,7 @@ class LearnedPosEmbed(VisionEncoding):
     kind = 'absolute'
     def __init__(self, d_model: int, grid: tuple, num_prefix_tokens: int = 1, init_std: float = 0.02):
         super().__init__(num_prefix_tokens)
-        if not isinstance(init_std, (int, float)) or isinstance(init_std, bool) or not init_std >= 0:
+        if not is_real(init_std) or not init_std >= 0:
             raise ValueError(f'init_std (a standard deviation) must be a number ≥ 0; got {init_std!r}')
         self.init_std, self.table_grid = init_std, _check_grid(grid, 'grid')
         self.weight = nn.Parameter(torch.randn(1, num_prefix_tokens + grid[0] * grid[1], d_model) * init_std)  # (1, n, D)
@@ -226,7 +225,7 @@ class RoPE2d(VisionEncoding):
     kind = 'qk'
     def __init__(self, d_head: int, num_prefix_tokens: int = 1, base: float = 100.0, pairing: str = 'half'):
         super().__init__(num_prefix_tokens)
-        if not _is_int(d_head) or d_head < 4 or d_head % 4:
+        if not is_int(d_head) or d_head < 4 or d_head % 4:
             raise ValueError(f'rope2d rotates pairs of dimensions in a column half and a row half: the head dimension '
                              f'd_model/n_heads must be a multiple of 4; got {d_head}')
         if pairing not in PAIRINGS: raise ValueError(f'pairing must be one of {list(PAIRINGS)}; got {pairing!r}')
@@ -243,8 +242,8 @@ class RelBias2d(VisionEncoding):
     kind = 'score'
     def __init__(self, n_heads: int, max_distance: int, num_prefix_tokens: int = 1):
         super().__init__(num_prefix_tokens)
-        if not _is_int(n_heads) or n_heads < 1: raise ValueError(f'n_heads must be an integer ≥ 1; got {n_heads!r}')
-        if not _is_int(max_distance) or max_distance < 0: raise ValueError(f'max_distance must be an integer ≥ 0; got {max_distance!r}')
+        if not is_int(n_heads) or n_heads < 1: raise ValueError(f'n_heads must be an integer ≥ 1; got {n_heads!r}')
+        if not is_int(max_distance) or max_distance < 0: raise ValueError(f'max_distance must be an integer ≥ 0; got {max_distance!r}')
         self.k = max_distance
         self.table = nn.Parameter(torch.zeros(n_heads, 2 * max_distance + 1, 2 * max_distance + 1))   # (h, 2k+1, 2k+1)
         self.prefix_bias = nn.Parameter(torch.zeros(3, n_heads)) if num_prefix_tokens else None   # [CLS]→patch, patch→[CLS], [CLS]→[CLS]
@@ -322,7 +321,7 @@ class HybridStem(nn.Module):
     "A small ResNet whose feature map is the token grid (ViT §3.1, hybrid; patch size 1): `(b, C, H, W) -> (b, D, H/s, W/s)`."
     def __init__(self, in_chans: int, d_model: int, stride: int = 4, width: int = 32):
         super().__init__()
-        if not _is_int(stride) or stride < 1 or stride & (stride - 1): raise ValueError(f'the hybrid stem halves the image: its stride must be 1, 2, 4, 8, …; got {stride!r}')
+        if not is_int(stride) or stride < 1 or stride & (stride - 1): raise ValueError(f'the hybrid stem halves the image: its stride must be 1, 2, 4, 8, …; got {stride!r}')
         n_half = stride.bit_length() - 1
         self.root = nn.Sequential(nn.Conv2d(in_chans, width, 3, 2 if n_half else 1, 1, bias=False), _gn(width), nn.ReLU())
         self.blocks = nn.Sequential(*[ResBlock(width, width, 2) for _ in range(n_half - 1)], ResBlock(width, width))
@@ -365,12 +364,12 @@ def _multiples(n, p): return ' or '.join(str(m) for m in (n // p * p, n // p * p
 def _check_vit_config(self):
     "`ValueError` naming the first bad field of `ViTConfig` `self` and the valid values; an int `image_size` is made square."
     s = self.image_size
-    if _is_int(s): s = (s, s)
-    if not (isinstance(s, (tuple, list)) and len(s) == 2 and all(_is_int(v) and v > 0 for v in s)):
+    if is_int(s): s = (s, s)
+    if not (isinstance(s, (tuple, list)) and len(s) == 2 and all(is_int(v) and v > 0 for v in s)):
         raise ValueError(f'image_size must be a positive integer or an (H, W) pair of them; got {self.image_size!r}')
     self.image_size = tuple(s)
     for f in ('patch_size', 'in_chans', 'n_classes', 'd_model', 'n_layers', 'n_heads', 'd_ff', 'stem_width'):
-        if not _is_int(getattr(self, f)) or getattr(self, f) < 1: raise ValueError(f'{f} must be a positive integer; got {getattr(self, f)!r}')
+        if not is_int(getattr(self, f)) or getattr(self, f) < 1: raise ValueError(f'{f} must be a positive integer; got {getattr(self, f)!r}')
     check_field_types(self)
     if not 0 <= self.dropout < 1: raise ValueError(f'dropout must be in [0, 1); got {self.dropout}')
     if self.d_model % self.n_heads: raise ValueError(f'd_model={self.d_model} must be divisible by n_heads={self.n_heads}')
