@@ -4,7 +4,7 @@
 
 # %% ../nbs/00_core.ipynb #2ce20e9d
 from __future__ import annotations
-import importlib, math, os, re, tempfile
+import contextlib, importlib, math, os, re, tempfile
 from pathlib import Path
 from dataclasses import dataclass
 from typing import Callable
@@ -13,9 +13,9 @@ import matplotlib.pyplot as plt
 
 # %% auto #0
 __all__ = ['CONVENTIONS', 'KINDS', 'ENCODING_MODULES', 'HOOK_PLACES', 'rel_pos', 'PositionRangeError', 'is_int', 'is_real',
-           'is_int_tensor', 'check_positions', 'to_convention', 'test_close_rel', 'EncodingSpec', 'register_encoding',
-           'list_encodings', 'get_encoding', 'encoding_facts', 'doc_url', 'encodings_table', 'atomic_write',
-           'plot_curves', 'plot_heatmaps']
+           'is_int_tensor', 'memory_check', 'check_positions', 'to_convention', 'test_close_rel', 'EncodingSpec',
+           'register_encoding', 'list_encodings', 'get_encoding', 'encoding_facts', 'doc_url', 'encodings_table',
+           'atomic_write', 'plot_curves', 'plot_heatmaps']
 
 # %% ../nbs/00_core.ipynb #2283af21
 def rel_pos(q_pos: torch.Tensor, # query positions, integer, `(i,)` or `(b, i)`
@@ -46,6 +46,19 @@ def is_real(v) -> bool:
 def is_int_tensor(t) -> bool:
     "Whether `t` is a tensor of integers (ids, positions, offsets): not floating point, complex or bool."
     return isinstance(t, torch.Tensor) and not (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool)
+
+@contextlib.contextmanager
+def memory_check(what: str,           # what the block allocates, for the message, e.g. 'the model (d_model=128)'
+                 remedy: str,         # what to change, e.g. 'use a smaller d_model'
+                 device: str = 'cpu'):
+    """Turn a failed allocation in the block (torch's `RuntimeError` that names memory, or `MemoryError`) into a
+    `ValueError`: `what` does not fit in `device` memory, how much one allocation asked for, and `remedy`. Other errors pass."""
+    try: yield
+    except (RuntimeError, MemoryError) as e:
+        if not isinstance(e, MemoryError) and 'memory' not in str(e).lower(): raise
+        asked = re.search(r'allocate (\d+) bytes', str(e))   # CPU; CUDA's message says 'Tried to allocate 1.5 GiB'
+        asked = f'{int(asked[1]) / 2**30:,.1f} GiB asked at once' if asked else str(e).splitlines()[0][:160]
+        raise ValueError(f'{what} does not fit in {device} memory ({asked}): {remedy}') from None
 
 def check_positions(pos: torch.Tensor, # integer positions, any shape
                     max_len: int,      # rows of the absolute table: valid positions are 0 … max_len-1

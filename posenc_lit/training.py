@@ -200,6 +200,11 @@ def _check_replaceable(out: Path, files: tuple, kind: str, is_kind) -> None:
             raise RunDirError(f'{f} is not a {kind} configuration (another kind of run, or damaged): refusing to delete {out} '
                               'with --overwrite; choose another --out')
 
+def _run_kind(c: dict) -> str:
+    "What a run directory's config.json describes, for messages: 'a pretraining run', 'a ViT training run', 'a fine-tuning run' or 'another kind of run'."
+    return ('a ViT training run' if 'patch_size' in c else 'a fine-tuning run' if 'task' in c else
+            'a pretraining run' if 'seq_len' in c else 'another kind of run')
+
 def _check_resumable(out: Path, files: tuple, kind: str) -> None:
     "`RunDirError` if the non-empty folder `out` has no config.json and holds names a `kind` run does not write (not in `files`): no run to resume."
     if not (out / 'config.json').exists() and (other := sorted(p.name for p in out.iterdir() if p.name not in files)):
@@ -212,7 +217,7 @@ def _prepare_run_dir(out: Path, cfg: TrainConfig, resume: bool, overwrite: bool 
     if out.exists() and not out.is_dir(): raise RunDirError(f'{out} is a file, not a run directory; choose another --out')
     if out.exists() and any(out.iterdir()):
         if overwrite:
-            _check_replaceable(out, _RUN_FILES, 'pretraining', lambda c: 'seq_len' in c and 'patch_size' not in c and 'task' not in c)
+            _check_replaceable(out, _RUN_FILES, 'pretraining', lambda c: _run_kind(c) == 'a pretraining run')
             return None
         if not resume: raise RunDirError(f'run directory {out} exists and is not empty: pass --resume to continue it, '
                                          '--overwrite to replace it, or choose another --out')
@@ -223,6 +228,9 @@ def _prepare_run_dir(out: Path, cfg: TrainConfig, resume: bool, overwrite: bool 
             except json.JSONDecodeError as e: raise RunDirError(f'{f} is not valid JSON ({e}); the run directory is damaged') from None
             if not isinstance(old, dict):
                 raise RunDirError(f'{f} must hold a JSON object (the TrainConfig); got {type(old).__name__}: the run directory is damaged')
+            if (kind := _run_kind(old)) != 'a pretraining run':
+                raise RunDirError(f'{out} holds {kind}, not a pretraining run (its config.json): pretrain --resume continues a pretraining '
+                                  'run only; choose another --out')
             old = {**json.loads(json.dumps(asdict(TrainConfig()))), **old}   # options added since the run was saved: their defaults
             if old != json.loads(json.dumps(asdict(cfg))):
                 new = json.loads(json.dumps(asdict(cfg)))
@@ -312,14 +320,9 @@ def _probe_step(model, cfg: TrainConfig, train: torch.Tensor, vocab_size: int, d
     "One forward and backward on `batch_size` training blocks; RNG, weights and gradients unchanged. `ValueError` if out of memory."
     inputs, labels = mask_tokens(train[:cfg.batch_size], torch.Generator().manual_seed(0), vocab_size, cfg.mlm_probability)
     try:
-        with torch.random.fork_rng(devices=[dev] if dev.type == 'cuda' else []):
+        with memory_check(f'one training step of batch_size={cfg.batch_size} blocks of seq_len={cfg.seq_len} tokens',
+                          'use a smaller seq_len or batch_size', dev.type), torch.random.fork_rng(devices=[dev] if dev.type == 'cuda' else []):
             model.train()(inputs.to(dev), labels=labels.to(dev))['loss'].backward()
-    except (RuntimeError, MemoryError) as e:
-        if 'memory' not in str(e).lower() and not isinstance(e, MemoryError): raise
-        asked = re.search(r'allocate (\d+) bytes', str(e))   # CPU; CUDA's message says 'Tried to allocate 1.5 GiB'
-        asked = f'{int(asked[1]) / 2**30:.1f} GiB asked at once' if asked else str(e).splitlines()[0][:160]
-        raise ValueError(f'one training step of batch_size={cfg.batch_size} blocks of seq_len={cfg.seq_len} tokens does not fit in '
-                         f'{dev.type} memory ({asked}): use a smaller seq_len or batch_size') from None
     finally: model.zero_grad(set_to_none=True)
 
 # %% ../nbs/12_training.ipynb #e7fea1c4
@@ -348,7 +351,9 @@ def pretrain(cfg: TrainConfig,          # what to train (see `PRESETS`, `make_tr
     tok, train, ev_in, ev_lab, uni = _setup(cfg, accelerator.num_processes)
     set_seed(cfg.seed)
     mcfg = model_config(cfg, tok.get_vocab_size())
-    model = EncoderForMLM(mcfg)
+    with memory_check(f'the model (d_model={cfg.d_model}, d_ff={cfg.d_ff}, n_layers={cfg.n_layers}, max_position_embeddings='
+                      f'{cfg.max_position_embeddings}, vocabulary {mcfg.vocab_size:,})', 'use a smaller d_model, d_ff, n_layers or max_position_embeddings'):
+        model = EncoderForMLM(mcfg)
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
     opt = torch.optim.AdamW([{'params': decay, 'weight_decay': cfg.weight_decay}, {'params': no_decay, 'weight_decay': 0.0}],

@@ -381,7 +381,9 @@ def _check_vit_config(self):
         if v % self.patch_size: raise ValueError(f'image_size {self.image_size}: the {side} {v} is not a multiple of patch_size={self.patch_size}; use {_multiples(v, self.patch_size)}')
     spec = get_vision_encoding(self.pe)
     try:
-        with torch.random.fork_rng(devices=[]): spec.factory(self)
+        with memory_check(f'the position encoding {self.pe!r} of a {self.grid[0]}×{self.grid[1]} patch grid with d_model={self.d_model}',
+                          'use a smaller d_model or image_size, or a larger patch_size'), torch.random.fork_rng(devices=[]):
+            spec.factory(self)
     except TypeError as e: raise ValueError(f'pe_kwargs {self.pe_kwargs} are not accepted by pe={self.pe!r}: {e}') from None
 
 ViTConfig.to_json = _config_to_json

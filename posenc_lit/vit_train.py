@@ -13,7 +13,7 @@ from tqdm import tqdm
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState
 from accelerate.utils import set_seed
-from .core import atomic_write
+from .core import atomic_write, is_int, memory_check
 from .model import CheckpointError, check_field_types, count_parameters
 from .training import (RunDirError, SignalStop, check_creatable_dir, micro_batch, _any_process, _mask_generator,
                                  _read_metrics, _replace_run_dir, _write_json, _check_replaceable, _check_resumable)
@@ -92,6 +92,14 @@ def vit_config(cfg: VitTrainConfig, n_classes: int = 10, image_size=None) -> ViT
 # %% ../nbs/18_vit_train.ipynb #798b4d5b
 MAX_PATCHES = 16384   # the largest patch grid `_check_sizes` lets a run evaluate or fine-tune at (128 × 128)
 
+def _check_patch_count(what: str, size, P: int):
+    "`ValueError` if an image of `size` (h, w) makes more than `MAX_PATCHES` patches of `P`×`P`."
+    h, w = size
+    if (h // P) * (w // P) > MAX_PATCHES:
+        raise ValueError(f'{what} {h}x{w} makes {(h // P) * (w // P):,} patches of {P}x{P}, more than {MAX_PATCHES:,} (a 128×128 grid): '
+                         f'exact attention would score {((h // P) * (w // P)) ** 2:,} pairs per head and image; use a size '
+                         f'up to {128 * P}x{128 * P}, or a larger patch size')
+
 def _check_sizes(cfg: VitTrainConfig):
     "Every evaluation and fine-tuning size a multiple of the patch size; no grid change for a table that may not be interpolated."
     P, grid = cfg.patch_size, tuple(s // cfg.patch_size for s in cfg.image_size)
@@ -101,11 +109,9 @@ def _check_sizes(cfg: VitTrainConfig):
         if h % P or w % P:
             raise ValueError(f'{what} {h}x{w} is not a multiple of the patch size {P} on each side: use sizes such as '
                              f'{grid[0] * P}, {2 * grid[0] * P} or {grid[0] * P}x{2 * grid[1] * P}, or another patch size')
-        if (h // P) * (w // P) > MAX_PATCHES:
-            raise ValueError(f'{what} {h}x{w} makes {(h // P) * (w // P):,} patches of {P}x{P}, more than {MAX_PATCHES:,} (a 128×128 grid): '
-                             f'exact attention would score {((h // P) * (w // P)) ** 2:,} pairs per head and image; use a size '
-                             f'up to {128 * P}x{128 * P}, or a larger patch size')
-    with torch.random.fork_rng(devices=[]): has_table = get_vision_encoding(cfg.pe).factory(vit_config(cfg)).table_grid is not None
+        _check_patch_count(what, (h, w), P)
+    with memory_check(f'the position encoding {cfg.pe!r} (d_model={cfg.d_model})', 'use a smaller d_model'), torch.random.fork_rng(devices=[]):
+        has_table = get_vision_encoding(cfg.pe).factory(vit_config(cfg)).table_grid is not None
     if cfg.finetune_init and len(cfg.finetune_init) > 1 and not has_table:
         raise ValueError(f'pe={cfg.pe!r} has no learned table, so every finetune_init {cfg.finetune_init} gives the same fine-tune: '
                          'leave finetune_init out (one fine-tune)')
@@ -130,6 +136,7 @@ def make_vit_config(preset: str = 'quick', **overrides) -> VitTrainConfig:
     if cfg.finetune_eval_sizes is not None: cfg.finetune_eval_sizes = _sizes(cfg.finetune_eval_sizes, 'finetune_eval_sizes')
     if cfg.finetune_res is not None: cfg.finetune_res = list(parse_size(cfg.finetune_res))
     _check_options(cfg)
+    if is_int(cfg.patch_size) and cfg.patch_size > 0: _check_patch_count('image_size', cfg.image_size, cfg.patch_size)   # before any table is built
     vit_config(cfg)                    # the model's own checks: encoding, heads, image size against the patch size, ...
     _check_sizes(cfg)
     return cfg
@@ -488,7 +495,9 @@ def train_vit(cfg: VitTrainConfig,       # what to train (see `VIT_PRESETS`, `ma
     restore = None
     if state is not None: model, restore = _load_checkpoint(out / 'checkpoint', acc.process_index)
     else:
-        set_seed(cfg.seed); model = ViT(vit_config(cfg, info['n_classes'])); state = {'step': 0, 'results': {}, 'elapsed': 0.0}
+        set_seed(cfg.seed); state = {'step': 0, 'results': {}, 'elapsed': 0.0}
+        with memory_check(f'the ViT (d_model={cfg.d_model}, d_ff={cfg.d_ff}, n_layers={cfg.n_layers})', 'use a smaller d_model, d_ff or n_layers'):
+            model = ViT(vit_config(cfg, info['n_classes']))
     if overwrite and acc.is_main_process and out.exists() and any(out.iterdir()): _replace_run_dir(out)
     acc.wait_for_everyone()
     with SignalStop() as stop: return _train(cfg, out, acc, model, data, info, state, restore, stop_at, progress, stop)

@@ -90,6 +90,25 @@ def test_step_that_does_not_fit_in_memory_writes_nothing(tmp_path, capsys):
     assert not out.exists()
 
 
+def test_model_that_does_not_fit_in_memory_writes_nothing(tmp_path, capsys):
+    "A d_model of 10^10 asks for hundreds of TiB for the embeddings alone: a clear error, exit 2, no run directory."
+    out = tmp_path / 'run'
+    assert main([*PRETRAIN, '--d-model', '10000000000', '--quiet', '--out', str(out)]) == 2
+    err = capsys.readouterr().err
+    assert 'the model (d_model=10000000000,' in err and 'does not fit in cpu memory' in err and 'Traceback' not in err, err
+    assert not out.exists()
+
+
+def test_resume_names_the_kind_of_run_the_folder_holds(tmp_path, capsys):
+    import json
+    for kind, cfg in (('a ViT training run', {'pe': 'learned', 'patch_size': 4}), ('a fine-tuning run', {'pe': 'learned', 'task': 'sentiment'})):
+        d = tmp_path / kind.split()[1]; d.mkdir(); (d / 'config.json').write_text(json.dumps(cfg))
+        assert main([*PRETRAIN, '--resume', '--quiet', '--out', str(d)]) == 2
+        err = capsys.readouterr().err
+        assert f'holds {kind}, not a pretraining run' in err, err
+        assert sorted(p.name for p in d.iterdir()) == ['config.json'] and json.loads((d / 'config.json').read_text()) == cfg
+
+
 def test_eval_blocks_beyond_the_validation_set_are_capped_with_a_notice(tmp_path, capsys):
     assert main([*PRETRAIN, '--eval-blocks', '100000000', '--stop-at', '1', '--quiet', '--out', str(tmp_path / 'run')]) == 0
     assert 'note: eval_blocks=100000000 is more than the' in capsys.readouterr().err

@@ -142,6 +142,8 @@ def test_help_lists_the_vision_encodings(capsys):
 BAD = {   # id: (arguments after `posenc_lit vit --pe learned --preset smoke`, text the error must contain, usage line printed)
     'patch': (['--image-size', '30'], 'the height 30 is not a multiple of patch_size=4; use 28 or 32', True),
     'patch-size': (['--patch-size', '5'], 'not a multiple of patch_size=5; use 25 or 30', True),
+    'image-too-large': (['--image-size', '1024'], 'image_size 1024x1024 makes 65,536 patches of 4x4, more than 16,384', True),
+    'table-too-large': (['--d-model', '10000000000', '--n-heads', '2'], "the position encoding 'learned' of a 7×7 patch grid with d_model=10000000000 does not fit in cpu memory", True),
     'eval-size': (['--eval-sizes', '28,42'], 'eval size 42x42 is not a multiple of the patch size 4', True),
     'eval-size-syntax': (['--eval-sizes', '28,x'], "image size 'x' is not N or HxW", True),
     'eval-list': (['--eval-sizes', '28,,56'], 'must be a comma-separated list such as 28,56,28x56', True),
