@@ -179,6 +179,7 @@ def _add_finetune(sub):
 def cmd_finetune(args) -> int:
     "Run `finetune_seeds` with the preset and overrides from `args`; prints the test metrics (mean ± std) and the baselines."
     from posenc_lit.finetune import make_finetune_config, finetune_seeds, format_summary
+    from posenc_lit.training import check_creatable_dir
     over = {f[2:].replace('-', '_'): getattr(args, f[2:].replace('-', '_')) for f, _, _ in _FINETUNE_FLAGS}
     try:
         cfg = make_finetune_config(args.preset, task=args.task, checkpoint=args.checkpoint, max_len=args.max_len,
@@ -187,6 +188,8 @@ def cmd_finetune(args) -> int:
         for s in args.seeds: make_finetune_config(args.preset, **{**vars(cfg), 'seed': s})
         if len(set(args.seeds)) != len(args.seeds): raise ValueError(f'--seeds must be distinct; got {args.seeds}')
     except ValueError as e: raise UsageError(str(e)) from None
+    try: check_creatable_dir(args.out)
+    except ValueError as e: raise UsageError(f'argument --out: {e}') from None
     summary = finetune_seeds(cfg, args.out, args.seeds, overwrite=args.overwrite, progress=not args.quiet, baselines=not args.no_baselines)
     print(format_summary(summary)); print(f'summary: {args.out}/summary.json')
     return 0

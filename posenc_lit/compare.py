@@ -58,9 +58,10 @@ def _unknown(what: str, bad: list, valid) -> ValueError:
     return ValueError(f'unknown {what} {", ".join(map(repr, bad))}; valid: {", ".join(valid)}')
 
 def _pick(asked, default, valid, what: str) -> list:
-    "`asked` (or `default`), each once, checked against `valid`."
-    names = list(dict.fromkeys(default if asked is None else asked))
+    "`asked` (or `default`), checked against `valid`; `ValueError` for a name given twice."
+    names = list(default if asked is None else asked)
     if not names: raise ValueError(f'no {what} selected')
+    if twice := sorted({n for n in names if names.count(n) > 1}): raise ValueError(f'{what} {", ".join(map(repr, twice))} named more than once')
     bad = [n for n in names if n not in valid]
     if bad: raise _unknown(what, bad, valid)
     return names
