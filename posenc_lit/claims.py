@@ -102,6 +102,7 @@ def _tupe_cls(root):
                        for task, (un, ti) in d.items()))
     clear = [task for task, (g, sd) in gaps.items() if g > sd]
     if not clear: return text + ': no gain beyond the seed spread', 'does not hold'
+    if within := [task for task in gaps if task not in clear]: text += f' ({" and ".join(within)} within the seed spread)'
     return text, 'holds' if all(g > 0 for g, _ in gaps.values()) else 'in part'
 
 # %% ../nbs/25_claims.ipynb #e38ed1d0
