@@ -280,8 +280,9 @@ def _add_compare(sub):
                    'small ViTs (under 10 minutes on 2 idle cores); reference: the reference presets, three tasks × three seeds, '
                    'lengths to 1024, every vision encoding (many hours; resumes) (default: quick)')
     p.add_argument('--out', type=_path, required=True, help='output folder (the same folder resumes the study)')
-    p.add_argument('--encodings', nargs='+', default=None, help='language encodings (default: every one, see `posenc_lit encodings`), and ablations named '
-                   'in posenc_lit.compare.ABLATIONS (tupe-a-tiecls, deberta-noemd, deberta-noc2p, deberta-nop2c), run only when named')
+    p.add_argument('--encodings', nargs='+', default=None, help='language encodings (default: every registered one, see `posenc_lit encodings`; the list '
+                   'replaces the default), and the ablations of posenc_lit.compare.ABLATIONS, run only when named: tupe-a-tiecls (TUPE-A '
+                   'with [CLS] tied to the positions), deberta-noemd, deberta-noc2p, deberta-nop2c (DeBERTa without its EMD, c2p or p2c)')
     p.add_argument('--tasks', nargs='+', default=None, help="fine-tuning tasks (default: the preset's; see `posenc_lit tasks`)")
     p.add_argument('--seeds', type=int, nargs='+', default=None, help="fine-tuning seeds (default: the preset's)")
     p.add_argument('--vit-encodings', nargs='+', default=None, help="vision encodings of the ViT grid (default: the preset's)")

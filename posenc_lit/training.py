@@ -4,7 +4,7 @@
 
 # %% ../nbs/12_training.ipynb #6a49539c
 from __future__ import annotations
-import functools, json, math, os, re, shutil, signal, sys, tempfile, threading, time
+import functools, json, math, os, shutil, signal, sys, tempfile, threading, time
 from dataclasses import dataclass, field, asdict, fields
 from pathlib import Path
 import torch
