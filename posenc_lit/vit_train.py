@@ -110,7 +110,7 @@ def _check_sizes(cfg: VitTrainConfig):
             raise ValueError(f'{what} {h}x{w} is not a multiple of the patch size {P} on each side: use sizes such as '
                              f'{grid[0] * P}, {2 * grid[0] * P} or {grid[0] * P}x{2 * grid[1] * P}, or another patch size')
         _check_patch_count(what, (h, w), P)
-    with memory_check(f'the position encoding {cfg.pe!r} (d_model={cfg.d_model})', 'use a smaller d_model'), torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]):   # vit_config checks first that the encoding fits in memory (`memory_check`)
         has_table = get_vision_encoding(cfg.pe).factory(vit_config(cfg)).table_grid is not None
     if cfg.finetune_init and len(cfg.finetune_init) > 1 and not has_table:
         raise ValueError(f'pe={cfg.pe!r} has no learned table, so every finetune_init {cfg.finetune_init} gives the same fine-tune: '
