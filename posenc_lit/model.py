@@ -18,8 +18,9 @@ from .absolute import four_terms
 
 # %% auto #0
 __all__ = ['check_field_types', 'ModelConfig', 'Embeddings', 'EncoderLayer', 'build_encoding', 'Encoder', 'EnhancedMaskDecoder',
-           'EncoderForMLM', 'padding_invariance_error', 'CheckpointError', 'check_weight_dtypes', 'save_model',
-           'load_config', 'load_weights', 'load_model', 'four_term_scores', 'count_parameters']
+           'EncoderForMLM', 'padding_invariance_error', 'CheckpointError', 'check_weight_dtypes', 'check_state_dict',
+           'read_weights', 'save_model', 'load_config', 'load_weights', 'load_model', 'four_term_scores',
+           'count_parameters']
 
 # %% ../nbs/10_model.ipynb #14ec465d
 _KINDS = {'int': 'an integer', 'float': 'a finite number', 'bool': 'True or False', 'str': 'a string', 'dict': 'a dict'}
@@ -34,6 +35,11 @@ def check_field_types(cfg):
         if not ok: raise ValueError(f'{f.name} must be {_KINDS[t]}; got {v!r}')
 
 # %% ../nbs/10_model.ipynb #948948d1
+def _encoding_memory_check(cfg, pe: str, kwargs: dict):   # building an encoding's tables: a clear error if they do not fit
+    return memory_check(f'the position encoding {pe!r} (max_position_embeddings={cfg.max_position_embeddings}, d_model={cfg.d_model}'
+                        f'{", " + str(kwargs) if kwargs else ""})',
+                        'use a smaller max_position_embeddings, d_model or table size (e.g. pe_kwargs k)')
+
 @dataclass
 class ModelConfig:
     "Configuration of `Encoder` / `EncoderForMLM`; `pe` names a registered position encoding."
@@ -74,7 +80,8 @@ class ModelConfig:
             raise ValueError(f'emd_steps must be an integer ≥ 0 (0: no Enhanced Mask Decoder; DeBERTa uses 2); got {self.emd_steps!r}')
         spec = get_encoding(self.pe)  # unknown names fail here, listing the valid ones
         try:                          # so do options the encoding does not accept (built once, RNG left untouched)
-            with torch.random.fork_rng(devices=[]): spec.factory(self)
+            with _encoding_memory_check(self, self.pe, self.pe_kwargs), torch.random.fork_rng(devices=[]):
+                spec.factory(self)
         except TypeError as e:
             taken = re.search(r"multiple values for argument '(\w+)'", str(e))   # an argument the model passes itself
             if taken: raise ValueError(f'pe_kwargs cannot set {taken[1]!r}: pe={self.pe!r} takes it from the model (d_model={self.d_model}, '
@@ -83,11 +90,13 @@ class ModelConfig:
         if self.add_relative:
             if not isinstance(self.add_relative_kwargs, dict): raise ValueError(f'add_relative_kwargs must be a dict; got {self.add_relative_kwargs!r}')
             added = replace(self, pe=self.add_relative, pe_kwargs=self.add_relative_kwargs, add_relative='', add_relative_kwargs={})  # validates it
-            with torch.random.fork_rng(devices=[]): enc = get_encoding(self.add_relative).factory(added)
+            with _encoding_memory_check(self, self.add_relative, self.add_relative_kwargs), torch.random.fork_rng(devices=[]):
+                enc = get_encoding(self.add_relative).factory(added)
             if not enc.relative_only or enc.kind == 'none':
                 raise ValueError(f'add_relative={self.add_relative!r} must name a relative encoding (kind score or qk, no absolute table); '
                                  f'got kind {enc.kind!r}. Relative ones: ' + ', '.join(n for n, e in list_encodings().items() if e.kind in ('score', 'qk')))
-            with torch.random.fork_rng(devices=[]): CombinedEncoding(spec.factory(self), enc).content_scale(self.d_model // self.n_heads)
+            with _encoding_memory_check(self, self.pe, self.pe_kwargs), torch.random.fork_rng(devices=[]):
+                CombinedEncoding(spec.factory(self), enc).content_scale(self.d_model // self.n_heads)
         elif self.add_relative_kwargs: raise ValueError(f'add_relative_kwargs {self.add_relative_kwargs} given without add_relative')
 
 # %% ../nbs/10_model.ipynb #c1632869
@@ -198,6 +207,11 @@ class Encoder(nn.Module):
 from fastcore.basics import patch
 
 # %% ../nbs/10_model.ipynb #465adb03
+def _forward_memory_check(input_ids):   # a forward pass too large for memory: a clear error (an outer check, e.g. a training step's, speaks first)
+    shape = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else ()   # malformed inputs are named later
+    device = input_ids.device.type if isinstance(input_ids, torch.Tensor) else 'cpu'
+    return memory_check(f'a forward pass over a (b, n) = {shape} batch of token ids', 'use shorter sequences or fewer of them per batch', device)
+
 @patch
 def forward(self: Encoder,
             input_ids: torch.Tensor,                    # token ids `(b, n)`, integer
@@ -206,7 +220,8 @@ def forward(self: Encoder,
             token_type_ids: torch.Tensor | None = None, # `(b, n)` segment ids, if `type_vocab_size > 0`
             output_attentions: bool = False,            # also return each layer's probabilities (manual path)
             n_layers: int | None = None):               # run only the first `n_layers` layers (the Enhanced Mask Decoder)
-    "Encode `input_ids`; `ValueError` for malformed inputs or positions outside a learned table. Also returns `pos`, `mask`, `ctx`."
+    """Encode `input_ids`; `ValueError` for malformed inputs, `PositionRangeError` for positions outside a learned table or
+    of size ≥ 2**62, `MemoryLimitError` if the pass does not fit in memory. Also returns `pos`, `mask`, `ctx`."""
     input_ids, position_ids, token_type_ids = _check_inputs(input_ids, attention_mask, position_ids, token_type_ids)
     dev = self.embeddings.word.weight.device
     if input_ids.device != dev: raise ValueError(f'input_ids are on device {input_ids.device} but the model is on {dev}: move one to the other')
@@ -214,14 +229,17 @@ def forward(self: Encoder,
     if token_type_ids is not None and self.cfg.type_vocab_size: _check_ids(token_type_ids, self.cfg.type_vocab_size, 'token_type_ids', 'type_vocab_size')
     if n_layers is not None and (not is_int(n_layers) or not 0 <= n_layers <= len(self.layers)):
         raise ValueError(f'n_layers must be an integer in 0..{len(self.layers)} (the layers to run); got {n_layers!r}')
-    pos = self.positions(input_ids, position_ids)
-    mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]   # (b, 1, 1, j)
-    ctx = self.pe.prepare(pos, pos)                      # once per forward, shared by all layers
-    x = self.embeddings(input_ids, pos, self.pe, token_type_ids)                          # (b, n, D)
-    attentions = [] if output_attentions else None
-    for layer in self.layers[:n_layers]:
-        x, probs = layer(x, mask, self.pe, ctx, return_probs=output_attentions)
-        if output_attentions: attentions.append(probs)
+    if position_ids is not None:
+        check_position_limit(position_ids)              # |p| < 2**62: the distances j - i of every encoding fit in int64
+    with _forward_memory_check(input_ids):
+        pos = self.positions(input_ids, position_ids)
+        mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]   # (b, 1, 1, j)
+        ctx = self.pe.prepare(pos, pos)                      # once per forward, shared by all layers
+        x = self.embeddings(input_ids, pos, self.pe, token_type_ids)                          # (b, n, D)
+        attentions = [] if output_attentions else None
+        for layer in self.layers[:n_layers]:
+            x, probs = layer(x, mask, self.pe, ctx, return_probs=output_attentions)
+            if output_attentions: attentions.append(probs)
     return {'hidden_states': x, 'attentions': attentions, 'pos': pos, 'mask': mask, 'ctx': ctx}
 
 # %% ../nbs/10_model.ipynb #ef84e02f
@@ -268,19 +286,21 @@ def forward(self: EncoderForMLM,
             **kw):                                    # `attention_mask`, `position_ids`, … as for `Encoder`
     "Dict with `hidden_states`, `attentions`, `logits` (`(b, n, V)`, or `(m, V)` at the m masked positions when `labels` are given) and `loss`."
     if self.emd is not None and 'n_layers' in kw: raise ValueError('n_layers cannot be set: the Enhanced Mask Decoder runs the last layer')
-    if self.emd is None: out = self.encoder(input_ids, **kw)
-    else:                                          # the encoder without its last layer, then the decoder
-        out = self.encoder(input_ids, n_layers=self.cfg.n_layers - 1, **kw)
-        out['hidden_states'] = self.emd(self.encoder.layers[-1], out['hidden_states'], out['pos'], out['mask'], self.encoder.pe, out['ctx'])
+    with _forward_memory_check(input_ids):
+        if self.emd is None: out = self.encoder(input_ids, **kw)
+        else:                                          # the encoder without its last layer, then the decoder
+            out = self.encoder(input_ids, n_layers=self.cfg.n_layers - 1, **kw)
+            out['hidden_states'] = self.emd(self.encoder.layers[-1], out['hidden_states'], out['pos'], out['mask'], self.encoder.pe, out['ctx'])
     h = out['hidden_states']
     if labels is None: return {**out, 'logits': self.logits(h), 'loss': None}
     if not is_int_tensor(labels) or labels.shape != input_ids.shape:
         raise ValueError(f'labels must be an integer tensor with the shape of input_ids {tuple(input_ids.shape)}; got {_desc(labels)}')
     bad = (labels != -100) & ((labels < 0) | (labels >= self.cfg.vocab_size))
     if bad.any(): raise ValueError(f'labels must be token ids in [0, vocab_size={self.cfg.vocab_size}) or -100 (no loss); got {int(labels[bad][0])}')
-    sel = labels != -100                                                          # (b, n)
-    logits = self.logits(h[sel])                                                  # (m, V)
-    loss = F.cross_entropy(logits.float(), labels[sel]) if sel.any() else logits.sum() * 0.0
+    with _forward_memory_check(input_ids):
+        sel = labels != -100                                                          # (b, n)
+        logits = self.logits(h[sel])                                                  # (m, V)
+        loss = F.cross_entropy(logits.float(), labels[sel]) if sel.any() else logits.sum() * 0.0
     return {**out, 'logits': logits, 'loss': loss}
 
 # %% ../nbs/10_model.ipynb #e5dd7c51
@@ -310,6 +330,36 @@ def check_weight_dtypes(sd: dict, ref: dict, f) -> None:
         if k in ref and kind(v) != kind(ref[k]):
             raise CheckpointError(f'{f}: {k} must be a {kind(ref[k])} tensor (loading would cast it silently); got {v.dtype}')
 
+def check_state_dict(sd: dict,   # name -> tensor, as read from file `f`
+                     ref: dict,  # what the model expects: its `state_dict()`
+                     f) -> None:  # the file, for the message
+    """`CheckpointError` naming file `f` and what differs from `ref`: missing or unexpected names, a tensor's kind
+    (`check_weight_dtypes`), shape, or a non-finite (NaN, ±inf) weight. Every command that reads weights runs these checks."""
+    missing, unexpected = sorted(set(ref) - set(sd)), sorted(set(sd) - set(ref))
+    if missing or unexpected:
+        raise CheckpointError(f'{f} does not match its config: missing {missing}, unexpected {unexpected}')
+    check_weight_dtypes(sd, ref, f)
+    for k, v in sd.items():
+        if v.shape != ref[k].shape:
+            raise CheckpointError(f'{f} does not match its config: {k} has shape {tuple(v.shape)}, the model {tuple(ref[k].shape)}')
+        if v.dtype.is_floating_point and not torch.isfinite(v).all():
+            raise CheckpointError(f'{f}: {k} holds {int((~torch.isfinite(v)).sum())} non-finite values (NaN or ±inf): '
+                                  'the weights are damaged, or the run that saved them diverged; use an earlier checkpoint or train again')
+
+def read_weights(f,              # a `model.safetensors` file
+                 ref: dict,      # the `state_dict()` of the model the weights are for
+                ) -> dict:       # name -> tensor, checked by `check_state_dict`
+    "The tensors of safetensors file `f`, checked against `ref`; `CheckpointError` if `f` is missing, corrupt or does not match."
+    f = Path(f)
+    if not f.is_file():
+        raise CheckpointError(f'no {f.name} in {f.parent}')
+    try:
+        sd = load_file(f)
+    except Exception as e:
+        raise CheckpointError(f'corrupt weights file {f} ({type(e).__name__}: {e}); re-save or re-train') from None
+    check_state_dict(sd, ref, f)
+    return sd
+
 def save_model(model: EncoderForMLM, path) -> Path:
     "Write `config.json` and `model.safetensors` into folder `path` (each file written atomically)."
     path = Path(path)
@@ -328,17 +378,12 @@ def load_config(path, config_cls=None, kind: str = 'model') -> ModelConfig:
     except (json.JSONDecodeError, TypeError, ValueError) as e: raise CheckpointError(f'invalid {f}: {e}{hint}') from None
 
 def load_weights(path, model_cls, config_cls, kind: str = 'model'):
-    "`model_cls(config)` from folder `path` with its `model.safetensors` loaded strictly; `CheckpointError` naming the file that is missing, corrupt or does not match."
+    "`model_cls(config)` from folder `path` with its `model.safetensors` read by `read_weights`; `CheckpointError` naming what is wrong."
     cfg, f = load_config(path, config_cls, kind), Path(path) / 'model.safetensors'
-    if not f.is_file(): raise CheckpointError(f'no model.safetensors in {path}')
-    try: sd = load_file(f)
-    except Exception as e: raise CheckpointError(f'corrupt weights file {f} ({type(e).__name__}: {e}); re-save or re-train') from None
+    if not f.is_file():
+        raise CheckpointError(f'no model.safetensors in {path}')
     model = model_cls(cfg)
-    missing, unexpected = sorted(set(model.state_dict()) - set(sd)), sorted(set(sd) - set(model.state_dict()))
-    if missing or unexpected: raise CheckpointError(f'{f} does not match its config: missing {missing}, unexpected {unexpected}')
-    check_weight_dtypes(sd, model.state_dict(), f)
-    try: model.load_state_dict(sd)
-    except RuntimeError as e: raise CheckpointError(f'{f} does not match its config: {e}') from None
+    model.load_state_dict(read_weights(f, model.state_dict()))
     return model
 
 def load_model(path) -> EncoderForMLM:
