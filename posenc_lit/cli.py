@@ -114,15 +114,17 @@ def _add_lengths(sub):
     p.set_defaults(func=cmd_lengths, parser=p)
 
 def cmd_lengths(args) -> int:
-    "Run `evaluate_run` on `args.run`; prints one line per length."
-    from posenc_lit.lengths import evaluate_run
+    "Run `evaluate_run` on `args.run`; prints one line per length, then writes `lengths.json` (a failed write is an error after the lines)."
+    from posenc_lit.lengths import evaluate_run, write_length_results
     if args.max_tokens < 1: raise ValueError(f'--max-tokens must be ≥ 1; got {args.max_tokens}')
-    res = evaluate_run(args.run, args.lengths, args.max_tokens)
+    res = evaluate_run(args.run, args.lengths, args.max_tokens, write=False)
     kw = f" {json.dumps(res['pe_kwargs'])}" if res['pe_kwargs'] else ''
     print(f"{res['pe']}{kw} (trained on {res['train_seq_len']}-token blocks), {res['eval_tokens']} validation tokens:")
     if not res['finished']: print(f"  note: the run has not finished; this evaluates its checkpoint at step {res['checkpoint_step']}")
     for r in res['results']:
         print(f"  n={r['length']:>5}: " + (f"loss {r['loss']:.4f}  accuracy {r['accuracy']:.4f}" if 'loss' in r else f"cannot run: {r['error']}"))
+    sys.stdout.flush()                                   # the results are shown even if the write below fails
+    write_length_results(args.run, res)
     return 0
 
 # %% ../nbs/13_cli.ipynb #6b8e76f9

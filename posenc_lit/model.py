@@ -189,6 +189,11 @@ def build_encoding(cfg: ModelConfig) -> PositionEncoding:
     return CombinedEncoding(base, get_encoding(cfg.add_relative).factory(added))
 
 # %% ../nbs/10_model.ipynb #a378717b
+def _check_loaded_weights(module, state_dict, prefix, *args):   # a `load_state_dict` pre-hook of the models
+    "Run `check_state_dict` on the weights `load_state_dict` is given for `module`, whoever calls it (e.g. accelerate's `load_state`)."
+    ref = module.state_dict(prefix=prefix)
+    check_state_dict({k: v for k, v in state_dict.items() if k in ref}, ref, 'the weights being loaded', strict=False)
+
 class Encoder(nn.Module):
     "BERT-style encoder; `forward` returns `{'hidden_states': (b, n, D), 'attentions': [(b, h, n, n)] or None}`."
     def __init__(self, cfg: ModelConfig):
@@ -197,6 +202,7 @@ class Encoder(nn.Module):
         self.pe = build_encoding(cfg)
         self.embeddings = Embeddings(cfg)
         self.layers = nn.ModuleList(EncoderLayer(cfg, l) for l in range(cfg.n_layers))
+        self.register_load_state_dict_pre_hook(_check_loaded_weights)   # every load checked, by any caller
 
     def positions(self, input_ids, position_ids=None):
         n = input_ids.shape[1]
@@ -267,6 +273,7 @@ class EncoderForMLM(nn.Module):
         self.decoder_bias = nn.Parameter(torch.zeros(cfg.vocab_size))
         self.emd = EnhancedMaskDecoder(cfg) if cfg.emd_steps else None
         self.apply(self._init_weights)
+        self.register_load_state_dict_pre_hook(_check_loaded_weights)
 
     def _init_weights(self, m):
         if isinstance(m, (nn.Linear, nn.Embedding)):
@@ -332,14 +339,17 @@ def check_weight_dtypes(sd: dict, ref: dict, f) -> None:
 
 def check_state_dict(sd: dict,   # name -> tensor, as read from file `f`
                      ref: dict,  # what the model expects: its `state_dict()`
-                     f) -> None:  # the file, for the message
-    """`CheckpointError` naming file `f` and what differs from `ref`: missing or unexpected names, a tensor's kind
-    (`check_weight_dtypes`), shape, or a non-finite (NaN, ±inf) weight. Every command that reads weights runs these checks."""
+                     f,          # the file, for the message
+                     strict: bool = True) -> None:  # False: a partial load (only the names `sd` and `ref` share are checked)
+    """`CheckpointError` naming file `f` and what differs from `ref`: missing or unexpected names (if `strict`), a
+    tensor's kind (`check_weight_dtypes`), shape, or a non-finite (NaN, ±inf) weight. Every reader of weights runs these."""
     missing, unexpected = sorted(set(ref) - set(sd)), sorted(set(sd) - set(ref))
-    if missing or unexpected:
+    if strict and (missing or unexpected):
         raise CheckpointError(f'{f} does not match its config: missing {missing}, unexpected {unexpected}')
     check_weight_dtypes(sd, ref, f)
     for k, v in sd.items():
+        if k not in ref:
+            continue
         if v.shape != ref[k].shape:
             raise CheckpointError(f'{f} does not match its config: {k} has shape {tuple(v.shape)}, the model {tuple(ref[k].shape)}')
         if v.dtype.is_floating_point and not torch.isfinite(v).all():
@@ -367,6 +377,7 @@ def save_model(model: EncoderForMLM, path) -> Path:
     sd = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
     atomic_write(path / 'model.safetensors', lambda t: save_file(sd, t))
     return path
+
 
 # %% ../nbs/10_model.ipynb #92460fe3
 def load_config(path, config_cls=None, kind: str = 'model') -> ModelConfig:
