@@ -100,7 +100,7 @@ def _report_run(summary: dict) -> int:
         return 128 + int(sig) if sig is not None else 1
     if 'stopped_at_step' in summary:
         print(f"stopped at step {summary['stopped_at_step']} of {summary['steps']}; continue with --resume")
-    else: print(json.dumps(summary, indent=2))
+    else: print(json.dumps(json_safe(summary), indent=2, allow_nan=False))   # standard JSON: a NaN prints as null
     return 0
 
 # %% ../nbs/13_cli.ipynb #66be90b8

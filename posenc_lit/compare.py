@@ -9,7 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 import torch
 import matplotlib.pyplot as plt
-from .core import atomic_write, list_encodings
+from .core import atomic_write, list_encodings, write_json, json_safe
 from .model import CheckpointError
 from .training import make_train_config, pretrain
 from .tasks import get_task, load_task, majority_baseline, bow_baseline
@@ -151,7 +151,7 @@ def environment() -> dict:
 
 # %% ../nbs/19_compare.ipynb #584964f5
 def _read(f: Path) -> dict: return json.loads(Path(f).read_text())
-def _write_json(f: Path, obj): atomic_write(f, lambda t: Path(t).write_text(json.dumps(obj, indent=2)))
+def _write_json(f: Path, obj): write_json(f, obj, indent=2)   # standard JSON: a NaN is written as null
 
 def _pretrain_stage(cfg, run: Path, bars: bool) -> dict:
     if (run / 'summary.json').is_file(): return _read(run / 'summary.json')
@@ -282,7 +282,7 @@ def _finetune_stages(plan, pe, d: Path, pre: dict, out, res, run, bars):
                             lambda s: f", test {s['main_metric']} {s['test'][s['main_metric']]:.4f}"))
             res['records'].append(_finetune_record(runs[-1], pre))
         f, summary = out / 'finetune' / pe / t / 'summary.json', _task_summary(t, pe, runs)
-        if not f.is_file() or _read(f) != json.loads(json.dumps(summary)): _write_json(f, summary)   # unchanged: left as it is
+        if not f.is_file() or _read(f) != json.loads(json.dumps(json_safe(summary))): _write_json(f, summary)   # unchanged: left as it is
 
 def _vit_stages(plan, out, res, run, bars) -> bool:
     "Train each ViT of the grid; False if a signal stopped one."
