@@ -13,8 +13,8 @@ from fastcore.basics import patch
 from .core import *
 
 # %% auto #0
-__all__ = ['causal_mask', 'scores', 'attend_manual', 'attend_fast', 'attend_compiled', 'attend', 'Context', 'LayerRef',
-           'PositionEncoding', 'is_tracing', 'default_positions', 'MultiHeadAttention', 'as_layer', 'layer_index',
+__all__ = ['causal_mask', 'scores', 'attend_manual', 'is_tracing', 'attend_fast', 'attend_compiled', 'attend', 'Context',
+           'LayerRef', 'PositionEncoding', 'default_positions', 'MultiHeadAttention', 'as_layer', 'layer_index',
            'position_attention', 'position_scores', 'KVCache', 'CombinedContext', 'CombinedEncoding']
 
 # %% ../nbs/01_attention.ipynb #43e4fd21
@@ -82,6 +82,11 @@ def attend_manual(q, k, v, score_terms=(), mask=None, scale=None, dropout_p=0.0,
     for f in value_terms: out = out + f(p)                     # (b, h, i, d_v)
     return out, probs
 
+# %% ../nbs/01_attention.ipynb #ef003be1
+def is_tracing() -> bool:
+    "True under `torch.jit.trace`, `torch.export` and `torch.compile`: no Python numbers may be read from tensor values."
+    return torch.jit.is_tracing() or torch.compiler.is_compiling()
+
 # %% ../nbs/01_attention.ipynb #3f47990b
 def _attend_math(q, k, v, score_terms, mask, scale, dropout_p):  # the manual path, output only (no probabilities kept)
     return attend_manual(q, k, v, score_terms, mask, scale, dropout_p)[0]
@@ -89,7 +94,7 @@ def _attend_math(q, k, v, score_terms, mask, scale, dropout_p):  # the manual pa
 def attend_fast(q, k, v, score_terms=(), mask=None, scale=None, dropout_p=0.0):
     "Fast path of `attend` through `F.scaled_dot_product_attention` (on CPU, `_attend_math` when a term needs a gradient); returns `out (b, h, i, d_v)`."
     if q.device.type == 'cpu' and (torch.is_grad_enabled() and any(t.requires_grad for t in score_terms)
-                                   or mask is None and not score_terms and bool(q.isnan().any())):   # NaN: see above
+                                   or mask is None and not score_terms and not is_tracing() and bool(q.isnan().any())):  # NaN: above
         return _attend_math(q, k, v, score_terms, mask, scale, dropout_p)
     bias = None
     for t in score_terms: bias = t if bias is None else bias + t          # (b|1, h|1, i, j)
@@ -174,11 +179,6 @@ class PositionEncoding(nn.Module):
     def score_terms(self, q, k, ctx: Context, layer=None) -> list: return []
     def value_terms(self, ctx: Context, layer=None) -> list: return []
     def content_scale(self, d: int) -> float: return d ** -0.5
-
-# %% ../nbs/01_attention.ipynb #ef003be1
-def is_tracing() -> bool:
-    "True under `torch.jit.trace`, `torch.export` and `torch.compile`: no Python numbers may be read from tensor values."
-    return torch.jit.is_tracing() or torch.compiler.is_compiling()
 
 # %% ../nbs/01_attention.ipynb #75e1e1d5
 @patch(as_prop=True)

@@ -22,7 +22,7 @@ def _check_base(base):
     if not _is_num(base) or base <= 1: raise ValueError(f'base must be a finite number > 1 (RoFormer: 10000); got {base!r}')
 
 def _check_freqs(theta, what):  # θ as computed: every frequency must be a positive float32 number
-    if not (torch.isfinite(theta).all() and (theta > 0).all()):
+    if not is_tracing() and not (torch.isfinite(theta).all() and (theta > 0).all()):   # traced: checked when built
         raise ValueError(f'{what} give frequencies θ_i that underflow or overflow float32 ({theta.tolist()[-2:]} for the slowest pairs): '
                          'RoPE needs every θ_i finite and > 0; use a smaller base or factor (RoFormer: base 10000, factor 1)')
     return theta
