@@ -70,17 +70,22 @@ def scores(q, k, score_terms=(), mask=None, scale=None, causal=False):
     if mask is not None: logits = logits.masked_fill_(~mask, float('-inf'))
     return logits
 
-def _softmax_rows(logits):  # softmax over j; a row with no finite logit gives zeros (and zero gradients), not NaN
-    dead = logits.amax(-1, keepdim=True) == float('-inf')      # (b, h, i, 1)
-    return logits.masked_fill(dead, 0.0).softmax(-1).masked_fill(dead, 0.0)
+def _softmax_rows(logits):  # softmax over j (in place on `logits`) and the rows with no finite logit, `(b, h, i, 1)`
+    dead = logits.amax(-1, keepdim=True) == float('-inf')      # such a row would give NaN; its caller zeroes it
+    return logits.masked_fill_(dead, 0.0).softmax(-1), dead    # 0, not -inf: finite values and gradients there
 
-def attend_manual(q, k, v, score_terms=(), mask=None, scale=None, dropout_p=0.0, value_terms=()):
-    "Readable reference path of `attend`; returns `(out (b, h, i, d_v), probs (b, h, i, j))`."
-    probs = _softmax_rows(scores(q, k, score_terms, mask, scale)).to(q.dtype)   # (b, h, i, j)
+def _manual(q, k, v, score_terms, mask, scale, dropout_p, value_terms, want_probs):
+    probs, dead = _softmax_rows(scores(q, k, score_terms, mask, scale))
+    probs = probs.to(q.dtype)                                  # (b, h, i, j)
     p = F.dropout(probs, dropout_p) if dropout_p > 0 else probs
     out = p @ v                                                # (b, h, i, d_v)
     for f in value_terms: out = out + f(p)                     # (b, h, i, d_v)
-    return out, probs
+    out = out.masked_fill(dead, 0.0)                           # a row that -inf terms empty gives 0, as on the fast path
+    return out, probs.masked_fill(dead, 0.0) if want_probs else None
+
+def attend_manual(q, k, v, score_terms=(), mask=None, scale=None, dropout_p=0.0, value_terms=()):
+    "Readable reference path of `attend`; returns `(out (b, h, i, d_v), probs (b, h, i, j))`."
+    return _manual(q, k, v, score_terms, mask, scale, dropout_p, value_terms, True)
 
 # %% ../nbs/01_attention.ipynb #ef003be1
 def is_tracing() -> bool:
@@ -89,7 +94,7 @@ def is_tracing() -> bool:
 
 # %% ../nbs/01_attention.ipynb #3f47990b
 def _attend_math(q, k, v, score_terms, mask, scale, dropout_p):  # the manual path, output only (no probabilities kept)
-    return attend_manual(q, k, v, score_terms, mask, scale, dropout_p)[0]
+    return _manual(q, k, v, score_terms, mask, scale, dropout_p, (), False)[0]
 
 def attend_fast(q, k, v, score_terms=(), mask=None, scale=None, dropout_p=0.0):
     "Fast path of `attend` through `F.scaled_dot_product_attention` (on CPU, `_attend_math` when a term needs a gradient); returns `out (b, h, i, d_v)`."
