@@ -164,7 +164,7 @@ def _check_inputs(input_ids, attention_mask, position_ids, token_type_ids=None):
     m = attention_mask
     if m is not None and (not (is_int_tensor(m) or isinstance(m, torch.Tensor) and m.dtype == torch.bool) or m.shape != (b, n)):
         raise ValueError(f'attention_mask must be a bool or 0/1 integer tensor of shape (b, n) = {(b, n)} (True/1 = real token); got {_desc(m)}')
-    if m is not None and m.dtype != torch.bool and m.device.type != 'meta' and not ((m == 0) | (m == 1)).all():
+    if m is not None and m.dtype != torch.bool and m.device.type != 'meta' and not is_tracing() and not ((m == 0) | (m == 1)).all():
         raise ValueError(f'attention_mask must hold only 0 (padding) and 1 (real token); got values {sorted(set(m.unique().tolist()))[:6]} '
                          '(an additive mask of 0 / -inf is not accepted: pass 1 / 0)')
     if token_type_ids is not None and (not is_int_tensor(token_type_ids) or token_type_ids.shape != (b, n)):
@@ -176,8 +176,8 @@ def _check_inputs(input_ids, attention_mask, position_ids, token_type_ids=None):
             raise ValueError(f'{name} is on device {t.device} but input_ids is on {input_ids.device}: put all inputs on one device')
     return tuple(None if t is None else t.long() for t in (input_ids, position_ids, token_type_ids))   # uint8 would index as a mask
 
-def _check_ids(t, size, name, field):  # token or segment ids must index their table
-    if t.numel() and (int(t.min()) < 0 or int(t.max()) >= size):
+def _check_ids(t, size, name, field):  # token or segment ids must index their table (not checked in a traced graph)
+    if t.numel() and not is_tracing() and (int(t.min()) < 0 or int(t.max()) >= size):
         raise ValueError(f'{name} must lie in [0, {field}={size}); got values {int(t.min())}..{int(t.max())}')
 
 # %% ../nbs/10_model.ipynb #1e6d245f
@@ -235,7 +235,7 @@ def forward(self: Encoder,
     if token_type_ids is not None and self.cfg.type_vocab_size: _check_ids(token_type_ids, self.cfg.type_vocab_size, 'token_type_ids', 'type_vocab_size')
     if n_layers is not None and (not is_int(n_layers) or not 0 <= n_layers <= len(self.layers)):
         raise ValueError(f'n_layers must be an integer in 0..{len(self.layers)} (the layers to run); got {n_layers!r}')
-    if position_ids is not None:
+    if position_ids is not None and not is_tracing():   # value checks read tensors: not in a traced or exported graph
         check_position_limit(position_ids)              # |p| < 2**62: the distances j - i of every encoding fit in int64
     with _forward_memory_check(input_ids):
         pos = self.positions(input_ids, position_ids)

@@ -44,3 +44,11 @@ def test_jit_trace_at_one_length_runs_at_another(name):
     with torch.no_grad():
         for ids in (SHORT, LONG):
             assert (traced(ids) - model(ids)).abs().max().item() <= 1e-5, (name, ids.shape)
+@pytest.mark.parametrize('name', NAMES)
+def test_export_with_a_dynamic_length(name):
+    model = _model(name)
+    n = torch.export.Dim('n', min=2, max=63)
+    ep = torch.export.export(model, (SHORT,), dynamic_shapes=({1: n},))
+    with torch.no_grad():
+        for ids in (SHORT, LONG):
+            assert (ep.module()(ids) - model(ids)).abs().max().item() <= 1e-5, (name, ids.shape)
