@@ -23,7 +23,23 @@ __all__ = ['PAD', 'BOS', 'FIRST', 'PROBE_PRESETS', 'PROBES', 'ProbeConfig', 'mak
 # %% ../nbs/19a_probes.ipynb #b3bd4b09
 PAD, BOS, FIRST = 0, 1, 2   # token ids: padding (never drawn), the start token, the first content id
 
-# %% ../nbs/19a_probes.ipynb #a5c7da05
+# %% ../nbs/19a_probes.ipynb #e1c16647
+def _check_probe_config(cfg):
+    check_field_types(cfg)
+    for f in ('length', 'n_values', 'offset', 'index', 'd_model', 'n_layers', 'n_heads', 'd_ff', 'steps', 'batch_size',
+              'eval_examples'):
+        if getattr(cfg, f) < 1: raise ValueError(f'{f} must be an integer ≥ 1; got {getattr(cfg, f)}')
+    if not (isinstance(cfg.factors, (tuple, list)) and cfg.factors and all(is_int(f) and f >= 1 for f in cfg.factors)):
+        raise ValueError(f'factors must be a non-empty list of integers ≥ 1; got {cfg.factors!r}')
+    if not 0 <= cfg.seed < 2**32: raise ValueError(f'seed must be in [0, 2**32); got {cfg.seed}')
+    if not cfg.lr > 0 or cfg.weight_decay < 0: raise ValueError(f'lr must be > 0 and weight_decay ≥ 0; got {cfg.lr}, {cfg.weight_decay}')
+    if max(cfg.offset, cfg.index) + 2 > cfg.length:
+        raise ValueError(f'offset={cfg.offset} and index={cfg.index} must leave content tokens to score in length={cfg.length}')
+    if cfg.n_values < cfg.length * max(cfg.factors) + 1:
+        raise ValueError(f'n_values={cfg.n_values} must be ≥ the longest evaluation length + 1 = {cfg.length * max(cfg.factors) + 1} '
+                         '(content tokens are drawn without replacement)')
+
+# %% ../nbs/19a_probes.ipynb #b75ce5bb
 @dataclass
 class ProbeConfig:
     "Model, training and probe settings of `run_probes`; `ValueError` naming the first bad field."
@@ -43,23 +59,7 @@ class ProbeConfig:
     eval_examples: int = 512    # fresh sequences per evaluation length
     seed: int = 0
 
-# %% ../nbs/19a_probes.ipynb #ed5026c3
-def _check_probe_config(cfg: ProbeConfig):
-    check_field_types(cfg)
-    for f in ('length', 'n_values', 'offset', 'index', 'd_model', 'n_layers', 'n_heads', 'd_ff', 'steps', 'batch_size',
-              'eval_examples'):
-        if getattr(cfg, f) < 1: raise ValueError(f'{f} must be an integer ≥ 1; got {getattr(cfg, f)}')
-    if not (isinstance(cfg.factors, (tuple, list)) and cfg.factors and all(is_int(f) and f >= 1 for f in cfg.factors)):
-        raise ValueError(f'factors must be a non-empty list of integers ≥ 1; got {cfg.factors!r}')
-    if not 0 <= cfg.seed < 2**32: raise ValueError(f'seed must be in [0, 2**32); got {cfg.seed}')
-    if not cfg.lr > 0 or cfg.weight_decay < 0: raise ValueError(f'lr must be > 0 and weight_decay ≥ 0; got {cfg.lr}, {cfg.weight_decay}')
-    if max(cfg.offset, cfg.index) + 2 > cfg.length:
-        raise ValueError(f'offset={cfg.offset} and index={cfg.index} must leave content tokens to score in length={cfg.length}')
-    if cfg.n_values < cfg.length * max(cfg.factors) + 1:
-        raise ValueError(f'n_values={cfg.n_values} must be ≥ the longest evaluation length + 1 = {cfg.length * max(cfg.factors) + 1} '
-                         '(content tokens are drawn without replacement)')
-
-ProbeConfig.__post_init__ = _check_probe_config
+    def __post_init__(self): _check_probe_config(self)
 
 # %% ../nbs/19a_probes.ipynb #d8d2c68f
 PROBE_PRESETS = {
