@@ -1,5 +1,5 @@
 """The claims table (nbs/25_claims.ipynb, issue 6): the table on the page is `claims` of the committed results, not typed
-numbers; every verdict is one of the four; a results folder without the studies gives 'not measured yet', never an error."""
+numbers; every verdict is one of `VERDICTS`; a results folder without the studies gives 'not measured yet', never an error."""
 import json
 from pathlib import Path
 
@@ -26,10 +26,32 @@ def test_numbers_come_from_the_files(tmp_path):
     "Change one committed number in a copy of the results: the row that reads it changes with it."
     import shutil
     shutil.copytree(ROOT / 'results' / 'pretraining', tmp_path / 'pretraining')
+    _working_absolute_baseline(tmp_path)
     f = tmp_path / 'pretraining' / 'sinusoidal' / 'summary.json'
     s = json.loads(f.read_text()); s['eval_loss'] += 0.5; f.write_text(json.dumps(s))
     row = claims(tmp_path)[0]
     assert row['verdict'] == 'does not hold' and f"sinusoidal {s['eval_loss']:.3f}" in row['ours']
+
+
+def _working_absolute_baseline(root, gain=1.5):
+    "Make `none` worse by `gain` nats in a copy of the results, so that the absolute baseline counts as working."
+    f = root / 'pretraining' / 'none' / 'summary.json'
+    s = json.loads(f.read_text()); s['eval_loss'] += gain; f.write_text(json.dumps(s))
+
+
+def test_claims_against_absolute_positions_cannot_be_tested_without_a_working_baseline(tmp_path):
+    "Rows that compare with BERT-style positions say 'cannot test here' (with the losses) until learned and sinusoidal beat none by 0.3 nats."
+    import shutil
+    from posenc_lit.claims import ABS_MARGIN, absolute_works
+    shutil.copytree(ROOT / 'results' / 'pretraining', tmp_path / 'pretraining')
+    ok, losses = absolute_works(tmp_path)
+    rows = claims(tmp_path)
+    blocked = [r for r in rows if r['verdict'] == 'cannot test here']
+    assert not ok and blocked and all(losses in r['ours'] for r in blocked)
+    assert any(r['claim'].startswith('TUPE reaches the baseline') for r in blocked)
+    assert not any(r['claim'].startswith('untying [CLS]') for r in blocked)   # tupe-a against its own ablation
+    _working_absolute_baseline(tmp_path, gain=ABS_MARGIN + 0.05)
+    assert absolute_works(tmp_path)[0] and 'cannot test here' not in {r['verdict'] for r in claims(tmp_path)}
 
 
 def test_missing_results_are_not_measured_yet(tmp_path):
@@ -41,6 +63,7 @@ def test_downstream_accuracy_joins_the_loss_verdict(tmp_path):
     "Where the reference compare study has fine-tuned the encodings of a claim, their accuracy is shown and can turn the verdict."
     import shutil
     shutil.copytree(ROOT / 'results' / 'pretraining', tmp_path / 'pretraining')
+    _working_absolute_baseline(tmp_path)
     loss_only = next(r for r in claims(tmp_path) if r['claim'].startswith('DeBERTa beats'))   # no compare study in the copy
     assert loss_only['verdict'] == 'holds' and 'sentiment accuracy' not in loss_only['ours']   # deberta has the lowest loss
     f = tmp_path / 'compare' / 'reference' / 'results.json'; f.parent.mkdir(parents=True)
