@@ -13,8 +13,8 @@ class Hidden(torch.nn.Module):  # the encoder's hidden states alone: traced func
         super().__init__()
         self.enc = enc
 
-    def forward(self, ids):
-        return self.enc(ids)['hidden_states']
+    def forward(self, ids, mask=None):
+        return self.enc(ids, attention_mask=mask)['hidden_states']
 
 
 def _model(name):
@@ -29,6 +29,12 @@ def _model(name):
 
 
 SHORT, LONG = (torch.randint(1, 50, (2, n), generator=torch.Generator().manual_seed(n)) for n in (8, 40))
+
+
+def _padding(n, n_real):  # (2, n) bool: row 0 all real, row 1 padded after n_real tokens
+    m = torch.ones(2, n, dtype=torch.bool)
+    m[1, n_real:] = False
+    return m
 
 
 def test_every_encoding_is_covered():
@@ -46,9 +52,10 @@ def test_jit_trace_at_one_length_runs_at_another(name):
             assert (traced(ids) - model(ids)).abs().max().item() <= 1e-5, (name, ids.shape)
 @pytest.mark.parametrize('name', NAMES)
 def test_export_with_a_dynamic_length(name):
+    "Exported with a padding mask at 8 tokens; at 40 tokens (another padding) equal to eager."
     model = _model(name)
     n = torch.export.Dim('n', min=2, max=63)
-    ep = torch.export.export(model, (SHORT,), dynamic_shapes=({1: n},))
+    ep = torch.export.export(model, (SHORT, _padding(8, 5)), dynamic_shapes=({1: n}, {1: n}))
     with torch.no_grad():
-        for ids in (SHORT, LONG):
-            assert (ep.module()(ids) - model(ids)).abs().max().item() <= 1e-5, (name, ids.shape)
+        for ids, mask in ((SHORT, _padding(8, 5)), (LONG, _padding(40, 30))):
+            assert (ep.module()(ids, mask) - model(ids, mask)).abs().max().item() <= 1e-5, (name, ids.shape)
