@@ -336,9 +336,10 @@ class CombinedEncoding(PositionEncoding):
         super().__init__()
         if len(encodings) < 2 or not all(isinstance(e, PositionEncoding) for e in encodings):
             raise ValueError(f'CombinedEncoding needs at least two PositionEncoding modules; got {[type(e).__name__ for e in encodings]}')
-        scales = {e.word_scale for e in encodings}
-        if len(scales) > 1: raise ValueError(f'the encodings scale the word embeddings differently ({sorted(scales)}): they cannot be combined')
-        self.members, self.word_scale = nn.ModuleList(encodings), encodings[0].word_scale
+        scales = {e.word_scale for e in encodings if not e.relative_only}   # a relative-only member adds nothing to the input
+        if len(scales) > 1:
+            raise ValueError(f'the encodings scale the word embeddings differently ({sorted(scales)}): they cannot be combined')
+        self.members, self.word_scale = nn.ModuleList(encodings), scales.pop() if scales else 1.0
         kinds = [e.kind for e in encodings]
         self.kind = next((k for k in ('score', 'qk', 'absolute') if k in kinds), 'none')   # the most intrusive member's
         tables = [e.max_len for e in encodings if getattr(e, 'max_len', None) is not None]

@@ -169,3 +169,86 @@ def test_json_written_by_the_package_is_standard_json(tmp_path):
         raise ValueError(f'non-standard JSON constant {c}')
     write_json(tmp_path / 'r.json', {'pearson': float('nan'), 'loss': [1.5, float('inf')]}, indent=2)
     assert json.loads((tmp_path / 'r.json').read_text(), parse_constant=refuse) == {'pearson': None, 'loss': [1.5, None]}
+
+
+def _gz_rows(path, lines):
+    with gzip.open(path, 'wt') as f:
+        f.writelines(l + '\n' for l in lines)
+    return path
+
+
+GOOD = [json.dumps({'id': i, 'text': f'a fine film, number {i}', 'rating': 1.5 if i % 2 else -2.0}) for i in range(60)]
+BAD_ROWS = {   # id: (row 3 of the file, what the error must say after '<file>, row 3: ')
+    'rating-string': ('{"text": "fine", "rating": "2"}', "field 'rating' must be a finite number; got '2'"),
+    'null-row': ('null', "expected an object with fields 'text', 'rating'; got null"),
+    'text-number': ('{"text": 7, "rating": 1.0}', "field 'text' must be a non-empty string; got 7"),
+    'nan-rating': ('{"text": "fine", "rating": NaN}', "field 'rating' must be a finite number; got nan"),
+    'null-rating': ('{"text": "fine", "rating": null}', "field 'rating' must be a finite number; got None"),
+    'no-text': ('{"rating": 2}', "no field 'text'"),
+}
+
+
+@pytest.mark.parametrize('task', ['sentiment', 'rating'])
+@pytest.mark.parametrize('bad', BAD_ROWS)
+def test_bad_rows_in_data_files_name_file_row_and_field(bad, task, runs, tmp_path, capsys):
+    "A badly typed or missing label or text in --data-files: refused when the data is read, naming file, row and field."
+    src = _gz_rows(tmp_path / 'mine.jsonl.gz', GOOD[:2] + [BAD_ROWS[bad][0]] + GOOD[2:])
+    argv = ['finetune', '--checkpoint', str(runs / 't5'), '--task', task, '--data-files', str(src), '--preset', 'smoke',
+            '--out', str(tmp_path / 'ft'), '--quiet', '--no-baselines']
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f'{src}, row 3: {BAD_ROWS[bad][1]}' in err and 'Traceback' not in err, err
+    assert not (tmp_path / 'ft').exists()
+
+
+def test_all_labels_missing_is_refused_not_scored(runs, tmp_path, capsys):
+    "All-null sentiment ratings used to become class 0 and score accuracy 1.0: the first row is refused."
+    lines = [json.dumps({'text': f'film {i}', 'rating': None}) for i in range(60)]
+    src = _gz_rows(tmp_path / 'none.jsonl.gz', lines)
+    argv = ['finetune', '--checkpoint', str(runs / 't5'), '--task', 'sentiment', '--data-files', str(src), '--preset', 'smoke',
+            '--out', str(tmp_path / 'ft'), '--quiet']
+    assert main(argv) == 2
+    assert f"{src}, row 1: field 'rating' must be a finite number; got None" in capsys.readouterr().err
+
+
+GLUE_BAD = {   # id: (row 3 of a local SST-2 train file, what the error must say after '<file>, row 3: ')
+    'label-out-of-range': ('{"sentence": "fine", "label": 3, "idx": 9}', "field 'label' must be a class id in 0..1; got 3"),
+    'null-row': ('null', "field 'sentence' must be a non-empty string; got None"),
+    'text-number': ('{"sentence": 7, "label": 1, "idx": 9}', "field 'sentence' must be a non-empty string; got 7"),
+    'label-fraction': ('{"sentence": "fine", "label": 0.5, "idx": 9}', "field 'label' must be a class id in 0..1; got 0.5"),
+}
+
+
+@pytest.mark.parametrize('bad', GLUE_BAD)
+def test_bad_rows_in_glue_files(bad, runs, tmp_path, capsys):
+    rows = [json.dumps({'sentence': f'a {"fine" if k % 2 else "dull"} film number {k}', 'label': k % 2, 'idx': k}) for k in range(60)]
+    train, val = tmp_path / 'train.jsonl', tmp_path / 'validation.jsonl'
+    train.write_text('\n'.join(rows[:2] + [GLUE_BAD[bad][0]] + rows[2:50]) + '\n')
+    val.write_text('\n'.join(rows[50:]) + '\n')
+    argv = ['finetune', '--checkpoint', str(runs / 't5'), '--task', 'glue:sst2', '--data-files', f'train={train}',
+            f'validation={val}', '--preset', 'smoke', '--out', str(tmp_path / 'ft'), '--quiet', '--no-baselines']
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f'{train}, row 3: {GLUE_BAD[bad][1]}' in err and 'Traceback' not in err, err
+
+
+@pytest.mark.parametrize('metric', ['accuracy', 'f1', 'matthews', 'pearson', 'spearman', 'mse'])
+def test_metrics_never_return_nan_silently(metric):
+    "A NaN among the predictions or references is an error naming the side and the index, not a NaN metric."
+    from posenc_lit.tasks import METRICS
+    with pytest.raises(ValueError, match=r'ref holds a non-finite value \(nan\) at index 2'):
+        METRICS[metric]([0.0, 1.0, 1.0, 0.0], [0.0, 1.0, float('nan'), 1.0])
+    with pytest.raises(ValueError, match=r'pred holds a non-finite value \(nan\) at index 0'):
+        METRICS[metric]([float('nan'), 1.0, 1.0, 0.0], [0.0, 1.0, 1.0, 1.0])
+
+
+def test_add_relative_on_a_sinusoidal_checkpoint(runs, tmp_path, capsys):
+    "Huang et al. 2020, §4.3 on a sinusoidal model: huang4 does not scale the words, so it combines with sinusoidal's √D."
+    _pretrain(tmp_path / 'sin', 'sinusoidal')
+    argv = ['finetune', '--checkpoint', str(tmp_path / 'sin'), '--task', 'sentiment', '--preset', 'smoke',
+            '--out', str(tmp_path / 'ft'), '--quiet', '--no-baselines', '--add-relative', 'huang4']
+    assert main(argv) == 0, capsys.readouterr().err
+    from posenc_lit.finetune import load_task_model
+    model, _, _ = load_task_model(next((tmp_path / 'ft').glob('seed*')))
+    assert model.encoder.cfg.add_relative == 'huang4'
+    assert model.encoder.pe.word_scale == pytest.approx(32 ** 0.5)   # the sinusoidal model's scale, d_model=32
