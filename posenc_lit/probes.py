@@ -26,26 +26,31 @@ PAD, BOS, FIRST = 0, 1, 2   # token ids: padding (never drawn), the start token,
 # %% ../nbs/19a_probes.ipynb #e1c16647
 def _check_probe_config(cfg):
     check_field_types(cfg)
-    for f in ('length', 'n_values', 'offset', 'index', 'd_model', 'n_layers', 'n_heads', 'd_ff', 'steps', 'batch_size',
-              'eval_examples'):
+    for f in ('length', 'n_values', 'offset', 'index', 'd_model', 'n_layers', 'n_heads', 'd_ff', 'steps',
+              'batch_size', 'eval_examples'):
         if getattr(cfg, f) < 1: raise ValueError(f'{f} must be an integer ≥ 1; got {getattr(cfg, f)}')
-    if not (isinstance(cfg.factors, (tuple, list)) and cfg.factors and all(is_int(f) and f >= 1 for f in cfg.factors)):
+    f = cfg.factors
+    if not (isinstance(f, (tuple, list)) and f and all(is_int(x) and x >= 1 for x in f)):
         raise ValueError(f'factors must be a non-empty list of integers ≥ 1; got {cfg.factors!r}')
     if not 0 <= cfg.seed < 2**32: raise ValueError(f'seed must be in [0, 2**32); got {cfg.seed}')
-    if not cfg.lr > 0 or cfg.weight_decay < 0: raise ValueError(f'lr must be > 0 and weight_decay ≥ 0; got {cfg.lr}, {cfg.weight_decay}')
+    if not cfg.lr > 0 or cfg.weight_decay < 0:
+        raise ValueError(f'lr must be > 0 and weight_decay ≥ 0; got {cfg.lr}, {cfg.weight_decay}')
     if max(cfg.offset, cfg.index) + 2 > cfg.length:
-        raise ValueError(f'offset={cfg.offset} and index={cfg.index} must leave content tokens to score in length={cfg.length}')
-    if cfg.n_values < cfg.length * max(cfg.factors) + 1:
-        raise ValueError(f'n_values={cfg.n_values} must be ≥ the longest evaluation length + 1 = {cfg.length * max(cfg.factors) + 1} '
+        raise ValueError(f'offset={cfg.offset} and index={cfg.index} must leave content tokens to score '
+                         f'in length={cfg.length}')
+    longest = cfg.length * max(cfg.factors)
+    if cfg.n_values < longest + 1:
+        raise ValueError(f'n_values={cfg.n_values} must be ≥ the longest evaluation length + 1 = '
+                         f'{longest + 1} '
                          '(content tokens are drawn without replacement)')
 
 # %% ../nbs/19a_probes.ipynb #b75ce5bb
 @dataclass
 class ProbeConfig:
     "Model, training and probe settings of `run_probes`; `ValueError` naming the first bad field."
-    length: int = 32            # training length n (tokens, [BOS] included); scored at n·f for f in `factors`
+    length: int = 32            # training length n (tokens, [BOS] included); scored at n·f, f in `factors`
     factors: tuple = (1, 2, 4)  # evaluation lengths as multiples of `length`
-    n_values: int = 130         # content tokens; ≥ the longest evaluation length + 1 (drawn without replacement)
+    n_values: int = 130         # content tokens; ≥ the longest evaluation length + 1 (drawn, no repeats)
     offset: int = 2             # r of the offset probe: predict the token r places to the left
     index: int = 24             # p of the index probe: the absolute position whose token is copied
     d_model: int = 64
@@ -68,10 +73,12 @@ PROBE_PRESETS = {
 }
 
 def make_probe_config(preset: str = 'quick', **overrides) -> ProbeConfig:
-    "`ProbeConfig` of a preset in `PROBE_PRESETS` with explicit overrides (`None` values ignored); `ValueError` for unknown names."
-    if preset not in PROBE_PRESETS: raise ValueError(f'unknown probe preset {preset!r}; valid: {", ".join(PROBE_PRESETS)}')
+    "`ProbeConfig` of a preset in `PROBE_PRESETS` with overrides (`None` ignored); `ValueError` if unknown."
+    if preset not in PROBE_PRESETS:
+        raise ValueError(f'unknown probe preset {preset!r}; valid: {", ".join(PROBE_PRESETS)}')
     names = {f.name for f in fields(ProbeConfig)}
-    if bad := sorted(set(overrides) - names): raise ValueError(f'unknown probe option(s) {bad}; valid: {sorted(names)}')
+    if bad := sorted(set(overrides) - names):
+        raise ValueError(f'unknown probe option(s) {bad}; valid: {sorted(names)}')
     kw = {**PROBE_PRESETS[preset], **{k: v for k, v in overrides.items() if v is not None}}
     if isinstance(kw.get('factors'), list): kw['factors'] = tuple(kw['factors'])
     return ProbeConfig(**kw)
@@ -92,14 +99,14 @@ def offset_batch(b, n, cfg, g):
 
 # %% ../nbs/19a_probes.ipynb #fe272a49
 def index_batch(b, n, cfg, g):
-    "Every content position predicts the token at absolute position `cfg.index`: ids `(b, n)`, labels `(b, n)`."
+    "Every content position predicts the token at position `cfg.index`: ids `(b, n)`, labels `(b, n)`."
     ids = _with_bos(_content(b, n - 1, cfg, g))
     y = ids[:, cfg.index:cfg.index + 1].expand(b, n).clone()
     y[:, 0] = -100
     return ids, y
 
 def precede_batch(b, n, cfg, g):
-    "Markers A = `FIRST`, B = `FIRST + 1` at two random content positions; label 1.0 if A is left of B: ids `(b, n)`, labels `(b,)`."
+    "Markers A = `FIRST`, B = `FIRST + 1` at random positions: ids `(b, n)`, labels `(b,)` (1.0: A first)."
     x = _content(b, n - 1, cfg, g, skip=2)                    # fillers, never A or B
     slots = torch.rand(b, n - 1, generator=g).argsort(-1)[:, :2]
     rows = torch.arange(b)
@@ -110,7 +117,7 @@ def precede_batch(b, n, cfg, g):
 # %% ../nbs/19a_probes.ipynb #3ab92d02
 @dataclass
 class Probe:
-    "A probe: its batch function `(b, n, cfg, generator) -> (ids, labels)`, `kind` ('token' or 'sequence') and chance level."
+    "A probe: `batch(b, n, cfg, generator) -> (ids, labels)`, `kind` ('token' or 'sequence'), chance level."
     name: str
     kind: str
     summary: str
@@ -118,18 +125,22 @@ class Probe:
     chance: Callable   # (n, cfg) -> best accuracy of a model without positions
 
 PROBES = {p.name: p for p in (
-    Probe('offset', 'token', 'predict the token r places to the left (relative)', offset_batch, lambda n, cfg: 1 / (n - 2)),
-    Probe('index', 'token', 'predict the token at absolute position p (absolute)', index_batch, lambda n, cfg: 1 / (n - 1)),
-    Probe('precede', 'sequence', 'is marker A left of marker B? (order over the span)', precede_batch, lambda n, cfg: 0.5))}
+    Probe('offset', 'token', 'predict the token r places to the left (relative)', offset_batch,
+          lambda n, cfg: 1 / (n - 2)),
+    Probe('index', 'token', 'predict the token at absolute position p (absolute)', index_batch,
+          lambda n, cfg: 1 / (n - 1)),
+    Probe('precede', 'sequence', 'is marker A left of marker B? (order over the span)', precede_batch,
+          lambda n, cfg: 0.5))}
 
 # %% ../nbs/19a_probes.ipynb #8c0a956c
 class ProbeModel(nn.Module):
-    "`Encoder` with encoding `pe` and a probe head; `forward(ids (b, n))` gives logits `(b, n, V)` (token) or `(b,)` (sequence)."
+    "`Encoder` with encoding `pe` and a probe head; `forward(ids (b, n))`: logits `(b, n, V)` or `(b,)`."
     def __init__(self, pe: str, probe: str, cfg: ProbeConfig, pe_kwargs: dict | None = None):
         super().__init__()
-        self.cfg = ModelConfig(vocab_size=FIRST + cfg.n_values, d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
-                               d_ff=cfg.d_ff, max_position_embeddings=cfg.length, pe=pe, pe_kwargs=dict(pe_kwargs or {}),
-                               dropout=0.0, attn_dropout=0.0, pad_token_id=PAD)
+        self.cfg = ModelConfig(vocab_size=FIRST + cfg.n_values, d_model=cfg.d_model, n_layers=cfg.n_layers,
+                               n_heads=cfg.n_heads, d_ff=cfg.d_ff, max_position_embeddings=cfg.length, pe=pe,
+                               pe_kwargs=dict(pe_kwargs or {}), dropout=0.0, attn_dropout=0.0,
+                               pad_token_id=PAD)
         self.kind, self.encoder = PROBES[probe].kind, Encoder(self.cfg)
         self.head = nn.Linear(cfg.d_model, 1 if self.kind == 'sequence' else self.cfg.vocab_size)
         self.apply(lambda m: EncoderForMLM._init_weights(self, m))       # BERT's init, as pretraining has it
@@ -151,8 +162,9 @@ def probe_accuracy(kind: str, out, y) -> float:
     return (out.argmax(-1)[keep] == y[keep]).float().mean().item()
 
 # %% ../nbs/19a_probes.ipynb #1c24adc3
-def train_probe(pe: str, probe: str, cfg: ProbeConfig, pe_kwargs: dict | None = None) -> tuple[ProbeModel, dict]:
-    "Train a `ProbeModel`; returns it (in eval mode) and `{'final_loss', 'train_s'}` (loss averaged over the last 10% of steps)."
+def train_probe(pe: str, probe: str, cfg: ProbeConfig,
+                pe_kwargs: dict | None = None) -> tuple[ProbeModel, dict]:
+    "Train a `ProbeModel`: it (eval mode) and `{'final_loss' (mean of the last 10% of steps), 'train_s'}`."
     kind, t = PROBES[probe].kind, time.time()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
@@ -174,17 +186,18 @@ def train_probe(pe: str, probe: str, cfg: ProbeConfig, pe_kwargs: dict | None = 
 # %% ../nbs/19a_probes.ipynb #f489d737
 @torch.no_grad()
 def score_probe(model: ProbeModel, probe: str, cfg: ProbeConfig) -> dict:
-    "`{n: accuracy}` at each evaluation length on fresh examples (seeded by `cfg.seed` and n), or `{n: {'error': reason}}` where the encoding cannot run n."
+    "`{n: accuracy}` on fresh examples (seeded by `cfg.seed`, n); `{n: {'error': reason}}` if it cannot run."
     out = {}
     for n in (cfg.length * f for f in cfg.factors):
-        ids, y = PROBES[probe].batch(cfg.eval_examples, n, cfg, torch.Generator().manual_seed(cfg.seed * 1_000_003 + n))
+        g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + n)
+        ids, y = PROBES[probe].batch(cfg.eval_examples, n, cfg, g)
         try: out[n] = probe_accuracy(model.kind, model(ids), y)
         except PositionRangeError as e: out[n] = {'error': str(e)}
     return out
 
 # %% ../nbs/19a_probes.ipynb #974142bc
 def run_probe(pe: str, probe: str, cfg: ProbeConfig, pe_kwargs: dict | None = None) -> dict:
-    "Train and score one encoding on one probe: `{'pe', 'probe', 'acc': {n: accuracy or None}, 'errors': {n: reason}, 'final_loss', 'train_s'}`."
+    "Train and score an encoding on a probe: `{'pe', 'probe', 'acc': {n: accuracy | None}, 'errors', ...}`."
     if probe not in PROBES: raise ValueError(f'unknown probe {probe!r}; valid: {", ".join(PROBES)}')
     model, stats = train_probe(pe, probe, cfg, pe_kwargs)
     scores = score_probe(model, probe, cfg)
@@ -207,23 +220,25 @@ def _load_results(out: Path, cfg: ProbeConfig, probes) -> dict:
     if out is None or not out.is_file(): return res
     old = json.loads(out.read_text())
     if old.get('config') != json.loads(json.dumps(res['config'])):
-        raise ValueError(f'{out} holds probes run with another configuration: use another file, or the same settings')
-    return {**res, 'runs': old.get('runs', {}), 'compute_s': old.get('compute_s', 0.0)}
+        raise ValueError(f'{out} holds probes run with another configuration: '
+                         'use another file or the same settings')
+    return {**old, **res, 'runs': old.get('runs', {}), 'compute_s': old.get('compute_s', 0.0)}
 
 # %% ../nbs/19a_probes.ipynb #ab308f39
-def run_probes(encodings=None,           # encoding names (default: every registered encoding, `none` included)
+def run_probes(encodings=None,           # encoding names (default: every registered one, `none` included)
                probes=None,              # probe names (default: all of `PROBES`)
                cfg: ProbeConfig | None = None,  # default: the `quick` preset
-               out=None,                 # a JSON file: written after each run; finished runs in it are skipped
+               out=None,                 # a JSON file, written after each run; its finished runs are skipped
                progress: bool = True,    # one line per run on stderr
                pe_kwargs: dict | None = None,   # {name: encoding options}, e.g. for an ablation
                pe_names: dict | None = None,    # {name: registered encoding it runs} (default: itself)
-              ) -> dict:                 # {'config', 'lengths', 'probes', 'chance', 'runs': {probe: {name: record}}, 'compute_s'}
+              ) -> dict:                 # {'config', 'lengths', 'chance', 'runs': {probe: {name: ...}}, ...}
     "Train and score every encoding on every probe; `ValueError` for an unknown probe or encoding."
     import sys
     cfg = cfg or make_probe_config('quick')
     encodings, probes = list(encodings or list_encodings()), list(probes or PROBES)
-    if bad := [p for p in probes if p not in PROBES]: raise ValueError(f'unknown probe(s) {bad}; valid: {", ".join(PROBES)}')
+    if bad := [p for p in probes if p not in PROBES]:
+        raise ValueError(f'unknown probe(s) {bad}; valid: {", ".join(PROBES)}')
     pe_names = pe_names or {}
     if bad := [e for e in encodings if pe_names.get(e, e) not in list_encodings()]:
         raise ValueError(f'unknown encoding(s) {bad}; valid: {", ".join(list_encodings())}')
@@ -236,14 +251,15 @@ def run_probes(encodings=None,           # encoding names (default: every regist
             res['runs'].setdefault(p, {})[name] = {**r, 'pe': name}
             res['compute_s'] += r['train_s']
             if out is not None: atomic_write(out, lambda t: Path(t).write_text(json.dumps(res, indent=1)))
-            if progress: print(f"probe {p} {name}: {_fmt_acc(r)} ({r['train_s']:.1f} s)", file=sys.stderr, flush=True)
+            if progress:
+                print(f"probe {p} {name}: {_fmt_acc(r)} ({r['train_s']:.1f} s)", file=sys.stderr, flush=True)
     return res
 
 def _fmt_acc(r): return ' '.join('n/a' if v is None else f'{v:.3f}' for v in r['acc'].values())
 
 # %% ../nbs/19a_probes.ipynb #8cca6726
 def format_probe_table(res: dict) -> str:
-    "The probe table: one row per encoding, accuracy at each probe and length, the chance row, and the n/a reasons."
+    "The probe table: a row per encoding (accuracy per probe and length), the chance row, the n/a reasons."
     lengths, probes = res['lengths'], [p for p in res['probes'] if p in res['runs']]
     names = list(dict.fromkeys(e for p in probes for e in res['runs'][p]))
     head = ['encoding'] + [f'{p}@{n}' for p in probes for n in lengths]
@@ -254,24 +270,26 @@ def format_probe_table(res: dict) -> str:
             r = res['runs'][p].get(e)
             for n in map(str, lengths):
                 cells.append('—' if r is None else 'n/a' if r['acc'][n] is None else f"{r['acc'][n]:.3f}")
-                if r is not None and n in r['errors']: notes.setdefault(e, f"n/a: {e} cannot run {n} tokens: {r['errors'][n].split(':')[0]}")
+                if r is not None and n in r['errors']:
+                    notes.setdefault(e, f"n/a: {e} cannot run {n} tokens: {r['errors'][n].split(':')[0]}")
         rows.append(cells)
     rows.append(['chance'] + [f"{res['chance'][p][str(n)]:.3f}" for p in probes for n in lengths])
     w = [max(len(r[c]) for r in rows) for c in range(len(head))]
     lines = ['  '.join(c.ljust(w[0]) if k == 0 else c.rjust(w[k]) for k, c in enumerate(r)) for r in rows]
     c = res['config']
     intro = (f"Position probes: accuracy on fresh examples at the training length {c['length']} and longer "
-             f"({c['steps']} steps, D={c['d_model']}, {c['n_layers']} layers; offset r={c['offset']}, index p={c['index']}); "
-             f"chance: the best a model without positions can do")
+             f"({c['steps']} steps, D={c['d_model']}, {c['n_layers']} layers; offset r={c['offset']}, "
+             f"index p={c['index']}); chance: the best a model without positions can do")
     return '\n'.join([intro, ''] + lines + list(notes.values()))
 
 # %% ../nbs/19a_probes.ipynb #04fab0da
 def plot_probes(res: dict, ncols: int = 4):
-    "Accuracy against evaluation length, one panel per encoding, one line per probe; chance dashed; the training length dotted."
+    "Accuracy against length, a panel per encoding, a line per probe; chance dashed, training length dotted."
     probes, lengths = [p for p in res['probes'] if p in res['runs']], res['lengths']
     names = list(dict.fromkeys(e for p in probes for e in res['runs'][p]))
     nrows = math.ceil(len(names) / ncols)
-    fig, axs = plt.subplots(nrows, ncols, figsize=(2.2 * ncols, 1.9 * nrows), sharex=True, sharey=True, squeeze=False)
+    size = (2.2 * ncols, 1.9 * nrows)
+    fig, axs = plt.subplots(nrows, ncols, figsize=size, sharex=True, sharey=True, squeeze=False)
     colors = dict(zip(probes, plt.get_cmap('tab10').colors))
     for ax, e in zip(axs.flat, names):
         for p in probes:
