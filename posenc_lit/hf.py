@@ -276,7 +276,8 @@ def from_hf(path_or_name, # a local Hugging Face folder, or a hub name (fetched 
     model = EncoderForMLM(cfg) if mlm else Encoder(cfg)
     state, _ = match_hf_weights(model, load_hf_weights(folder), hf['model_type'])
     try: model.load_state_dict(state)
-    except RuntimeError as e: raise CheckpointError(f'weights in {folder} do not fit its config.json: {e}') from None
+    except (RuntimeError, CheckpointError) as e:   # CheckpointError: the model's own load check
+        raise CheckpointError(f'weights in {folder} do not fit its config.json: {e}') from None
     return model.eval()
 
 # %% ../nbs/14_hf.ipynb #ce877c7a

@@ -192,7 +192,7 @@ def build_encoding(cfg: ModelConfig) -> PositionEncoding:
 def _check_loaded_weights(module, state_dict, prefix, *args):   # a `load_state_dict` pre-hook of the models
     "Run `check_state_dict` on the weights `load_state_dict` is given for `module`, whoever calls it (e.g. accelerate's `load_state`)."
     ref = module.state_dict(prefix=prefix)
-    check_state_dict({k: v for k, v in state_dict.items() if k in ref}, ref, 'the weights being loaded', strict=False)
+    check_state_dict({k: v for k, v in state_dict.items() if k in ref}, ref, 'the state dict being loaded', strict=False)
 
 class Encoder(nn.Module):
     "BERT-style encoder; `forward` returns `{'hidden_states': (b, n, D), 'attentions': [(b, h, n, n)] or None}`."
