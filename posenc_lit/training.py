@@ -18,7 +18,8 @@ from .data import *
 from .loop import *
 
 # %% auto #0
-__all__ = ['PRESETS', 'TrainConfig', 'model_config', 'make_train_config', 'micro_batch', 'eval_set', 'evaluate', 'pretrain']
+__all__ = ['PRESETS', 'TrainConfig', 'model_config', 'make_train_config', 'micro_batch', 'step_generator', 'eval_set', 'evaluate',
+           'pretrain']
 
 # %% ../nbs/12_training.ipynb #6eb4edc2
 @dataclass
@@ -110,7 +111,9 @@ def micro_batch(blocks: torch.Tensor,  # training blocks `(N, n)`
     start = (m * world + rank) * batch_size
     return blocks[perm[start:start + batch_size]]
 
-def _mask_generator(seed, t, rank): return torch.Generator().manual_seed(((seed * 1_000_003 + t) * 1_009 + rank) % 2**63)
+def step_generator(seed: int, t: int, rank: int) -> torch.Generator:
+    "The generator of micro-batch `t` on process `rank` (MLM masking, image augmentation): a function of its arguments."
+    return torch.Generator().manual_seed(((seed * 1_000_003 + t) * 1_009 + rank) % 2**63)
 
 # %% ../nbs/12_training.ipynb #347d44fa
 def eval_set(val_blocks: torch.Tensor, cfg: TrainConfig, vocab_size: int):
@@ -284,7 +287,7 @@ def _mlm_loop(cfg: TrainConfig, out: Path, acc: Accelerator, d: dict, model, opt
     rank, world, dev = acc.process_index, acc.num_processes, acc.device
     def loss(t):
         x = micro_batch(d['train'], t, cfg.batch_size, rank, world, cfg.seed)
-        inputs, labels = mask_tokens(x, _mask_generator(cfg.seed, t, rank), d['vocab'], cfg.mlm_probability)
+        inputs, labels = mask_tokens(x, step_generator(cfg.seed, t, rank), d['vocab'], cfg.mlm_probability)
         return model(inputs.to(dev), labels=labels.to(dev))['loss'], {}
     def evaluation(step):
         te = time.time()
@@ -299,8 +302,10 @@ def _mlm_loop(cfg: TrainConfig, out: Path, acc: Accelerator, d: dict, model, opt
             d['tok'].save(str(tmp / 'tokenizer.json'))
     save = lambda state: save_checkpoint(acc, out, write, {**state, 'processes': world})
     tokens = cfg.batch_size * world * cfg.grad_accum * cfg.seq_len     # per optimizer step
-    return Loop(model, opt, sched, loss, evaluation, save, cfg.steps, cfg.log_every, cfg.eval_every, cfg.save_every,
-                cfg.grad_accum, cfg.max_grad_norm, train_fields=lambda counts, n, s: {'tokens_per_s': tokens * n / s})
+    return Loop(model=model, opt=opt, sched=sched, loss=loss, evaluate=evaluation, save=save, steps=cfg.steps,
+                log_every=cfg.log_every, eval_every=cfg.eval_every, save_every=cfg.save_every,
+                grad_accum=cfg.grad_accum, max_grad_norm=cfg.max_grad_norm,
+                train_fields=lambda counts, n, s: {'tokens_per_s': tokens * n / s})
 
 # %% ../nbs/12_training.ipynb #34659a33
 def _finish(cfg: TrainConfig, out: Path, acc: Accelerator, model, step: int, d: dict) -> dict:
