@@ -117,13 +117,13 @@ def step_generator(seed: int, t: int, rank: int) -> torch.Generator:
 
 # %% ../nbs/12_training.ipynb #347d44fa
 def eval_set(val_blocks: torch.Tensor, cfg: TrainConfig, vocab_size: int):
-    "`(inputs, labels)` for evaluation: the first `cfg.eval_blocks` validation blocks, masked with a fixed generator."
+    "`(inputs, labels)` for evaluation: the first `cfg.eval_blocks` validation blocks, masked by a fixed generator."
     blocks = val_blocks if cfg.eval_blocks == 0 else val_blocks[:cfg.eval_blocks]
     return mask_tokens(blocks, torch.Generator().manual_seed(20_201_130), vocab_size, cfg.mlm_probability)
 
 @torch.no_grad()
 def evaluate(model, inputs, labels, batch_size: int, accelerator=None) -> dict:
-    "Masked-token `loss` (mean cross-entropy), `accuracy` and `tokens` over `labels != -100`; sharded if `accelerator`."
+    "Masked-token `loss` (mean cross-entropy), `accuracy` and `tokens` over `labels != -100`, sharded."
     rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
     was_training = model.training
     model.eval()
@@ -138,14 +138,16 @@ def evaluate(model, inputs, labels, batch_size: int, accelerator=None) -> dict:
     if accelerator:
         sums = accelerator.gather_for_metrics(sums[None].to(dev)).sum(0).cpu()   # (processes, 3) → (3,)
     model.train(was_training)
-    return {'loss': (sums[0] / sums[2]).item(), 'accuracy': (sums[1] / sums[2]).item(), 'tokens': int(sums[2])}
+    loss, accuracy = (sums[:2] / sums[2]).tolist()
+    return {'loss': loss, 'accuracy': accuracy, 'tokens': int(sums[2])}
 
 # %% ../nbs/12_training.ipynb #a9271dfc
-_RUN_FILES = RUN_FILES + ('lengths.json', 'locality.json')   # written into the run by `evaluate_run` and the locality study
+_RUN_FILES = RUN_FILES + ('lengths.json', 'locality.json')   # written by `evaluate_run` and the locality study
 
 def _prepare_run_dir(out: Path, cfg: TrainConfig, resume: bool, overwrite: bool = False) -> dict | None:
     "Check `out` against `cfg`; the trainer state to resume from, or None for a fresh run."
-    state = prepare_run_dir(out, asdict(cfg), asdict(TrainConfig()), 'a pretraining run', resume, overwrite, _RUN_FILES)
+    kind = 'a pretraining run'
+    state = prepare_run_dir(out, asdict(cfg), asdict(TrainConfig()), kind, resume, overwrite, _RUN_FILES)
     return None if state is None else _check_trainer_state(out / 'checkpoint' / STATE_FILE, state, cfg)
 
 # %% ../nbs/12_training.ipynb #1fef50cd
@@ -190,7 +192,7 @@ def _setup(cfg: TrainConfig, world: int = 1) -> dict:
 
 # %% ../nbs/12_training.ipynb #b6fde310
 def _probe_step(model, cfg: TrainConfig, train: torch.Tensor, vocab_size: int, dev):
-    "One forward and backward on `batch_size` blocks; RNG, weights and gradients unchanged. `ValueError` if out of memory."
+    "One forward and backward on `batch_size` blocks, RNG, weights and gradients unchanged; `ValueError`: no memory."
     g = torch.Generator().manual_seed(0)
     inputs, labels = mask_tokens(train[:cfg.batch_size], g, vocab_size, cfg.mlm_probability)
     what = f'one training step of batch_size={cfg.batch_size} blocks of seq_len={cfg.seq_len} tokens'
@@ -253,8 +255,8 @@ def pretrain(cfg: TrainConfig,          # what to train (see `PRESETS`, `make_tr
              resume: bool = False,      # continue from `out/checkpoint` if present (else start fresh)
              stop_at: int | None = None,  # stop after this many steps, as an interruption would (for tests)
              progress: bool = True,     # a progress bar on stderr
-             overwrite: bool = False,   # replace the run in a non-empty `out` (deleted only once every input is checked)
-            ) -> dict:  # the summary (also in `out/summary.json`); a stopped run: `{'stopped_at_step', 'steps'}` (+ `'signal'`)
+             overwrite: bool = False,   # replace the run in a non-empty `out` (once every input is checked)
+            ) -> dict:  # the summary (`out/summary.json`); stopped: `{'stopped_at_step', 'steps'}` (+ `'signal'`)
     "Pretrain an `EncoderForMLM` on `cfg.data`; runs unchanged under `accelerate launch` with several processes."
     check_creatable_dir(out)
     out, acc = Path(out), _accelerator(cfg)

@@ -18,8 +18,8 @@ from .model import CheckpointError, check_field_types, count_parameters
 from .loop import *
 from .training import micro_batch, step_generator
 from .vision import *
-from .vit import (INTERPOLATIONS, ViT, ViTConfig, get_vision_encoding, load_vit, reinit_pos_embed_, resize_pos_embed_,
-                            save_vit, vision_encodings)
+from .vit import (INTERPOLATIONS, ViT, ViTConfig, get_vision_encoding, load_vit, reinit_pos_embed_,
+                            resize_pos_embed_, save_vit, vision_encodings)
 
 # %% auto #0
 __all__ = ['EVAL_MODES', 'VIT_PRESETS', 'MAX_PATCHES', 'VitTrainConfig', 'vit_config', 'make_vit_config', 'vit_no_decay',
@@ -253,7 +253,7 @@ def _save_checkpoint(acc: Accelerator, out: Path, model, opt, sched, state: dict
 
 # %% ../nbs/18_vit_train.ipynb #b580c59e
 def _load_checkpoint(ck: Path, rank: int):
-    "The model of checkpoint `ck` and a function that restores the optimizer, scheduler and this process's random state."
+    "The model of checkpoint `ck`, and a function that restores optimizer, scheduler and this process's RNG."
     try:
         model = load_vit(ck / 'model')
         rng = torch.load(ck / f'rng_{rank}.pt', weights_only=True)
@@ -402,8 +402,9 @@ def _finish(cfg: VitTrainConfig, out: Path, acc: Accelerator, model, d: dict, st
     r, info, recs = state['results'], d['info'], read_metrics(out / 'metrics.jsonl', state['step'])
     tr = [x for x in recs if x['split'] == 'train']
     m = acc.unwrap_model(model)
-    how = ('the learned table, interpolated on the fly (bicubic, bilinear) or re-initialised (none)'
-           if m.pe.table_grid is not None else 'not applicable: the encoding has no table; every mode is the same model')
+    how = 'not applicable: the encoding has no table; every mode is the same model'
+    if m.pe.table_grid is not None:
+        how = 'the learned table, interpolated on the fly (bicubic, bilinear) or re-initialised (none)'
     summary = {'pe': cfg.pe, 'pe_kwargs': cfg.pe_kwargs, 'data': info['data'], 'data_location': info['location'],
                'images': info['images'], 'data_image_size': info['data_size'], 'image_size': cfg.image_size,
                'patch_size': cfg.patch_size, 'grid': [s // cfg.patch_size for s in cfg.image_size], 'steps': cfg.steps,
@@ -440,11 +441,11 @@ def _start_model(cfg: VitTrainConfig, out: Path, acc: Accelerator, info: dict, s
 def train_vit(cfg: VitTrainConfig,       # what to train (see `VIT_PRESETS`, `make_vit_config`)
               out,                       # run directory
               resume: bool = False,      # continue from `out/checkpoint` if present (else start fresh)
-              overwrite: bool = False,   # replace the run in a non-empty `out` (deleted only once every input is checked)
+              overwrite: bool = False,   # replace the run in a non-empty `out` (once every input is checked)
               stop_at: int | None = None,  # stop after this many steps, as an interruption would (for tests)
               progress: bool = True,     # a progress bar on stderr
-             ) -> dict:  # the summary (also `out/summary.json`); a stopped run: `{'stopped_at_step', 'steps'}` (+ `'signal'`)
-    "Train a `ViT` on `cfg.data`; evaluate it at every `cfg.eval_sizes` × `cfg.eval_modes`; runs under `accelerate launch`."
+             ) -> dict:  # the summary (`out/summary.json`); stopped: `{'stopped_at_step', 'steps'}` (+ `'signal'`)
+    "Train a `ViT` on `cfg.data`; evaluate it at every `cfg.eval_sizes` × `cfg.eval_modes`; `accelerate launch` too."
     check_creatable_dir(out)
     out = Path(out)
     if cfg.mixed_precision == 'fp16' and not torch.cuda.is_available():
