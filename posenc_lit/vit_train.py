@@ -206,7 +206,7 @@ def model_for(model: ViT, size, mode: str) -> ViT:
     return m
 
 # %% ../nbs/18_vit_train.ipynb #bb1ec69f
-def evaluate_sizes(model: ViT, images, labels, mean: float, std: float, sizes, modes=EVAL_MODES, accelerator=None,
+def evaluate_sizes(model: ViT, images, labels, mean: float, std: float, sizes, modes=EVAL_MODES, *, accelerator=None,
                    known: dict | None = None,  # `{(H, W): accuracy}` of `model` as it is, already measured: not computed again
                   ) -> dict:
     "`{'HxW': {mode: accuracy}}` on `images` resized to each size; the same number for modes that give the same model."
@@ -358,7 +358,8 @@ def _phase_results(cfg: VitTrainConfig, acc: Accelerator, model, d: dict, phase:
     sizes = cfg.eval_sizes if phase[0] == 'train' or cfg.finetune_eval_sizes is None else cfg.finetune_eval_sizes
     known = {tuple(size): test['accuracy']} if test else None       # the test at the phase's size is not repeated
     return {'image_size': list(size), 'step': phase[3], 'validation': val or ev('validation'), 'test': test,
-            'eval': evaluate_sizes(m, *data['test'], info['mean'], info['std'], sizes, cfg.eval_modes, acc, known)}
+            'eval': evaluate_sizes(m, *data['test'], info['mean'], info['std'], sizes, cfg.eval_modes,
+                                   accelerator=acc, known=known)}
 
 # %% ../nbs/18_vit_train.ipynb #c0b7ad15
 def _finetune_start(cfg: VitTrainConfig, out: Path, acc: Accelerator, model, name: str, size) -> ViT:
