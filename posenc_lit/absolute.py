@@ -59,8 +59,9 @@ class LearnedEncoding(PositionEncoding):
         self.weight = nn.Parameter(torch.randn(max_len, d_model) * init_std)   # (L_max, D)
     def embed(self, pos): # `(b|1, n)` integer positions, each in `[0, max_len)`
         "`(b|1, n, D)` rows of the table; `PositionRangeError` (a `ValueError`) naming the table size for positions outside it."
-        check_positions(pos, self.max_len, 'the learned position table',
-                        ', or an encoding without a maximum length (sinusoidal, none, t5, or shaw/huang4 with clip=true)')
+        if not is_tracing():                  # traced: no data-dependent check (see `is_tracing`)
+            check_positions(pos, self.max_len, 'the learned position table',
+                            ', or an encoding without a maximum length (sinusoidal, none, t5, or shaw/huang4 with clip=true)')
         return self.weight[pos.long()]                        # a uint8 index would select rows as a boolean mask
 
 # %% ../nbs/02_absolute.ipynb #a1588e7c

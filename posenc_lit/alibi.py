@@ -5,12 +5,13 @@
 # %% ../nbs/08_alibi.ipynb #4b4841f2
 from __future__ import annotations
 import torch
+from dataclasses import dataclass
 from fastcore.basics import patch
 from .core import *
 from .attention import *
 
 # %% auto #0
-__all__ = ['alibi_slopes', 'alibi_bias', 'ALiBi']
+__all__ = ['alibi_slopes', 'alibi_bias', 'ALiBi', 'ALiBiContext']
 
 # %% ../nbs/08_alibi.ipynb #9cb6a6ba
 def alibi_slopes(n_heads: int,  # h ≥ 1
@@ -36,6 +37,9 @@ def alibi_bias(q_pos: torch.Tensor,   # integer query positions `(i,)` or `(b, i
         raise ValueError('slopes must be a float tensor of shape (h,), e.g. alibi_slopes(h)')
     if not bool(((slopes > 0) & slopes.isfinite()).all()):   # (h,): a negative slope would reward distance
         raise ValueError(f'slopes must be finite and > 0 (a penalty that grows with distance), e.g. alibi_slopes(h); got {slopes.tolist()}')
+    return _alibi_bias(q_pos, k_pos, slopes, bidirectional)
+
+def _alibi_bias(q_pos, k_pos, slopes, bidirectional):  # `alibi_bias` without the checks of the slopes (data-dependent)
     rel = rel_pos(q_pos, k_pos)                                         # (…, i, j): j - i, int64
     dist = rel.abs() if bidirectional else (-rel).clamp(min=0)          # |j - i|, or i - j for keys before the query
     dist = dist if dist.ndim == 3 else dist[None]                       # (b|1, i, j)
@@ -53,18 +57,24 @@ class ALiBi(PositionEncoding):
         self.n_heads, self.bidirectional = n_heads, bidirectional
 
 # %% ../nbs/08_alibi.ipynb #d6be1241
-@patch
-def prepare(self: ALiBi, q_pos, k_pos):  # integer positions `(b|1, i)`, `(b|1, j)` (or 1-D)
-    "Per-forward context with `alibi_bias` `(b|1, h, i, j)`, float32, shared by all layers."
-    dev = q_pos.device if isinstance(q_pos, torch.Tensor) else None      # a list is refused by `rel_pos`, naming it
-    bias = alibi_bias(q_pos, k_pos, alibi_slopes(self.n_heads, dev), self.bidirectional)
-    return {'q_pos': q_pos, 'k_pos': k_pos, 'alibi_bias': bias}
+@dataclass(eq=False)
+class ALiBiContext(Context):
+    "Context of `ALiBi`: its fixed bias, shared by all layers."
+    alibi_bias: torch.Tensor  # `(b|1, h, i, j)` float32, logit units (≤ 0)
 
 @patch
-def score_terms(self: ALiBi, q, k, ctx, attn):  # q `(b, h, i, d)`
+def prepare(self: ALiBi, q_pos, k_pos) -> ALiBiContext:  # integer positions `(b|1, i)`, `(b|1, j)` (or 1-D)
+    "Per-forward context with `alibi_bias` `(b|1, h, i, j)`, float32, shared by all layers."
+    dev = q_pos.device if isinstance(q_pos, torch.Tensor) else None      # a list is refused by `rel_pos`, naming it
+    slopes = alibi_slopes(self.n_heads, dev)
+    if is_tracing(): return ALiBiContext(q_pos, k_pos, _alibi_bias(q_pos, k_pos, slopes, self.bidirectional))  # valid slopes
+    return ALiBiContext(q_pos, k_pos, alibi_bias(q_pos, k_pos, slopes, self.bidirectional))
+
+@patch
+def score_terms(self: ALiBi, q, k, ctx: ALiBiContext, layer=None):  # q `(b, h, i, d)`
     "The shared bias, `[(b|1, h, i, j)]`; `ValueError` if q has another number of heads."
     if q.shape[1] != self.n_heads: raise ValueError(f'ALiBi was built for {self.n_heads} heads; got q of shape {tuple(q.shape)}')
-    return [ctx['alibi_bias']]
+    return [ctx.alibi_bias]
 
 # %% ../nbs/08_alibi.ipynb #6f2d3208
 @register_encoding('alibi', 'score', 'fixed linear bias -m_h·|j-i| per head, geometric slopes 2^(-8k/h); symmetric for the encoder (bidirectional=false: causal form)',

@@ -8,12 +8,14 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from dataclasses import dataclass
 from fastcore.basics import patch
 from .core import *
 
 # %% auto #0
-__all__ = ['attend_manual', 'attend_fast', 'attend_compiled', 'attend', 'PositionEncoding', 'default_positions',
-           'MultiHeadAttention', 'position_attention', 'CombinedEncoding']
+__all__ = ['causal_mask', 'scores', 'attend_manual', 'is_tracing', 'attend_fast', 'attend_compiled', 'attend', 'Context',
+           'LayerRef', 'PositionEncoding', 'default_positions', 'MultiHeadAttention', 'as_layer', 'layer_index',
+           'position_attention', 'position_scores', 'KVCache', 'CombinedContext', 'CombinedEncoding']
 
 # %% ../nbs/01_attention.ipynb #43e4fd21
 def _check_attend_inputs(q, k, v, score_terms, mask):
@@ -24,6 +26,8 @@ def _check_attend_inputs(q, k, v, score_terms, mask):
     if q.shape[:2] != k.shape[:2] or k.shape[:3] != v.shape[:3] or q.shape[-1] != k.shape[-1]:
         raise ValueError(f'incompatible shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: need '
                          'q (b, h, i, d), k (b, h, j, d), v (b, h, j, d_v)')
+    if q.shape[-1] == 0:
+        raise ValueError(f'q and k have head dimension d = 0 (q {tuple(q.shape)}): attention needs d ≥ 1 (the default scale is 1/sqrt(d))')
     if not q.dtype == k.dtype == v.dtype:
         raise ValueError(f'q, k and v must have one dtype; got q {q.dtype}, k {k.dtype}, v {v.dtype}')
     others = [('k', k), ('v', v), *((f'score_terms[{a}]', t) for a, t in enumerate(score_terms) if isinstance(t, torch.Tensor)),
@@ -44,35 +48,66 @@ def _check_attend_inputs(q, k, v, score_terms, mask):
     return full
 
 # %% ../nbs/01_attention.ipynb #4eacdacb
-def attend_manual(q, k, v, score_terms=(), mask=None, scale=None, dropout_p=0.0, value_terms=()):
-    "Readable reference path of `attend`; returns `(out (b, h, i, d_v), probs (b, h, i, j))`."
+def causal_mask(i: int, j: int, device=None) -> torch.Tensor:
+    "Bool `(1, 1, i, j)`: query `a` may attend key `c` iff `c ≤ a + j - i` (the queries are the last `i` of the `j` keys: a KV cache)."
+    a = torch.arange(i, device=device)[:, None] + (j - i)      # (i, 1): each query's own index among the keys
+    return (torch.arange(j, device=device)[None] <= a)[None, None]   # (1, 1, i, j)
+
+def _with_causal(mask, causal, i, j, device):
+    if not causal: return mask
+    c = causal_mask(i, j, device)
+    return c if mask is None else mask & c
+
+def scores(q, k, score_terms=(), mask=None, scale=None, causal=False):
+    "The pre-softmax logits `s·q·kᵀ + Σ terms`, `-inf` where masked, `(b, h, i, j)` in float32 (float64 for float64 `q`)."
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     acc = torch.promote_types(q.dtype, torch.float32)          # fp16/bf16 inputs: sum and softmax in float32
-    logits = ((q * scale) @ k.transpose(-1, -2)).to(acc)       # (b, h, i, j); scaled first: s·q·kᵀ fits fp16 where q·kᵀ may not
+    if q.dtype == torch.float16: q, k = q.float(), k.float()   # s·q·kᵀ may pass fp16's 65,504; bf16 has float32's range
+    logits = ((q * scale) @ k.transpose(-1, -2)).to(acc)       # (b, h, i, j)
     for t in score_terms: logits = logits.add_(t.to(q.dtype).to(acc))  # (b, h, i, j), in place: no new full tensor per term;
                                                                # terms follow q's dtype, as on the fast path
+    mask = _with_causal(mask, causal, q.shape[2], k.shape[2], q.device)
     if mask is not None: logits = logits.masked_fill_(~mask, float('-inf'))
-    probs = logits.softmax(-1).to(q.dtype)                     # (b, h, i, j)
+    return logits
+
+def _softmax_rows(logits):  # softmax over j (in place on `logits`) and the rows with no finite logit, `(b, h, i, 1)`
+    dead = logits.amax(-1, keepdim=True) == float('-inf')      # such a row would give NaN; its caller zeroes it
+    return logits.masked_fill_(dead, 0.0).softmax(-1), dead    # 0, not -inf: finite values and gradients there
+
+def _manual(q, k, v, score_terms, mask, scale, dropout_p, value_terms, want_probs):
+    probs, dead = _softmax_rows(scores(q, k, score_terms, mask, scale))
+    probs = probs.to(q.dtype)                                  # (b, h, i, j)
     p = F.dropout(probs, dropout_p) if dropout_p > 0 else probs
     out = p @ v                                                # (b, h, i, d_v)
     for f in value_terms: out = out + f(p)                     # (b, h, i, d_v)
-    return out, probs
+    out = out.masked_fill(dead, 0.0)                           # a row that -inf terms empty gives 0, as on the fast path
+    return out, probs.masked_fill(dead, 0.0) if want_probs else None
+
+def attend_manual(q, k, v, score_terms=(), mask=None, scale=None, dropout_p=0.0, value_terms=()):
+    "Readable reference path of `attend`; returns `(out (b, h, i, d_v), probs (b, h, i, j))`."
+    return _manual(q, k, v, score_terms, mask, scale, dropout_p, value_terms, True)
+
+# %% ../nbs/01_attention.ipynb #ef003be1
+def is_tracing() -> bool:
+    "True under `torch.jit.trace`, `torch.export` and `torch.compile`: no Python numbers may be read from tensor values."
+    return torch.jit.is_tracing() or torch.compiler.is_compiling()
 
 # %% ../nbs/01_attention.ipynb #3f47990b
 def _attend_math(q, k, v, score_terms, mask, scale, dropout_p):  # the manual path, output only (no probabilities kept)
-    return attend_manual(q, k, v, score_terms, mask, scale, dropout_p)[0]
+    return _manual(q, k, v, score_terms, mask, scale, dropout_p, (), False)[0]
 
 def attend_fast(q, k, v, score_terms=(), mask=None, scale=None, dropout_p=0.0):
     "Fast path of `attend` through `F.scaled_dot_product_attention` (on CPU, `_attend_math` when a term needs a gradient); returns `out (b, h, i, d_v)`."
     if q.device.type == 'cpu' and (torch.is_grad_enabled() and any(t.requires_grad for t in score_terms)
-                                   or mask is None and not score_terms and bool(q.isnan().any())):   # NaN: see above
+                                   or mask is None and not score_terms and not is_tracing() and bool(q.isnan().any())):  # NaN: above
         return _attend_math(q, k, v, score_terms, mask, scale, dropout_p)
     bias = None
     for t in score_terms: bias = t if bias is None else bias + t          # (b|1, h|1, i, j)
-    if mask is not None and bias is not None:
-        bias = torch.where(mask, bias, torch.tensor(float('-inf'), dtype=bias.dtype, device=bias.device))
-    attn_mask = mask if bias is None else bias.to(q.dtype)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale)
+    if bias is None: return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
+    if mask is not None: bias = torch.where(mask, bias, torch.tensor(float('-inf'), dtype=bias.dtype, device=bias.device))
+    live = bias.amax(-1, keepdim=True) > float('-inf')                    # (b|1, h|1, i, 1): a row -inf terms leave empty → 0
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), dropout_p=dropout_p, scale=scale)
+    return out.masked_fill(~live, 0.0)
 
 # %% ../nbs/01_attention.ipynb #9bb9c2f1
 _COMPILED = {}
@@ -83,27 +118,31 @@ def attend_compiled(q, k, v, score_terms=(), mask=None, scale=None, dropout_p=0.
     return _COMPILED['fn'](q, k, v, tuple(score_terms), mask, scale, dropout_p)
 
 # %% ../nbs/01_attention.ipynb #a326733c
-def attend(q: torch.Tensor, # queries `(b, h, i, d)`, float
+def attend(q: torch.Tensor, # queries `(b, h, i, d)`, float, d ≥ 1
            k: torch.Tensor, # keys `(b, h, j, d)`, float
            v: torch.Tensor, # values `(b, h, j, d_v)`, float
-           score_terms=(),  # finite float tensors broadcastable to `(b, h, i, j)`, in logit units, summed onto `scale·q·kᵀ` (forbid keys with `mask`, not -inf)
+           score_terms=(),  # float tensors broadcastable to `(b, h, i, j)`, in logit units, summed onto `scale·q·kᵀ` (forbid keys with `mask`)
            mask: torch.Tensor | None = None, # bool, broadcastable to `(b, h, i, j)`, `True` = may attend
            scale: float | None = None,  # content scale `s`, a finite number; default `1/sqrt(d)`
            dropout_p: float = 0.0,      # dropout on the attention probabilities (pass 0 in eval)
            return_probs: bool = False,  # also return the probabilities `(b, h, i, j)` (uses the manual path)
            fast: bool | str = True,     # True: `F.scaled_dot_product_attention` when possible; False: manual; 'compiled': `attend_compiled`
            value_terms=(),  # callables `probs (b, h, i, j) -> (b, h, i, d_v)` added to the output (Shaw's $a^V$); manual path
+           causal: bool = False,        # also forbid keys after the query (`causal_mask`: queries are the last i of the j keys)
           ):
-    "Attention with position score terms: `softmax(scale·q·kᵀ + Σ terms, masked)·v`; rows with no allowed key give 0."
+    "Attention with position score terms: `softmax(scale·q·kᵀ + Σ terms, masked)·v`; rows with no allowed key give 0; `ValueError` for bad input."
     _check_attend_inputs(q, k, v, score_terms, mask)
     if not (isinstance(fast, bool) or fast == 'compiled'): raise ValueError(f"fast must be True, False or 'compiled'; got {fast!r}")
     if not (is_real(dropout_p) and 0 <= dropout_p <= 1):
         raise ValueError(f'dropout_p is a probability in [0, 1]; got {dropout_p!r}')
     if scale is not None and not (is_real(scale) and math.isfinite(scale)):
         raise ValueError(f'scale must be a finite number (the content scale s; None: 1/sqrt(d)); got {scale!r}')
+    mask = _with_causal(mask, causal, q.shape[2], k.shape[2], q.device)
     valid = None
     if mask is not None:
         valid = mask.any(-1, keepdim=True)                   # (b|1, h|1, i|1, 1): row has an allowed key
+        used = mask.any(-2, keepdim=True).transpose(-1, -2)  # (b|1, h|1, j, 1): some query may attend the key
+        k, v = k.masked_fill(~used, 0.0), v.masked_fill(~used, 0.0)   # padding's NaN must not reach other rows (0·NaN)
         mask = mask | ~valid                                  # fully masked rows attend everywhere, then are zeroed
     if return_probs or value_terms or not fast:
         out, probs = attend_manual(q, k, v, score_terms, mask, scale, dropout_p, value_terms)
@@ -116,6 +155,21 @@ def attend(q: torch.Tensor, # queries `(b, h, i, d)`, float
     return (out, probs) if return_probs else out
 
 # %% ../nbs/01_attention.ipynb #3b465c43
+@dataclass(eq=False)
+class Context:
+    "What `prepare` computes once per forward and every layer reads; encodings with more subclass it with typed fields."
+    q_pos: torch.Tensor   # `(b|1, i)` integer query positions
+    k_pos: torch.Tensor   # `(b|1, j)` integer key positions
+    def __getitem__(self, name: str): return getattr(self, name)   # `ctx['q_pos']` reads a field, as `ctx.q_pos`
+
+@dataclass(eq=False)
+class LayerRef:
+    "The address of one attention layer for an encoding: its index among the encoding's per-layer tables, and the projections it lends."
+    idx: int | None = None               # 0-based layer index; None: no index (only where the encoding has one table)
+    q_proj: nn.Module | None = None      # the layer's query projection `D -> D` (DeBERTa's `share_att_key=True`)
+    k_proj: nn.Module | None = None      # the layer's key projection `D -> D`
+
+# %% ../nbs/01_attention.ipynb #d4de6539
 class PositionEncoding(nn.Module):
     "Base class of position encodings; with its default hooks it adds no position signal (NoPE)."
     kind = 'none'
@@ -123,12 +177,12 @@ class PositionEncoding(nn.Module):
     def embed(self, pos: torch.Tensor): # `(b|1, n)` integer positions
         "Vectors `(b|1, n, D)` to add to the input embeddings, or `None`."
         return None
-    def prepare(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> dict: # integer positions `(b|1, i)`, `(b|1, j)`
+    def prepare(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> Context: # integer positions `(b|1, i)`, `(b|1, j)`
         "Per-forward context shared by all layers (content-free terms are computed here once)."
-        return {'q_pos': q_pos, 'k_pos': k_pos}
-    def transform_qk(self, q, k, ctx: dict, attn): return q, k
-    def score_terms(self, q, k, ctx: dict, attn) -> list: return []
-    def value_terms(self, ctx: dict, attn) -> list: return []
+        return Context(q_pos, k_pos)
+    def transform_qk(self, q, k, ctx: Context, layer=None): return q, k
+    def score_terms(self, q, k, ctx: Context, layer=None) -> list: return []
+    def value_terms(self, ctx: Context, layer=None) -> list: return []
     def content_scale(self, d: int) -> float: return d ** -0.5
 
 # %% ../nbs/01_attention.ipynb #75e1e1d5
@@ -144,61 +198,138 @@ def default_positions(n: int, device=None) -> torch.Tensor:
 
 class MultiHeadAttention(nn.Module):
     "Multi-head attention whose position signal comes from a `PositionEncoding`; `forward` returns `(b, i, D)`."
-    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True, layer_idx: int = 0):
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True,
+                 layer_idx: int | None = None):   # this layer's address in encodings with per-layer tables
         super().__init__()
         if n_heads < 1 or d_model < 1 or d_model % n_heads:
             raise ValueError(f'd_model={d_model} must be a positive multiple of n_heads={n_heads} (n_heads ≥ 1)')
+        if layer_idx is not None and not (is_int(layer_idx) and layer_idx >= 0):
+            raise ValueError(f'layer_idx must be an integer ≥ 0 or None; got {layer_idx!r}')
         self.d_model, self.n_heads, self.d_head, self.dropout, self.layer_idx = d_model, n_heads, d_model // n_heads, dropout, layer_idx
         self.q_proj, self.k_proj, self.v_proj, self.o_proj = (nn.Linear(d_model, d_model, bias=bias) for _ in range(4))
 
     def split_heads(self, x):  # (b, n, D) -> (b, h, n, d)
         return x.view(*x.shape[:2], self.n_heads, self.d_head).transpose(1, 2)
 
+    @property
+    def layer_ref(self) -> LayerRef:
+        "The address this layer passes to the encoding's hooks: its `layer_idx` and its q/k projections."
+        return LayerRef(self.layer_idx, self.q_proj, self.k_proj)
+
+# %% ../nbs/01_attention.ipynb #36fce675
+def as_layer(layer) -> LayerRef:
+    "`layer` (None, an int index, a `LayerRef`, or our `MultiHeadAttention`) as a `LayerRef`; `TypeError` for anything else."
+    if layer is None: return LayerRef()
+    if isinstance(layer, LayerRef): return layer
+    if isinstance(layer, MultiHeadAttention): return layer.layer_ref
+    if is_int(layer) and layer >= 0: return LayerRef(layer)
+    raise TypeError(f'the layer address must be a layer index (an int ≥ 0), a LayerRef(idx, q_proj, k_proj) or None; '
+                    f'got {type(layer).__name__} {layer!r:.60}')
+
+def layer_index(layer, n_tables: int, what: str, tables: str = 'tables') -> int:
+    "Index of `layer`'s table among `n_tables` (0 when there is one); `ValueError` if the address is missing or out of range."
+    idx = as_layer(layer).idx
+    if idx is None and n_tables > 1:
+        raise ValueError(f'{what} has one set of {tables} per layer ({n_tables} layers): pass the layer index to the hooks '
+                         f'(score_terms(q, k, ctx, layer=l), or LayerRef(l)), or build MultiHeadAttention(..., layer_idx=l)')
+    idx = 0 if idx is None else idx
+    if not idx < n_tables: raise ValueError(f'layer {idx} but {what} has {tables} for {n_tables} layers (n_layers)')
+    return idx
+
 # %% ../nbs/01_attention.ipynb #aa9ab004
-def _check_mha_inputs(attn, x, kv, ctx):
+def _ctx_get(ctx, name):  # a field of a `Context` (or of a dict context, as the ViT encodings make)
+    return ctx.get(name) if isinstance(ctx, dict) else getattr(ctx, name, None)
+
+def _check_mha_inputs(attn, x, kv, ctx, n_cached=0):
     for name, t in (('x', x), ('kv', kv)):
         if not isinstance(t, torch.Tensor) or t.ndim != 3 or t.shape[-1] != attn.d_model or not t.dtype.is_floating_point:
             got = f'{t.dtype} tensor of shape {tuple(t.shape)}' if isinstance(t, torch.Tensor) else type(t).__name__
             raise ValueError(f'{name} must be a float tensor of shape (b, n, D) with D = d_model = {attn.d_model}; got {got}')
     if kv.shape[0] != x.shape[0]: raise ValueError(f'kv has batch size {kv.shape[0]} but x has {x.shape[0]}')
-    for key, t, who in (('q_pos', x, 'x'), ('k_pos', kv, 'kv')):
-        p = (ctx or {}).get(key)
-        if isinstance(p, torch.Tensor) and (p.shape[-1] != t.shape[1] or (p.ndim == 2 and p.shape[0] not in (1, t.shape[0]))):
-            raise ValueError(f'ctx[{key!r}] has shape {tuple(p.shape)} but {who} is {tuple(t.shape[:2])} (b, n): '
+    for key, n, who in (('q_pos', x.shape[1], 'x'), ('k_pos', kv.shape[1] + n_cached, 'the keys (cache + kv)' if n_cached else 'kv')):
+        p = _ctx_get(ctx, key)
+        if isinstance(p, torch.Tensor) and (p.shape[-1] != n or (p.ndim == 2 and p.shape[0] not in (1, x.shape[0]))):
+            raise ValueError(f'ctx[{key!r}] has shape {tuple(p.shape)} but {who} is {(x.shape[0], n)} (b, n): '
                              f'prepare ctx with pe.prepare(q_pos, k_pos) for the positions of this forward')
 
 # %% ../nbs/01_attention.ipynb #d0dc2bef
+def _content_scale(pe, q):  # the head dimension as a Python int: under tracing `q.shape[-1]` is a tensor
+    return pe.content_scale(int(q.shape[-1]))
+
 def position_attention(pe: PositionEncoding,
                        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, # `(b, h, i, d)`, `(b, h, j, d)`, `(b, h, j, d_v)`
-                       ctx: dict,                    # `pe.prepare(q_pos, k_pos)`
-                       layer,                        # the attention layer the encoding reads (`layer_idx`, projections)
+                       ctx: Context,                 # `pe.prepare(q_pos, k_pos)`
+                       layer=None,                   # the layer address: index, `LayerRef`, or None (see `as_layer`)
                        mask: torch.Tensor | None = None, # bool, broadcastable to `(b, h, i, j)`, True = may attend
-                       dropout_p: float = 0.0, return_probs: bool = False, fast: bool | str = True):
+                       dropout_p: float = 0.0, return_probs: bool = False, fast: bool | str = True,
+                       causal: bool = False):        # forbid keys after each query (queries = the last i keys)
     "`attend` with `pe`'s signal: transformed `q, k`, its score terms, content scale and value terms; returns `(b, h, i, d_v)` (and probs)."
     q, k = pe.transform_qk(q, k, ctx, layer)
-    return attend(q, k, v, pe.score_terms(q, k, ctx, layer), mask, scale=pe.content_scale(q.shape[-1]),
-                  dropout_p=dropout_p, return_probs=return_probs, fast=fast, value_terms=pe.value_terms(ctx, layer))
+    return attend(q, k, v, pe.score_terms(q, k, ctx, layer), mask, scale=_content_scale(pe, q), dropout_p=dropout_p,
+                  return_probs=return_probs, fast=fast, value_terms=pe.value_terms(ctx, layer), causal=causal)
+
+def position_scores(pe: PositionEncoding, q: torch.Tensor, k: torch.Tensor, ctx: Context, layer=None,
+                    mask: torch.Tensor | None = None, causal: bool = False) -> torch.Tensor:
+    "The logits `(b, h, i, j)` that `position_attention` feeds its softmax (float32, float64 for float64 q; -inf where masked)."
+    q, k = pe.transform_qk(q, k, ctx, layer)
+    return scores(q, k, pe.score_terms(q, k, ctx, layer), mask, _content_scale(pe, q), causal)
 
 # %% ../nbs/01_attention.ipynb #f6fe8cf3
+@dataclass(eq=False)
+class KVCache:
+    "One layer's projected keys and values so far, **before** the encoding's transform (RoPE rotates them anew with each call's context)."
+    k: torch.Tensor | None = None   # `(b, h, j, d)`
+    v: torch.Tensor | None = None   # `(b, h, j, d_v)`
+    def __len__(self): return 0 if self.k is None else self.k.shape[2]
+    def append(self, k, v):
+        "Add this call's `k`, `v` `(b, h, n, d)`; returns all keys and values so far."
+        self.k = k if self.k is None else torch.cat([self.k, k], 2)
+        self.v = v if self.v is None else torch.cat([self.v, v], 2)
+        return self.k, self.v
+
+@patch
+def _qkv(self: MultiHeadAttention, x, kv, pe, ctx, cache):
+    kv = x if kv is None else kv
+    n_cached = 0 if cache is None else len(cache)
+    _check_mha_inputs(self, x, kv, ctx, n_cached)
+    if ctx is None:                    # positions 0 … (cached keys first): the queries are the last of the keys
+        ctx = pe.prepare(default_positions(x.shape[1], x.device) + n_cached, default_positions(kv.shape[1] + n_cached, x.device))
+    q, k, v = self.split_heads(self.q_proj(x)), self.split_heads(self.k_proj(kv)), self.split_heads(self.v_proj(kv))  # (b, h, n, d)
+    if cache is not None: k, v = cache.append(k, v)   # (b, h, j, d): the cached keys, then this call's
+    return q, k, v, ctx
+
+# %% ../nbs/01_attention.ipynb #b5cf2116
 @patch
 def forward(self: MultiHeadAttention,
-                 x: torch.Tensor,             # queries' hidden states `(b, i, D)`
-                 mask: torch.Tensor | None = None, # bool, broadcastable to `(b, h, i, j)`, True = may attend
-                 pe: PositionEncoding | None = None, ctx: dict | None = None, # the encoding and its `prepare` context
-                 kv: torch.Tensor | None = None,   # keys' hidden states `(b, j, D)` (default: `x`, self-attention)
-                 return_probs: bool = False, fast: bool = True):
+            x: torch.Tensor,             # queries' hidden states `(b, i, D)`
+            mask: torch.Tensor | None = None, # bool, broadcastable to `(b, h, i, j)`, True = may attend (j counts cached keys)
+            pe: PositionEncoding | None = None, ctx: Context | None = None, # the encoding and its `prepare` context
+            kv: torch.Tensor | None = None,   # keys' hidden states `(b, j, D)` (default: `x`, self-attention)
+            return_probs: bool = False, fast: bool = True,
+            causal: bool = False,             # forbid keys after each query
+            cache: KVCache | None = None):    # this layer's cache: earlier keys and values, extended by this call's
     "Attend from `x` to `kv` (default `x`) with the position signal of `pe`; returns `(b, i, D)` (and probs `(b, h, i, j)`)."
     pe = PositionEncoding() if pe is None else pe
-    kv = x if kv is None else kv
-    _check_mha_inputs(self, x, kv, ctx)
-    if ctx is None: ctx = pe.prepare(default_positions(x.shape[1], x.device), default_positions(kv.shape[1], x.device))
-    q, k, v = self.split_heads(self.q_proj(x)), self.split_heads(self.k_proj(kv)), self.split_heads(self.v_proj(kv))  # (b, h, n, d)
-    res = position_attention(pe, q, k, v, ctx, self, mask, self.dropout if self.training else 0.0, return_probs, fast)
+    q, k, v, ctx = self._qkv(x, kv, pe, ctx, cache)
+    res = position_attention(pe, q, k, v, ctx, self.layer_ref, mask, self.dropout if self.training else 0.0,
+                             return_probs, fast, causal)
     out, probs = res if return_probs else (res, None)
     out = self.o_proj(out.transpose(1, 2).reshape(x.shape[0], x.shape[1], self.d_model))  # (b, i, D)
     return (out, probs) if return_probs else out
 
+@patch
+def scores(self: MultiHeadAttention, x, mask=None, pe=None, ctx=None, kv=None, causal=False) -> torch.Tensor:
+    "The pre-softmax logits `(b, h, i, j)` of `forward` with the same arguments (no cache)."
+    pe = PositionEncoding() if pe is None else pe
+    q, k, v, ctx = self._qkv(x, kv, pe, ctx, None)
+    return position_scores(pe, q, k, ctx, self.layer_ref, mask, causal)
+
 # %% ../nbs/01_attention.ipynb #e4ab5c14
+@dataclass(eq=False)
+class CombinedContext(Context):
+    "The context of a `CombinedEncoding`: each member's own."
+    members: list             # one context per member, in order
+
 class CombinedEncoding(PositionEncoding):
     "Several encodings at once: summed `embed`, chained `transform_qk`, concatenated score and value terms."
     def __init__(self, *encodings: PositionEncoding):
@@ -219,12 +350,12 @@ class CombinedEncoding(PositionEncoding):
     def embed(self, pos):
         vs = [v for v in (e.embed(pos) for e in self.members) if v is not None]
         return None if not vs else sum(vs[1:], vs[0])                      # (b|1, n, D)
-    def prepare(self, q_pos, k_pos): return {'q_pos': q_pos, 'k_pos': k_pos, 'members': [e.prepare(q_pos, k_pos) for e in self.members]}
-    def transform_qk(self, q, k, ctx, attn):
-        for e, c in zip(self.members, ctx['members']): q, k = e.transform_qk(q, k, c, attn)
+    def prepare(self, q_pos, k_pos): return CombinedContext(q_pos, k_pos, [e.prepare(q_pos, k_pos) for e in self.members])
+    def transform_qk(self, q, k, ctx, layer=None):
+        for e, c in zip(self.members, ctx.members): q, k = e.transform_qk(q, k, c, layer)
         return q, k
-    def score_terms(self, q, k, ctx, attn): return [t for e, c in zip(self.members, ctx['members']) for t in e.score_terms(q, k, c, attn)]
-    def value_terms(self, ctx, attn): return [t for e, c in zip(self.members, ctx['members']) for t in e.value_terms(c, attn)]
+    def score_terms(self, q, k, ctx, layer=None): return [t for e, c in zip(self.members, ctx.members) for t in e.score_terms(q, k, c, layer)]
+    def value_terms(self, ctx, layer=None): return [t for e, c in zip(self.members, ctx.members) for t in e.value_terms(c, layer)]
     def content_scale(self, d):
         s = {e.content_scale(d) for e in self.members}
         if len(s) > 1: raise ValueError(f'the encodings scale q·k differently at d={d} ({sorted(s)}): they cannot be combined')

@@ -93,12 +93,11 @@ class Case:
         out.backward(self._grad)
 
 # %% ../nbs/24_bench.ipynb #8bb8e1cb
-class _Layer:  # what an encoding sees of its attention layer at the core level: the layer index
-    layer_idx = 0
+_LAYER = 0   # the layer address the encodings' hooks get at the core level: layer 0's tables
 
 def core_attention(pe: PositionEncoding, q, k, v, pos, fast=True):
     "Attention of `q, k, v (b, h, L, d)` at positions `pos (1, L)` with `pe`'s signal: `MultiHeadAttention.forward` without its projections."
-    return position_attention(pe, q, k, v, pe.prepare(pos, pos), _Layer(), fast=fast)
+    return position_attention(pe, q, k, v, pe.prepare(pos, pos), _LAYER, fast=fast)
 
 def naive_attention(q, k, v, terms, scale):
     "softmax(scale·q·kᵀ + Σ terms)·v with each `(b, h, i, j)` tensor written out: attention before fused kernels."
@@ -123,9 +122,9 @@ def _rel_case(name, enc, q, k, v, pos, note, compiled):  # Shaw / method 4: tabl
 def _bias_case(name, enc, q, k, v, pos, note, compiled):  # a bias-type term: fused attention with the bias, against the floor
     def naive():
         ctx = enc.prepare(pos, pos)
-        return naive_attention(q, k, v, enc.score_terms(q, k, ctx, _Layer()), enc.content_scale(q.shape[-1]))
+        return naive_attention(q, k, v, enc.score_terms(q, k, ctx, _LAYER), enc.content_scale(q.shape[-1]))
     def sdpa_mask():
-        terms = enc.score_terms(q, k, enc.prepare(pos, pos), _Layer())
+        terms = enc.score_terms(q, k, enc.prepare(pos, pos), _LAYER)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=sum(terms[1:], terms[0]), scale=enc.content_scale(q.shape[-1]))
     return Case(name, {**_ours(enc, q, k, v, pos, compiled), 'naive': naive, 'sdpa-mask': sdpa_mask}, [q, k, v, *enc.parameters()], 'floor', note)
 

@@ -9,7 +9,7 @@ from .core import *
 
 # %% auto #0
 __all__ = ['UsageError', 'cmd_encodings', 'cmd_pretrain', 'cmd_lengths', 'cmd_finetune', 'cmd_tasks', 'cmd_vit', 'cmd_compare',
-           'cmd_bench', 'build_parser', 'main']
+           'cmd_probes', 'cmd_bench', 'build_parser', 'main']
 
 # %% ../nbs/13_cli.ipynb #90336ca0
 class UsageError(ValueError):
@@ -94,7 +94,6 @@ def cmd_pretrain(args) -> int:
 def _report_run(summary: dict) -> int:
     "Print a training run's summary as JSON, or how it stopped (main process only); the exit status (128 + n after signal n)."
     from accelerate import PartialState
-    from posenc_lit.loop import dumps
     print = builtins.print if PartialState().is_main_process else (lambda *a, **k: None)   # once, not once per process
     if 'signal' in summary:
         print(f"interrupted by {summary['signal']} at step {summary['stopped_at_step']} of {summary['steps']}: "
@@ -103,7 +102,7 @@ def _report_run(summary: dict) -> int:
         return 128 + int(sig) if sig is not None else 1
     if 'stopped_at_step' in summary:
         print(f"stopped at step {summary['stopped_at_step']} of {summary['steps']}; continue with --resume")
-    else: print(dumps(summary, indent=2))
+    else: print(json.dumps(json_safe(summary), indent=2, allow_nan=False))   # standard JSON: a NaN prints as null
     return 0
 
 # %% ../nbs/13_cli.ipynb #66be90b8
@@ -117,15 +116,17 @@ def _add_lengths(sub):
     p.set_defaults(func=cmd_lengths, parser=p)
 
 def cmd_lengths(args) -> int:
-    "Run `evaluate_run` on `args.run`; prints one line per length."
-    from posenc_lit.lengths import evaluate_run
+    "Run `evaluate_run` on `args.run`; prints one line per length, then writes `lengths.json` (a failed write is an error after the lines)."
+    from posenc_lit.lengths import evaluate_run, write_length_results
     if args.max_tokens < 1: raise ValueError(f'--max-tokens must be ≥ 1; got {args.max_tokens}')
-    res = evaluate_run(args.run, args.lengths, args.max_tokens)
+    res = evaluate_run(args.run, args.lengths, args.max_tokens, write=False)
     kw = f" {json.dumps(res['pe_kwargs'])}" if res['pe_kwargs'] else ''
     print(f"{res['pe']}{kw} (trained on {res['train_seq_len']}-token blocks), {res['eval_tokens']} validation tokens:")
     if not res['finished']: print(f"  note: the run has not finished; this evaluates its checkpoint at step {res['checkpoint_step']}")
     for r in res['results']:
         print(f"  n={r['length']:>5}: " + (f"loss {r['loss']:.4f}  accuracy {r['accuracy']:.4f}" if 'loss' in r else f"cannot run: {r['error']}"))
+    sys.stdout.flush()                                   # the results are shown even if the write below fails
+    write_length_results(args.run, res)
     return 0
 
 # %% ../nbs/13_cli.ipynb #6b8e76f9
@@ -290,6 +291,7 @@ def _add_compare(sub):
     p.add_argument('--seeds', type=int, nargs='+', default=None, help="fine-tuning seeds (default: the preset's)")
     p.add_argument('--vit-encodings', nargs='+', default=None, help="vision encodings of the ViT grid (default: the preset's)")
     p.add_argument('--no-vit', action='store_true', help='skip the ViT grid')
+    p.add_argument('--no-probes', action='store_true', help='skip the position probes (run first by default; `posenc_lit probes` runs them alone)')
     p.add_argument('--lengths', type=_positive_int, nargs='+', default=None, help="evaluation block lengths in tokens (default: the "
                    "preset's; quick: 64 128 256, reference: 128 256 512 1024); an encoding that cannot run a length gets n/a and the reason")
     p.add_argument('--pretrained-dir', type=_path, default=None, help='use DIR/<pe>/, finished `posenc_lit pretrain` runs (e.g. '
@@ -304,13 +306,15 @@ def cmd_compare(args) -> int:
     from posenc_lit.compare import compare, compare_plan, pretrained_runs, format_results
     try:
         if args.no_vit and args.vit_encodings: raise ValueError('--vit-encodings selects ViTs and --no-vit skips them: pass one of the two')
-        plan = compare_plan(args.preset, args.encodings, args.tasks, args.seeds, not args.no_vit, args.vit_encodings, args.lengths)
+        plan = compare_plan(args.preset, args.encodings, args.tasks, args.seeds, not args.no_vit, args.vit_encodings, args.lengths,
+                            not args.no_probes)
         if args.pretrained_dir is not None: pretrained_runs(args.pretrained_dir, plan['encodings'])
     except ValueError as e: raise UsageError(str(e)) from None
     try: check_creatable_dir(args.out)
     except ValueError as e: raise UsageError(f'argument --out: {e}') from None
     res = compare(args.preset, args.out, args.encodings, args.tasks, args.seeds, vit=not args.no_vit, bars=not args.quiet,
-                  pretrained_dir=args.pretrained_dir, vit_encodings=args.vit_encodings, lengths=args.lengths)
+                  pretrained_dir=args.pretrained_dir, vit_encodings=args.vit_encodings, lengths=args.lengths,
+                  probes=not args.no_probes)
     if 'interrupted' in res:
         i = res['interrupted']
         print(f"interrupted by {i.get('signal', 'a stop')} during {i['stage']} (step {i['stopped_at_step']} of {i['steps']}): "
@@ -318,6 +322,39 @@ def cmd_compare(args) -> int:
         sig = getattr(signal, i.get('signal', ''), None)
         return 128 + int(sig) if sig is not None else 1
     print(format_results(res)); print(f'results: {args.out}/results.json, figures: {args.out}/figures/')
+    return 0
+
+# %% ../nbs/13_cli.ipynb #7dd7c4d6
+def _add_probes(sub):
+    p = sub.add_parser('probes', help='position probes: offset, absolute index and order, for every encoding, at 1×, 2× and 4× the training length',
+                       description='Train a small encoder with each encoding on each position probe (posenc_lit.probes) and score it '
+                                   'at the training length and longer; prints the table (chance level included). With --out, the '
+                                   'results are written to that JSON file after every run and a rerun skips the finished ones.')
+    p.add_argument('--preset', default='quick', help='quick: n=32, D=64, 2 layers, 400 steps (the table of `compare --preset quick`); '
+                   'smoke: n=16, 200 steps (default: quick)')
+    p.add_argument('--encodings', nargs='+', default=None, help='encodings (default: every registered language encoding, none included)')
+    p.add_argument('--probes', nargs='+', default=None, help='probes (default: offset index precede)')
+    p.add_argument('--steps', type=_positive_int, default=None, help="optimizer steps per encoding and probe (default: the preset's)")
+    p.add_argument('--seed', type=int, default=None, help='seed of the weights and the data (default: 0)')
+    p.add_argument('--out', type=_path, default=None, help='JSON file for the results (resumes); a figure is written beside it (.png)')
+    p.add_argument('--quiet', action='store_true', help='no line per run on stderr')
+    p.set_defaults(func=cmd_probes, parser=p)
+
+def cmd_probes(args) -> int:
+    "Run `run_probes`; prints the table. Options are checked before anything runs."
+    from posenc_lit.probes import make_probe_config, run_probes, format_probe_table, plot_probes, PROBES
+    from posenc_lit.core import list_encodings
+    from pathlib import Path
+    try:
+        cfg = make_probe_config(args.preset, steps=args.steps, seed=args.seed)
+        for what, names, valid in (('encoding', args.encodings, list_encodings()), ('probe', args.probes, PROBES)):
+            if bad := [x for x in names or [] if x not in valid]: raise ValueError(f'unknown {what}(s) {bad}; valid: {", ".join(valid)}')
+    except ValueError as e: raise UsageError(str(e)) from None
+    res = run_probes(args.encodings, args.probes, cfg, out=args.out, progress=not args.quiet)
+    print(format_probe_table(res))
+    if args.out is not None:
+        plot_probes(res).savefig(Path(args.out).with_suffix('.png'), dpi=100)
+        print(f'results: {args.out}, figure: {Path(args.out).with_suffix(".png")}')
     return 0
 
 # %% ../nbs/13_cli.ipynb #dbe16226
@@ -377,6 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(func=cmd_tasks, parser=t)
     _add_vit(sub)
     _add_compare(sub)
+    _add_probes(sub)
     _add_bench(sub)
     return p
 

@@ -9,7 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 import torch
 import matplotlib.pyplot as plt
-from .core import atomic_write, list_encodings
+from .core import atomic_write, list_encodings, write_json, json_safe
 from .model import CheckpointError
 from .training import make_train_config, pretrain
 from .tasks import get_task, load_task, majority_baseline, bow_baseline
@@ -17,6 +17,7 @@ from .finetune import make_finetune_config, finetune, find_checkpoint, mean_std,
 from .lengths import evaluate_run
 from .vit import vision_encodings
 from .vit_train import make_vit_config, train_vit
+from .probes import PROBES, make_probe_config, run_probe, new_probe_results, format_probe_table, plot_probes
 
 # %% auto #0
 __all__ = ['COMPARE_PRESETS', 'ABLATIONS', 'compare_plan', 'pretrained_runs', 'environment', 'compare', 'format_results',
@@ -25,6 +26,7 @@ __all__ = ['COMPARE_PRESETS', 'ABLATIONS', 'compare_plan', 'pretrained_runs', 'e
 # %% ../nbs/19_compare.ipynb #acd90be7
 COMPARE_PRESETS = {
     'quick': dict(
+        probes=dict(preset='quick'),   # the position probes (posenc_lit.probes), run first
         pretrain=dict(preset='quick', d_model=64, n_layers=2, n_heads=4, d_ff=256, seq_len=64, batch_size=32, steps=100,
                       lr=2e-3, eval_every=50, save_every=100, log_every=25, eval_blocks=128),
         pe_overrides={'deberta': dict(emd_steps=2)},       # DeBERTa with its Enhanced Mask Decoder, as in the paper
@@ -83,6 +85,13 @@ def _stage_configs(spec: dict, encodings, tasks, vits) -> dict:
                          f"tokens + 2); got {lengths}")
     return {'pretrain': pre, 'finetune': ft, 'vit': vit}
 
+def _probe_plan(spec: dict) -> dict | None:
+    "The probes' `ProbeConfig` and names from `spec['probes']` (`{'preset': name, 'names': [...], option: value}`); None without it."
+    if not spec.get('probes'): return None
+    d = dict(spec['probes'])
+    names = _pick(d.pop('names', None), list(PROBES), PROBES, 'probe')
+    return {'config': make_probe_config(d.pop('preset', 'quick'), **d), 'names': names}
+
 # %% ../nbs/19_compare.ipynb #b83f30fd
 def compare_plan(preset='quick',       # a name in `COMPARE_PRESETS`, or a dict shaped like its entries
                  encodings=None,       # language encodings and `ABLATIONS` (default: every registered encoding, `list_encodings()`)
@@ -90,6 +99,7 @@ def compare_plan(preset='quick',       # a name in `COMPARE_PRESETS`, or a dict 
                  vit=True,             # run the ViT grid
                  vit_encodings=None,   # default: the preset's (None there: every vision encoding)
                  lengths=None,         # evaluation block lengths (tokens); default: the preset's
+                 probes=True,          # run the position probes, where the preset has them
                 ) -> dict:             # the resolved study: names, selection and the config of every stage
     "Every stage's configuration, checked before anything runs; `ValueError` naming an unknown encoding, task or option."
     if isinstance(preset, str):
@@ -105,7 +115,7 @@ def compare_plan(preset='quick',       # a name in `COMPARE_PRESETS`, or a dict 
         raise ValueError(f'seeds must be distinct integers in [0, 2**32), at least one; got {seeds}')
     vits = _pick(vit_encodings, spec['vit_encodings'] or vision_encodings(), vision_encodings(), 'vision encoding') if vit else []
     return {'preset': name, 'spec': spec, 'encodings': encodings, 'tasks': tasks, 'seeds': seeds, 'vit_encodings': vits,
-            **_stage_configs(spec, encodings, tasks, vits)}
+            'probes': _probe_plan(spec) if probes else None, **_stage_configs(spec, encodings, tasks, vits)}
 
 # %% ../nbs/19_compare.ipynb #c30e2047
 def pretrained_runs(folder,      # a folder with one `posenc_lit pretrain` run directory per encoding, `folder/<pe>/`
@@ -151,7 +161,7 @@ def environment() -> dict:
 
 # %% ../nbs/19_compare.ipynb #584964f5
 def _read(f: Path) -> dict: return json.loads(Path(f).read_text())
-def _write_json(f: Path, obj): atomic_write(f, lambda t: Path(t).write_text(json.dumps(obj, indent=2)))
+def _write_json(f: Path, obj): write_json(f, obj, indent=2)   # standard JSON: a NaN is written as null
 
 def _pretrain_stage(cfg, run: Path, bars: bool) -> dict:
     if (run / 'summary.json').is_file(): return _read(run / 'summary.json')
@@ -206,7 +216,7 @@ def _task_summary(task: str, pe: str, runs: list) -> dict:
             'wall_s': sum(r['wall_s'] for r in runs)}
 
 # %% ../nbs/19_compare.ipynb #c6dac28d
-_STUDY_FILES = ('results.json', 'baselines', 'pretrain', 'lengths', 'finetune', 'vit', 'figures')   # what `compare` writes into --out
+_STUDY_FILES = ('results.json', 'probes', 'baselines', 'pretrain', 'lengths', 'finetune', 'vit', 'figures')   # what `compare` writes into --out
 
 def _start_results(plan: dict, out: Path, pretrained_dir) -> dict:
     "A fresh results dict; the stage times of a previous call on `out` are kept. `ValueError` if `out` holds another study."
@@ -233,7 +243,7 @@ def _start_results(plan: dict, out: Path, pretrained_dir) -> dict:
             'main_metrics': {t: get_task(t).main_metric for t in plan['tasks']}, 'environment': environment(),
             'started': time.strftime('%Y-%m-%dT%H:%M:%S%z'), 'finished': False, 'wall_s': 0.0, 'compute_s': 0.0,
             'stage_wall_s': old.get('stage_wall_s', {}), 'resumed_from': old.get('interrupted'),
-            'pretrain': {}, 'lengths': {}, 'baselines': {}, 'records': [], 'vit': []}
+            'probes': {}, 'pretrain': {}, 'lengths': {}, 'baselines': {}, 'records': [], 'vit': []}
 
 # %% ../nbs/19_compare.ipynb #c37966b2
 def _stage_runner(out: Path, res: dict, n: int, progress: bool):
@@ -282,7 +292,7 @@ def _finetune_stages(plan, pe, d: Path, pre: dict, out, res, run, bars):
                             lambda s: f", test {s['main_metric']} {s['test'][s['main_metric']]:.4f}"))
             res['records'].append(_finetune_record(runs[-1], pre))
         f, summary = out / 'finetune' / pe / t / 'summary.json', _task_summary(t, pe, runs)
-        if not f.is_file() or _read(f) != json.loads(json.dumps(summary)): _write_json(f, summary)   # unchanged: left as it is
+        if not f.is_file() or _read(f) != json.loads(json.dumps(json_safe(summary))): _write_json(f, summary)   # unchanged: left as it is
 
 def _vit_stages(plan, out, res, run, bars) -> bool:
     "Train each ViT of the grid; False if a signal stopped one."
@@ -293,6 +303,22 @@ def _vit_stages(plan, out, res, run, bars) -> bool:
         if 'stopped_at_step' in s: _interrupted(res, out, f'vit {pe}', s); return False
         res['vit'].append(_vit_record(s))
     return True
+
+# %% ../nbs/19_compare.ipynb #f9002011
+def _probe_stages(plan, out: Path, res: dict, run):
+    "Train and score each encoding on each position probe (`posenc_lit.probes`); a finished probe (its JSON file) is only read."
+    cfg, names = plan['probes']['config'], plan['probes']['names']
+    res['probes'] = new_probe_results(cfg, names)
+    for p in names:
+        for pe in plan['encodings']:
+            f = out / 'probes' / p / f'{pe}.json'
+            def fn(p=p, pe=pe, f=f):
+                if f.is_file(): return _read(f)
+                r = {**run_probe(_base(pe), p, cfg, ABLATIONS.get(pe, {}).get('pe_kwargs')), 'pe': pe}
+                _write_json(f, r)
+                return r
+            r = run(f'probe {p} {pe}', f.is_file(), fn, lambda r: ', accuracy ' + ' '.join('n/a' if v is None else f'{v:.3f}' for v in r['acc'].values()))
+            res['probes']['runs'].setdefault(p, {})[pe] = r
 
 # %% ../nbs/19_compare.ipynb #72d8b4b8
 def compare(preset='quick',            # a name in `COMPARE_PRESETS`, or a dict shaped like its entries
@@ -305,14 +331,17 @@ def compare(preset='quick',            # a name in `COMPARE_PRESETS`, or a dict 
             vit_encodings=None,        # default: the preset's
             lengths=None,              # evaluation block lengths (tokens); default: the preset's
             figures: bool = True,      # write `out/figures/*.png`
+            probes: bool = True,       # run the position probes first (where the preset has them)
            ) -> dict:                  # the content of `out/results.json`
     "Pretrain each encoding, evaluate it at longer lengths, fine-tune it on each task and seed, train the ViT grid; gather everything in `out/results.json`."
-    plan = compare_plan(preset, encodings, tasks, seeds, vit, vit_encodings, lengths)
+    plan = compare_plan(preset, encodings, tasks, seeds, vit, vit_encodings, lengths, probes)
     reused = pretrained_runs(pretrained_dir, plan['encodings']) if pretrained_dir is not None else {}
     out = Path(out); out.mkdir(parents=True, exist_ok=True)
     res = _start_results(plan, out, pretrained_dir)
     n = len(plan['tasks']) + len(plan['encodings']) * (2 + len(plan['tasks']) * len(plan['seeds'])) + len(plan['vit_encodings'])
+    n += len(plan['probes']['names']) * len(plan['encodings']) if plan['probes'] else 0
     run = _stage_runner(out, res, n, progress)
+    if plan['probes']: _probe_stages(plan, out, res, run)
     for t, cfg in plan['finetune'].items():
         f = out / 'baselines' / f'{t}.json'
         res['baselines'][t] = run(f'baselines {t}', f.is_file(), lambda: _baselines_stage(cfg, f))
@@ -383,7 +412,7 @@ def _downstream_rows(d: dict) -> list:
 
 # %% ../nbs/19_compare.ipynb #d0a163ab
 def format_results(results: dict) -> str:
-    "The study's table: one row per encoding (pretraining loss, each task's main test metric as mean ± std, loss at each length), the baselines, and the ViT grid."
+    "The study's tables: the position probes (first, where run), then one row per encoding (pretraining loss, each task's main test metric as mean ± std, loss at each length), the baselines, and the ViT grid."
     seeds, pre = results['seeds'], results['pretrain']
     seq = sorted({p['seq_len'] for p in pre.values()})
     head = [f"posenc_lit compare, preset {results['preset']}: {len(results['encodings'])} encodings, tasks {', '.join(results['tasks'])}, "
@@ -393,7 +422,8 @@ def format_results(results: dict) -> str:
             f"{results['spec']['length_tokens']:,} held-out tokens masked once for every n; pretrain loss is on the run's own evaluation "
             f"blocks (other text, other masks): compare each column across encodings, not the two columns with each other"]
     rows, notes = _language_rows(results)
-    lines = head + [''] + _grid(rows) + notes
+    probes = [''] + format_probe_table(results['probes']).splitlines() if (results.get('probes') or {}).get('runs') else []
+    lines = head + probes + [''] + _grid(rows) + notes
     for t in results['tasks']:
         if (d := _downstream(results, t)) is None: continue
         lines += ['', f"{t}, fine-tuned on examples cut to {d['train_len']} tokens; test {d['metric']} with the test examples cut to n tokens "
@@ -493,6 +523,7 @@ def save_figures(results: dict, folder) -> list:
             **{f'finetune_{t}': (lambda t=t: plot_task(results, t)) for t in results['tasks']},
             **{f'downstream_{t}': (lambda t=t: plot_downstream(results, t)) for t in results['tasks'] if _downstream(results, t)}}
     if results['vit']: figs['vit'] = lambda: plot_vit(results)
+    if (results.get('probes') or {}).get('runs'): figs['probes'] = lambda: plot_probes(results['probes'])
     paths = []
     for name, draw in figs.items():
         fig = draw(); fig.tight_layout()

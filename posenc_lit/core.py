@@ -4,7 +4,7 @@
 
 # %% ../nbs/00_core.ipynb #2ce20e9d
 from __future__ import annotations
-import contextlib, importlib, math, os, re, tempfile
+import contextlib, contextvars, importlib, json, math, os, re, tempfile
 from pathlib import Path
 from dataclasses import dataclass
 from typing import Callable
@@ -12,16 +12,18 @@ import torch
 import matplotlib.pyplot as plt
 
 # %% auto #0
-__all__ = ['CONVENTIONS', 'KINDS', 'ENCODING_MODULES', 'HOOK_PLACES', 'rel_pos', 'PositionRangeError', 'is_int', 'is_real',
-           'is_int_tensor', 'memory_check', 'check_positions', 'to_convention', 'test_close_rel', 'EncodingSpec',
-           'register_encoding', 'list_encodings', 'get_encoding', 'encoding_facts', 'doc_url', 'encodings_table',
-           'atomic_write', 'plot_curves', 'plot_heatmaps']
+__all__ = ['POSITION_LIMIT', 'CONVENTIONS', 'KINDS', 'ENCODING_MODULES', 'HOOK_PLACES', 'rel_pos', 'PositionRangeError', 'is_int',
+           'is_real', 'is_int_tensor', 'MemoryLimitError', 'memory_check', 'check_positions', 'check_position_limit',
+           'to_convention', 'test_close_rel', 'EncodingSpec', 'register_encoding', 'list_encodings', 'get_encoding',
+           'encoding_facts', 'doc_url', 'encodings_table', 'atomic_write', 'json_safe', 'write_json', 'plot_curves',
+           'plot_heatmaps']
 
 # %% ../nbs/00_core.ipynb #2283af21
 def rel_pos(q_pos: torch.Tensor, # query positions, integer, `(i,)` or `(b, i)`
             k_pos: torch.Tensor, # key positions, integer, `(j,)` or `(b, j)`
            ) -> torch.Tensor: # `rel_pos[..., i, j] = k_pos[j] - q_pos[i]`, int64, `(i, j)` or `(b, i, j)`
-    "Relative distance $j - i$ (key minus query) for every query/key pair; posenc_lit's one sign convention."
+    """Relative distance $j - i$ (key minus query) for every query/key pair; posenc_lit's one sign convention.
+    Exact for positions of size < 2**62 (`POSITION_LIMIT`); the values are not checked here (see `check_position_limit`)."""
     for name, p in (('q_pos', q_pos), ('k_pos', k_pos)):
         if not isinstance(p, torch.Tensor) or p.dtype not in (torch.int8, torch.int16, torch.int32, torch.int64) or p.ndim not in (1, 2):
             got = f'{p.dtype} tensor of shape {tuple(p.shape)}' if isinstance(p, torch.Tensor) else type(p).__name__
@@ -47,18 +49,32 @@ def is_int_tensor(t) -> bool:
     "Whether `t` is a tensor of integers (ids, positions, offsets): not floating point, complex or bool."
     return isinstance(t, torch.Tensor) and not (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool)
 
+class MemoryLimitError(ValueError):
+    "An allocation did not fit in memory; the message says what, how much one allocation asked for, and what to change."
+
+_GUARDS = contextvars.ContextVar('memory_guards', default=0)   # how many `memory_check` blocks are open
+
+def _is_oom(e: BaseException) -> bool:
+    return isinstance(e, MemoryError) or isinstance(e, RuntimeError) and 'memory' in str(e).lower()
+
 @contextlib.contextmanager
 def memory_check(what: str,           # what the block allocates, for the message, e.g. 'the model (d_model=128)'
                  remedy: str,         # what to change, e.g. 'use a smaller d_model'
                  device: str = 'cpu'):
     """Turn a failed allocation in the block (torch's `RuntimeError` that names memory, or `MemoryError`) into a
-    `ValueError`: `what` does not fit in `device` memory, how much one allocation asked for, and `remedy`. Other errors pass."""
-    try: yield
+    `MemoryLimitError` (a `ValueError`): `what` does not fit in `device` memory, how much one allocation asked for,
+    and `remedy`. Other errors pass. Nested blocks: the outermost one names the failure (it knows the user's options)."""
+    token = _GUARDS.set(_GUARDS.get() + 1)
+    try:
+        yield
     except (RuntimeError, MemoryError) as e:
-        if not isinstance(e, MemoryError) and 'memory' not in str(e).lower(): raise
+        if not _is_oom(e) or _GUARDS.get() > 1:
+            raise
         asked = re.search(r'allocate (\d+) bytes', str(e))   # CPU; CUDA's message says 'Tried to allocate 1.5 GiB'
         asked = f'{int(asked[1]) / 2**30:,.1f} GiB asked at once' if asked else str(e).splitlines()[0][:160]
-        raise ValueError(f'{what} does not fit in {device} memory ({asked}): {remedy}') from None
+        raise MemoryLimitError(f'{what} does not fit in {device} memory ({asked}): {remedy}') from None
+    finally:
+        _GUARDS.reset(token)
 
 def check_positions(pos: torch.Tensor, # integer positions, any shape
                     max_len: int,      # rows of the absolute table: valid positions are 0 … max_len-1
@@ -75,6 +91,19 @@ def check_positions(pos: torch.Tensor, # integer positions, any shape
         raise PositionRangeError(f'position {lo if lo < 0 else hi} is outside {table} (max_position_embeddings={max_len}, '
                                  f'valid positions 0..{max_len - 1}): use sequences of at most {max_len} tokens, a larger '
                                  f'max_position_embeddings{remedy}')
+
+# %% ../nbs/00_core.ipynb #69c70ac6
+POSITION_LIMIT = 2**62   # positions p must satisfy |p| < POSITION_LIMIT, so that j - i fits in int64
+
+def check_position_limit(pos: torch.Tensor,  # integer positions, any shape (one device sync: call at the boundary)
+                         name: str = 'position_ids'):
+    "`PositionRangeError` naming `name` and the first position whose size is ≥ `POSITION_LIMIT` (2**62): `j - i` would overflow int64."
+    if pos.numel() == 0:
+        return
+    lo, hi = int(pos.min()), int(pos.max())
+    if lo <= -POSITION_LIMIT or hi >= POSITION_LIMIT:
+        raise PositionRangeError(f'{name} must lie in (-2**62, 2**62), so that relative distances j - i fit in int64; '
+                                 f'got {lo if lo <= -POSITION_LIMIT else hi}')
 
 # %% ../nbs/00_core.ipynb #e3810170
 CONVENTIONS = {
@@ -252,6 +281,24 @@ def atomic_write(path,  # target file; its folder is created if needed
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp): os.remove(tmp)
+
+# %% ../nbs/00_core.ipynb #662afd47
+def json_safe(obj):
+    "`obj` with every non-finite float (NaN, ±inf) in its dicts, lists and tuples replaced by `None` (JSON null)."
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
+
+def write_json(path,             # target file, written atomically (`atomic_write`)
+               obj,              # dicts, lists, strings, numbers, booleans, None
+               **kw):            # passed to `json.dumps`, e.g. indent=2, sort_keys=True
+    "Write `obj` as standard JSON: non-finite floats become `null` (`json_safe`); `ValueError` for what JSON cannot hold."
+    text = json.dumps(json_safe(obj), allow_nan=False, **kw)
+    atomic_write(path, lambda t: Path(t).write_text(text))
 
 # %% ../nbs/00_core.ipynb #f49a81eb
 def plot_curves(x, ys: dict, # x values and a dict label -> y values (same length as x)

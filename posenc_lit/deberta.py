@@ -8,13 +8,15 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from dataclasses import dataclass
 from fastcore.basics import patch
 from .core import *
 from .attention import *
 from .relative import rel_scores
 
 # %% auto #0
-__all__ = ['POS_ATT_TYPES', 'build_relative_position', 'deberta_delta', 'make_log_bucket_position', 'DebertaRelative']
+__all__ = ['POS_ATT_TYPES', 'build_relative_position', 'deberta_delta', 'make_log_bucket_position', 'DebertaRelative',
+           'DebertaContext']
 
 # %% ../nbs/06_deberta.ipynb #2fd69ee3
 def build_relative_position(q_pos: torch.Tensor, # query positions, integer, `(i,)` or `(b, i)`
@@ -121,34 +123,44 @@ class DebertaRelative(PositionEncoding):
     def content_scale(self, d): return (d * (1 + len(self.pos_att_type))) ** -0.5          # 1/sqrt(3d) with c2p and p2c
 
 # %% ../nbs/06_deberta.ipynb #d7b6f4aa
+@dataclass(eq=False)
+class DebertaContext(Context):
+    "Context of `DebertaRelative`, computed once per forward and shared by all layers."
+    delta: torch.Tensor       # `(b|1, i, j)` int64, δ(i, j): the row of P of each pair
+    idx: torch.Tensor         # `(b|1, i, j)` int64, `delta - lo`: the row in `P` below
+    P: torch.Tensor           # `(r, D)`: rows lo … lo+r-1 of the table (the rows that occur; all 2k when traced), normalized
+
 @patch
-def prepare(self: DebertaRelative, q_pos, k_pos):
+def prepare(self: DebertaRelative, q_pos, k_pos) -> DebertaContext:
     "$\\delta(i,j)$ of every pair (`delta`, `(b|1, i, j)`) and the rows of $P$ it uses, normalized (`P`), once per forward."
     delta = deberta_delta(build_relative_position(q_pos, k_pos, self.position_buckets, self.k), self.span)  # (b|1, i, j)
-    lo, hi = (int(delta.min()), int(delta.max())) if delta.numel() else (0, 0)
-    P = self.rel_embeddings[lo:hi + 1]                              # (r, D): only the rows that occur
+    lo, hi = (int(delta.min()), int(delta.max())) if delta.numel() and not is_tracing() else (0, 2 * self.span - 1)
+    P = self.rel_embeddings[lo:hi + 1]                              # (r, D): only the rows that occur (traced: all)
     if self.rel_norm is not None: P = self.rel_norm(P)             # row-wise, so cutting first changes nothing
-    return {'q_pos': q_pos, 'k_pos': k_pos, 'delta': delta, 'idx': delta - lo, 'P': P}
+    return DebertaContext(q_pos, k_pos, delta, delta - lo, P)
 
 # %% ../nbs/06_deberta.ipynb #b0665e28
 @patch
-def rel_projections(self: DebertaRelative, ctx, attn):
-    "$K_r$ (for c2p) and $Q_r$ (for p2c) of layer `attn`, each `(h, r, d)` or `None`."
-    l = getattr(attn, 'layer_idx', 0)
-    if not 0 <= l < self.n_layers: raise ValueError(f'layer_idx={l} but this encoding has projections for {self.n_layers} layers (n_layers)')
-    P = F.dropout(ctx['P'], self.pos_dropout, self.training)                       # (r, D)
-    def proj(term, shared, own):
+def rel_projections(self: DebertaRelative, ctx: DebertaContext, layer=None):
+    "$K_r$ (for c2p) and $Q_r$ (for p2c) of layer `layer` (an index or a `LayerRef`), each `(h, r, d)` or `None`."
+    ref = as_layer(layer)
+    l = None if self.share_att_key else layer_index(ref, self.n_layers, 'DebertaRelative', 'projections')
+    P = F.dropout(ctx.P, self.pos_dropout, self.training)                          # (r, D)
+    def proj(term, shared, own, name):
         if term not in self.pos_att_type: return None
+        if self.share_att_key and shared is None:
+            raise ValueError(f"DebertaRelative(share_att_key=True) projects P with the layer's own {name} for {term}: pass "
+                             f'LayerRef(idx, q_proj=…, k_proj=…) as the layer (MultiHeadAttention does)')
         w = shared if self.share_att_key else own[l]
         return w(P).view(P.shape[0], self.n_heads, -1).transpose(0, 1)            # (h, r, d)
-    return proj('c2p', attn.k_proj, self.pos_key_proj), proj('p2c', attn.q_proj, self.pos_query_proj)
+    return proj('c2p', ref.k_proj, self.pos_key_proj, 'k_proj'), proj('p2c', ref.q_proj, self.pos_query_proj, 'q_proj')
 
 # %% ../nbs/06_deberta.ipynb #8e5f89e8
 @patch
-def score_terms(self: DebertaRelative, q, k, ctx, attn):
+def score_terms(self: DebertaRelative, q, k, ctx: DebertaContext, layer=None):
     "c2p $Q^c_i{K^r_{\\delta(i,j)}}^\\top$ and p2c $K^c_j{Q^r_{\\delta(i,j)}}^\\top$ times the content scale, `(b, h, i, j)`."
-    K_r, Q_r = self.rel_projections(ctx, attn)
-    s, idx = self.content_scale(q.shape[-1]), ctx['idx']
+    K_r, Q_r = self.rel_projections(ctx, layer)
+    s, idx = self.content_scale(q.shape[-1]), ctx.idx
     c2p = [rel_scores(q, K_r * s, idx, 'query')] if K_r is not None else []   # scale the (h, r, d) table, not (b, h, i, j)
     p2c = [rel_scores(k, Q_r * s, idx, 'key')] if Q_r is not None else []     # the code's index δ(i,j)
     return c2p + p2c

@@ -462,7 +462,7 @@ def save_task_model(model: EncoderForTask, path, tok: Tokenizer, info: dict) -> 
     atomic_write(path / 'model.safetensors', lambda t: save_file(sd, t))
     (path / 'config.json').write_text(model.encoder.cfg.to_json())
     tok.save(str(path / 'tokenizer.json'))
-    write_json(path / 'task.json', {'kind': model.kind, 'n_labels': model.n_labels, **info})
+    save_json(path / 'task.json', {'kind': model.kind, 'n_labels': model.n_labels, **info})
     return path
 
 def load_task_model(path) -> tuple[EncoderForTask, Tokenizer, dict]:
@@ -545,7 +545,7 @@ def finetune(cfg: FinetuneConfig,       # task, checkpoint and training settings
     model, opt = acc.prepare(model, opt)
     if acc.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
-        write_json(out / 'config.json', asdict(cfg))
+        save_json(out / 'config.json', asdict(cfg))
         (out / 'metrics.jsonl').write_text('')
     with tqdm(total=run['steps'], desc=f'finetune {cfg.task}', disable=not (acc.is_main_process and progress),
               dynamic_ncols=True) as bar:
@@ -619,7 +619,7 @@ def _finish(cfg: FinetuneConfig, out: Path, acc: Accelerator, model, run: dict) 
                 'from_checkpoint': str(cfg.checkpoint),
                 'hf_tokenizer': _is_hf_folder(Path(cfg.checkpoint).expanduser())}
         save_task_model(model, out / 'checkpoint', tok, info)
-        write_json(out / 'summary.json', summary)
+        save_json(out / 'summary.json', summary)
     acc.wait_for_everyone()
     return summary
 
@@ -670,7 +670,7 @@ def finetune_seeds(cfg: FinetuneConfig, out, seeds=(0, 1, 2), overwrite: bool = 
         dd = load_task(cfg.task, cfg.data_files or None)
         if cfg.max_train: dd['train'] = train_subset(dd['train'], cfg.max_train)
         summary['baselines'] = {'majority': majority_baseline(dd, spec)['test'], 'bow': bow_baseline(dd, spec)['test']}
-    write_json(out / 'summary.json', summary)
+    save_json(out / 'summary.json', summary)
     return summary
 
 # %% ../nbs/16_finetune.ipynb #62850eda

@@ -12,7 +12,7 @@ from .data import CLS_ID, SEP_ID, PAD_ID, mask_tokens, load_corpus, load_tokeniz
 from .model import CheckpointError, load_model
 
 # %% auto #0
-__all__ = ['length_eval_blocks', 'evaluate_lengths', 'evaluate_run', 'load_length_results']
+__all__ = ['length_eval_blocks', 'evaluate_lengths', 'evaluate_run', 'write_length_results', 'load_length_results']
 
 # %% ../nbs/21_lengths.ipynb #d48a2517
 def length_eval_blocks(stream: torch.Tensor,     # token ids of the evaluation text, int64, `(T,)`
@@ -65,17 +65,31 @@ def _evaluate_blocks(model, n, x, y, keep, batch_tokens):
     dev = next(model.parameters()).device
     bs, sums = max(1, batch_tokens // n), torch.zeros(3, dtype=torch.float64)
     try:
-        for s in range(0, len(x), bs):
-            xb, yb, kb = x[s:s + bs].to(dev), y[s:s + bs].to(dev), keep[s:s + bs].to(dev)
-            out, sel = model(xb, labels=yb, attention_mask=kb), yb != -100
-            sums += torch.stack([out['loss'].double() * sel.sum(), (out['logits'].argmax(-1) == yb[sel]).sum().double(), sel.sum().double()]).cpu()
-    except PositionRangeError as e: return {'length': n, 'error': str(e)}
+        with memory_check(f'the evaluation at n={n} ({min(bs, len(x))} block(s) of {n:,} tokens per forward pass)',
+                          'evaluate shorter lengths (or fewer tokens per pass, batch_tokens)', dev.type):
+            for s in range(0, len(x), bs):
+                xb, yb, kb = x[s:s + bs].to(dev), y[s:s + bs].to(dev), keep[s:s + bs].to(dev)
+                out, sel = model(xb, labels=yb, attention_mask=kb), yb != -100
+                sums += torch.stack([out['loss'].double() * sel.sum(), (out['logits'].argmax(-1) == yb[sel]).sum().double(),
+                                     sel.sum().double()]).cpu()
+    except (PositionRangeError, MemoryLimitError) as e:   # this length cannot run here: the reason, and the other lengths go on
+        return {'length': n, 'error': str(e)}
     return {'length': n, 'loss': (sums[0] / sums[2]).item(), 'accuracy': (sums[1] / sums[2]).item(), 'tokens': int(sums[2])}
 
 # %% ../nbs/21_lengths.ipynb #233f1243
 def _checkpoint_step(run: Path):
     f = run / 'checkpoint' / 'trainer_state.json'
     return json.loads(f.read_text()).get('step') if f.is_file() else None
+
+def _pretraining_run(run) -> tuple[Path, dict]:   # the run directory and its training configuration; ValueError if not one
+    run = Path(run)
+    if (run / 'train_config.json').is_file() and (run / 'model.safetensors').is_file(): run = run.parent   # its checkpoint/ folder
+    try: train_cfg = json.loads((run / 'config.json').read_text())
+    except (OSError, ValueError): train_cfg = None
+    if not (isinstance(train_cfg, dict) and {'pe', 'seq_len', 'data'} <= set(train_cfg) and 'patch_size' not in train_cfg):
+        raise ValueError(f'{run} is not a pretraining run: expected the folder given to `posenc_lit pretrain --out`, '
+                         f'holding config.json (its training configuration) and checkpoint/')
+    return run, train_cfg
 
 def evaluate_run(run,                        # run directory of `posenc_lit pretrain` (holds `checkpoint/`)
                  lengths=(128, 256, 512, 1024),
@@ -85,14 +99,7 @@ def evaluate_run(run,                        # run directory of `posenc_lit pret
                 ) -> dict:                   # {'pe', 'pe_kwargs', 'train_seq_len', 'finished', 'checkpoint_step', 'eval_tokens', 'results'}
     "Length generalization of a pretraining run on its corpus' validation split; `CheckpointError` if the run has no checkpoint."
     if not isinstance(max_tokens, int) or max_tokens < 1: raise ValueError(f'max_tokens must be an integer ≥ 1; got {max_tokens!r}')
-    run = Path(run)
-    if (run / 'train_config.json').is_file() and (run / 'model.safetensors').is_file(): run = run.parent   # its checkpoint/ folder
-    try: train_cfg = json.loads((run / 'config.json').read_text())
-    except (OSError, ValueError): train_cfg = None
-    if not (isinstance(train_cfg, dict) and {'pe', 'seq_len', 'data'} <= set(train_cfg) and 'patch_size' not in train_cfg):
-        raise ValueError(f'{run} is not a pretraining run: expected the folder given to `posenc_lit pretrain --out`, '
-                         f'holding config.json (its training configuration) and checkpoint/')
-    if not (run / 'checkpoint').is_dir(): raise CheckpointError(f'{run} has no checkpoint/ yet: the run saves one every save_every steps')
+    run, train_cfg = _pretraining_run(run)
     model = load_model(run / 'checkpoint')
     tok = load_tokenizer(run / 'checkpoint' / 'tokenizer.json')
     stream = torch.from_numpy(_stream(load_corpus(train_cfg['data'])['validation'], tok))[:max_tokens]
@@ -100,8 +107,20 @@ def evaluate_run(run,                        # run directory of `posenc_lit pret
            'finished': (run / 'summary.json').is_file(), 'checkpoint_step': _checkpoint_step(run),
            'eval_tokens': len(stream),
            'results': evaluate_lengths(model, stream, list(lengths), batch_tokens, train_cfg['mlm_probability'])}
-    if write: atomic_write(run / 'lengths.json', lambda t: Path(t).write_text(json.dumps(res, indent=2)))
+    if write: write_length_results(run, res)
     return res
+
+def write_length_results(run,            # the run directory (or its checkpoint/ folder)
+                         res: dict,      # what `evaluate_run` returned
+                        ) -> Path:       # the file written, `run/lengths.json`
+    "Write `res` into `run/lengths.json` (non-finite numbers as null); `OSError` saying the results were not saved if it cannot."
+    f = _pretraining_run(run)[0] / 'lengths.json'
+    try:
+        write_json(f, res, indent=2)
+    except OSError as e:
+        raise OSError(f'cannot write {f} ({e.strerror or e}): the results were not saved; make the run directory writable, '
+                      'or copy it somewhere writable, and run again') from None
+    return f
 
 # %% ../nbs/21_lengths.ipynb #d1cc257e
 def load_length_results(folder='results/pretraining') -> dict:  # pe -> the `lengths.json` of its reference run

@@ -90,7 +90,7 @@ def locality_run(run,                       # run directory of `posenc_lit pretr
     blocks = text_blocks(stream, cfg['seq_len'], max_blocks)
     res = {'pe': cfg['pe'], 'pe_kwargs': cfg['pe_kwargs'], 'seq_len': cfg['seq_len'], 'blocks': len(blocks),
            'mass': model_locality(model, blocks).tolist(), 'uniform': uniform_mass([cfg['seq_len']] * len(blocks)).tolist()}
-    if write: atomic_write(run / 'locality.json', lambda t: Path(t).write_text(json.dumps(res)))
+    if write: write_json(run / 'locality.json', res)
     return res
 
 def load_locality_results(folder='results/pretraining') -> dict:   # run name -> its `locality.json`, masses as tensors

@@ -18,8 +18,9 @@ from .absolute import four_terms
 
 # %% auto #0
 __all__ = ['check_field_types', 'ModelConfig', 'Embeddings', 'EncoderLayer', 'build_encoding', 'Encoder', 'EnhancedMaskDecoder',
-           'EncoderForMLM', 'padding_invariance_error', 'CheckpointError', 'check_weight_dtypes', 'save_model',
-           'load_config', 'load_weights', 'load_model', 'four_term_scores', 'count_parameters']
+           'EncoderForMLM', 'padding_invariance_error', 'CheckpointError', 'check_weight_dtypes', 'check_state_dict',
+           'read_weights', 'save_model', 'load_config', 'load_weights', 'load_model', 'four_term_scores',
+           'count_parameters']
 
 # %% ../nbs/10_model.ipynb #14ec465d
 _KINDS = {'int': 'an integer', 'float': 'a finite number', 'bool': 'True or False', 'str': 'a string', 'dict': 'a dict'}
@@ -34,6 +35,11 @@ def check_field_types(cfg):
         if not ok: raise ValueError(f'{f.name} must be {_KINDS[t]}; got {v!r}')
 
 # %% ../nbs/10_model.ipynb #948948d1
+def _encoding_memory_check(cfg, pe: str, kwargs: dict):   # building an encoding's tables: a clear error if they do not fit
+    return memory_check(f'the position encoding {pe!r} (max_position_embeddings={cfg.max_position_embeddings}, d_model={cfg.d_model}'
+                        f'{", " + str(kwargs) if kwargs else ""})',
+                        'use a smaller max_position_embeddings, d_model or table size (e.g. pe_kwargs k)')
+
 @dataclass
 class ModelConfig:
     "Configuration of `Encoder` / `EncoderForMLM`; `pe` names a registered position encoding."
@@ -74,7 +80,8 @@ class ModelConfig:
             raise ValueError(f'emd_steps must be an integer ≥ 0 (0: no Enhanced Mask Decoder; DeBERTa uses 2); got {self.emd_steps!r}')
         spec = get_encoding(self.pe)  # unknown names fail here, listing the valid ones
         try:                          # so do options the encoding does not accept (built once, RNG left untouched)
-            with torch.random.fork_rng(devices=[]): spec.factory(self)
+            with _encoding_memory_check(self, self.pe, self.pe_kwargs), torch.random.fork_rng(devices=[]):
+                spec.factory(self)
         except TypeError as e:
             taken = re.search(r"multiple values for argument '(\w+)'", str(e))   # an argument the model passes itself
             if taken: raise ValueError(f'pe_kwargs cannot set {taken[1]!r}: pe={self.pe!r} takes it from the model (d_model={self.d_model}, '
@@ -83,11 +90,13 @@ class ModelConfig:
         if self.add_relative:
             if not isinstance(self.add_relative_kwargs, dict): raise ValueError(f'add_relative_kwargs must be a dict; got {self.add_relative_kwargs!r}')
             added = replace(self, pe=self.add_relative, pe_kwargs=self.add_relative_kwargs, add_relative='', add_relative_kwargs={})  # validates it
-            with torch.random.fork_rng(devices=[]): enc = get_encoding(self.add_relative).factory(added)
+            with _encoding_memory_check(self, self.add_relative, self.add_relative_kwargs), torch.random.fork_rng(devices=[]):
+                enc = get_encoding(self.add_relative).factory(added)
             if not enc.relative_only or enc.kind == 'none':
                 raise ValueError(f'add_relative={self.add_relative!r} must name a relative encoding (kind score or qk, no absolute table); '
                                  f'got kind {enc.kind!r}. Relative ones: ' + ', '.join(n for n, e in list_encodings().items() if e.kind in ('score', 'qk')))
-            with torch.random.fork_rng(devices=[]): CombinedEncoding(spec.factory(self), enc).content_scale(self.d_model // self.n_heads)
+            with _encoding_memory_check(self, self.pe, self.pe_kwargs), torch.random.fork_rng(devices=[]):
+                CombinedEncoding(spec.factory(self), enc).content_scale(self.d_model // self.n_heads)
         elif self.add_relative_kwargs: raise ValueError(f'add_relative_kwargs {self.add_relative_kwargs} given without add_relative')
 
 # %% ../nbs/10_model.ipynb #c1632869
@@ -155,7 +164,7 @@ def _check_inputs(input_ids, attention_mask, position_ids, token_type_ids=None):
     m = attention_mask
     if m is not None and (not (is_int_tensor(m) or isinstance(m, torch.Tensor) and m.dtype == torch.bool) or m.shape != (b, n)):
         raise ValueError(f'attention_mask must be a bool or 0/1 integer tensor of shape (b, n) = {(b, n)} (True/1 = real token); got {_desc(m)}')
-    if m is not None and m.dtype != torch.bool and m.device.type != 'meta' and not ((m == 0) | (m == 1)).all():
+    if m is not None and m.dtype != torch.bool and m.device.type != 'meta' and not is_tracing() and not ((m == 0) | (m == 1)).all():
         raise ValueError(f'attention_mask must hold only 0 (padding) and 1 (real token); got values {sorted(set(m.unique().tolist()))[:6]} '
                          '(an additive mask of 0 / -inf is not accepted: pass 1 / 0)')
     if token_type_ids is not None and (not is_int_tensor(token_type_ids) or token_type_ids.shape != (b, n)):
@@ -167,8 +176,8 @@ def _check_inputs(input_ids, attention_mask, position_ids, token_type_ids=None):
             raise ValueError(f'{name} is on device {t.device} but input_ids is on {input_ids.device}: put all inputs on one device')
     return tuple(None if t is None else t.long() for t in (input_ids, position_ids, token_type_ids))   # uint8 would index as a mask
 
-def _check_ids(t, size, name, field):  # token or segment ids must index their table
-    if t.numel() and (int(t.min()) < 0 or int(t.max()) >= size):
+def _check_ids(t, size, name, field):  # token or segment ids must index their table (not checked in a traced graph)
+    if t.numel() and not is_tracing() and (int(t.min()) < 0 or int(t.max()) >= size):
         raise ValueError(f'{name} must lie in [0, {field}={size}); got values {int(t.min())}..{int(t.max())}')
 
 # %% ../nbs/10_model.ipynb #1e6d245f
@@ -180,6 +189,11 @@ def build_encoding(cfg: ModelConfig) -> PositionEncoding:
     return CombinedEncoding(base, get_encoding(cfg.add_relative).factory(added))
 
 # %% ../nbs/10_model.ipynb #a378717b
+def _check_loaded_weights(module, state_dict, prefix, *args):   # a `load_state_dict` pre-hook of the models
+    "Run `check_state_dict` on the weights `load_state_dict` is given for `module`, whoever calls it (e.g. accelerate's `load_state`)."
+    ref = module.state_dict(prefix=prefix)
+    check_state_dict({k: v for k, v in state_dict.items() if k in ref}, ref, 'the weights being loaded', strict=False)
+
 class Encoder(nn.Module):
     "BERT-style encoder; `forward` returns `{'hidden_states': (b, n, D), 'attentions': [(b, h, n, n)] or None}`."
     def __init__(self, cfg: ModelConfig):
@@ -188,6 +202,7 @@ class Encoder(nn.Module):
         self.pe = build_encoding(cfg)
         self.embeddings = Embeddings(cfg)
         self.layers = nn.ModuleList(EncoderLayer(cfg, l) for l in range(cfg.n_layers))
+        self.register_load_state_dict_pre_hook(_check_loaded_weights)   # every load checked, by any caller
 
     def positions(self, input_ids, position_ids=None):
         n = input_ids.shape[1]
@@ -198,6 +213,11 @@ class Encoder(nn.Module):
 from fastcore.basics import patch
 
 # %% ../nbs/10_model.ipynb #465adb03
+def _forward_memory_check(input_ids):   # a forward pass too large for memory: a clear error (an outer check, e.g. a training step's, speaks first)
+    shape = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else ()   # malformed inputs are named later
+    device = input_ids.device.type if isinstance(input_ids, torch.Tensor) else 'cpu'
+    return memory_check(f'a forward pass over a (b, n) = {shape} batch of token ids', 'use shorter sequences or fewer of them per batch', device)
+
 @patch
 def forward(self: Encoder,
             input_ids: torch.Tensor,                    # token ids `(b, n)`, integer
@@ -206,7 +226,8 @@ def forward(self: Encoder,
             token_type_ids: torch.Tensor | None = None, # `(b, n)` segment ids, if `type_vocab_size > 0`
             output_attentions: bool = False,            # also return each layer's probabilities (manual path)
             n_layers: int | None = None):               # run only the first `n_layers` layers (the Enhanced Mask Decoder)
-    "Encode `input_ids`; `ValueError` for malformed inputs or positions outside a learned table. Also returns `pos`, `mask`, `ctx`."
+    """Encode `input_ids`; `ValueError` for malformed inputs, `PositionRangeError` for positions outside a learned table or
+    of size ≥ 2**62, `MemoryLimitError` if the pass does not fit in memory. Also returns `pos`, `mask`, `ctx`."""
     input_ids, position_ids, token_type_ids = _check_inputs(input_ids, attention_mask, position_ids, token_type_ids)
     dev = self.embeddings.word.weight.device
     if input_ids.device != dev: raise ValueError(f'input_ids are on device {input_ids.device} but the model is on {dev}: move one to the other')
@@ -214,14 +235,17 @@ def forward(self: Encoder,
     if token_type_ids is not None and self.cfg.type_vocab_size: _check_ids(token_type_ids, self.cfg.type_vocab_size, 'token_type_ids', 'type_vocab_size')
     if n_layers is not None and (not is_int(n_layers) or not 0 <= n_layers <= len(self.layers)):
         raise ValueError(f'n_layers must be an integer in 0..{len(self.layers)} (the layers to run); got {n_layers!r}')
-    pos = self.positions(input_ids, position_ids)
-    mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]   # (b, 1, 1, j)
-    ctx = self.pe.prepare(pos, pos)                      # once per forward, shared by all layers
-    x = self.embeddings(input_ids, pos, self.pe, token_type_ids)                          # (b, n, D)
-    attentions = [] if output_attentions else None
-    for layer in self.layers[:n_layers]:
-        x, probs = layer(x, mask, self.pe, ctx, return_probs=output_attentions)
-        if output_attentions: attentions.append(probs)
+    if position_ids is not None and not is_tracing():   # value checks read tensors: not in a traced or exported graph
+        check_position_limit(position_ids)              # |p| < 2**62: the distances j - i of every encoding fit in int64
+    with _forward_memory_check(input_ids):
+        pos = self.positions(input_ids, position_ids)
+        mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]   # (b, 1, 1, j)
+        ctx = self.pe.prepare(pos, pos)                      # once per forward, shared by all layers
+        x = self.embeddings(input_ids, pos, self.pe, token_type_ids)                          # (b, n, D)
+        attentions = [] if output_attentions else None
+        for layer in self.layers[:n_layers]:
+            x, probs = layer(x, mask, self.pe, ctx, return_probs=output_attentions)
+            if output_attentions: attentions.append(probs)
     return {'hidden_states': x, 'attentions': attentions, 'pos': pos, 'mask': mask, 'ctx': ctx}
 
 # %% ../nbs/10_model.ipynb #ef84e02f
@@ -249,6 +273,7 @@ class EncoderForMLM(nn.Module):
         self.decoder_bias = nn.Parameter(torch.zeros(cfg.vocab_size))
         self.emd = EnhancedMaskDecoder(cfg) if cfg.emd_steps else None
         self.apply(self._init_weights)
+        self.register_load_state_dict_pre_hook(_check_loaded_weights)
 
     def _init_weights(self, m):
         if isinstance(m, (nn.Linear, nn.Embedding)):
@@ -268,19 +293,21 @@ def forward(self: EncoderForMLM,
             **kw):                                    # `attention_mask`, `position_ids`, … as for `Encoder`
     "Dict with `hidden_states`, `attentions`, `logits` (`(b, n, V)`, or `(m, V)` at the m masked positions when `labels` are given) and `loss`."
     if self.emd is not None and 'n_layers' in kw: raise ValueError('n_layers cannot be set: the Enhanced Mask Decoder runs the last layer')
-    if self.emd is None: out = self.encoder(input_ids, **kw)
-    else:                                          # the encoder without its last layer, then the decoder
-        out = self.encoder(input_ids, n_layers=self.cfg.n_layers - 1, **kw)
-        out['hidden_states'] = self.emd(self.encoder.layers[-1], out['hidden_states'], out['pos'], out['mask'], self.encoder.pe, out['ctx'])
+    with _forward_memory_check(input_ids):
+        if self.emd is None: out = self.encoder(input_ids, **kw)
+        else:                                          # the encoder without its last layer, then the decoder
+            out = self.encoder(input_ids, n_layers=self.cfg.n_layers - 1, **kw)
+            out['hidden_states'] = self.emd(self.encoder.layers[-1], out['hidden_states'], out['pos'], out['mask'], self.encoder.pe, out['ctx'])
     h = out['hidden_states']
     if labels is None: return {**out, 'logits': self.logits(h), 'loss': None}
     if not is_int_tensor(labels) or labels.shape != input_ids.shape:
         raise ValueError(f'labels must be an integer tensor with the shape of input_ids {tuple(input_ids.shape)}; got {_desc(labels)}')
     bad = (labels != -100) & ((labels < 0) | (labels >= self.cfg.vocab_size))
     if bad.any(): raise ValueError(f'labels must be token ids in [0, vocab_size={self.cfg.vocab_size}) or -100 (no loss); got {int(labels[bad][0])}')
-    sel = labels != -100                                                          # (b, n)
-    logits = self.logits(h[sel])                                                  # (m, V)
-    loss = F.cross_entropy(logits.float(), labels[sel]) if sel.any() else logits.sum() * 0.0
+    with _forward_memory_check(input_ids):
+        sel = labels != -100                                                          # (b, n)
+        logits = self.logits(h[sel])                                                  # (m, V)
+        loss = F.cross_entropy(logits.float(), labels[sel]) if sel.any() else logits.sum() * 0.0
     return {**out, 'logits': logits, 'loss': loss}
 
 # %% ../nbs/10_model.ipynb #e5dd7c51
@@ -310,6 +337,39 @@ def check_weight_dtypes(sd: dict, ref: dict, f) -> None:
         if k in ref and kind(v) != kind(ref[k]):
             raise CheckpointError(f'{f}: {k} must be a {kind(ref[k])} tensor (loading would cast it silently); got {v.dtype}')
 
+def check_state_dict(sd: dict,   # name -> tensor, as read from file `f`
+                     ref: dict,  # what the model expects: its `state_dict()`
+                     f,          # the file, for the message
+                     strict: bool = True) -> None:  # False: a partial load (only the names `sd` and `ref` share are checked)
+    """`CheckpointError` naming file `f` and what differs from `ref`: missing or unexpected names (if `strict`), a
+    tensor's kind (`check_weight_dtypes`), shape, or a non-finite (NaN, ±inf) weight. Every reader of weights runs these."""
+    missing, unexpected = sorted(set(ref) - set(sd)), sorted(set(sd) - set(ref))
+    if strict and (missing or unexpected):
+        raise CheckpointError(f'{f} does not match its config: missing {missing}, unexpected {unexpected}')
+    check_weight_dtypes(sd, ref, f)
+    for k, v in sd.items():
+        if k not in ref:
+            continue
+        if v.shape != ref[k].shape:
+            raise CheckpointError(f'{f} does not match its config: {k} has shape {tuple(v.shape)}, the model {tuple(ref[k].shape)}')
+        if v.dtype.is_floating_point and not torch.isfinite(v).all():
+            raise CheckpointError(f'{f}: {k} holds {int((~torch.isfinite(v)).sum())} non-finite values (NaN or ±inf): '
+                                  'the weights are damaged, or the run that saved them diverged; use an earlier checkpoint or train again')
+
+def read_weights(f,              # a `model.safetensors` file
+                 ref: dict,      # the `state_dict()` of the model the weights are for
+                ) -> dict:       # name -> tensor, checked by `check_state_dict`
+    "The tensors of safetensors file `f`, checked against `ref`; `CheckpointError` if `f` is missing, corrupt or does not match."
+    f = Path(f)
+    if not f.is_file():
+        raise CheckpointError(f'no {f.name} in {f.parent}')
+    try:
+        sd = load_file(f)
+    except Exception as e:
+        raise CheckpointError(f'corrupt weights file {f} ({type(e).__name__}: {e}); re-save or re-train') from None
+    check_state_dict(sd, ref, f)
+    return sd
+
 def save_model(model: EncoderForMLM, path) -> Path:
     "Write `config.json` and `model.safetensors` into folder `path` (each file written atomically)."
     path = Path(path)
@@ -317,6 +377,7 @@ def save_model(model: EncoderForMLM, path) -> Path:
     sd = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
     atomic_write(path / 'model.safetensors', lambda t: save_file(sd, t))
     return path
+
 
 # %% ../nbs/10_model.ipynb #92460fe3
 def load_config(path, config_cls=None, kind: str = 'model') -> ModelConfig:
@@ -328,17 +389,12 @@ def load_config(path, config_cls=None, kind: str = 'model') -> ModelConfig:
     except (json.JSONDecodeError, TypeError, ValueError) as e: raise CheckpointError(f'invalid {f}: {e}{hint}') from None
 
 def load_weights(path, model_cls, config_cls, kind: str = 'model'):
-    "`model_cls(config)` from folder `path` with its `model.safetensors` loaded strictly; `CheckpointError` naming the file that is missing, corrupt or does not match."
+    "`model_cls(config)` from folder `path` with its `model.safetensors` read by `read_weights`; `CheckpointError` naming what is wrong."
     cfg, f = load_config(path, config_cls, kind), Path(path) / 'model.safetensors'
-    if not f.is_file(): raise CheckpointError(f'no model.safetensors in {path}')
-    try: sd = load_file(f)
-    except Exception as e: raise CheckpointError(f'corrupt weights file {f} ({type(e).__name__}: {e}); re-save or re-train') from None
+    if not f.is_file():
+        raise CheckpointError(f'no model.safetensors in {path}')
     model = model_cls(cfg)
-    missing, unexpected = sorted(set(model.state_dict()) - set(sd)), sorted(set(sd) - set(model.state_dict()))
-    if missing or unexpected: raise CheckpointError(f'{f} does not match its config: missing {missing}, unexpected {unexpected}')
-    check_weight_dtypes(sd, model.state_dict(), f)
-    try: model.load_state_dict(sd)
-    except RuntimeError as e: raise CheckpointError(f'{f} does not match its config: {e}') from None
+    model.load_state_dict(read_weights(f, model.state_dict()))
     return model
 
 def load_model(path) -> EncoderForMLM:

@@ -7,12 +7,13 @@ from __future__ import annotations
 import math
 import torch
 import torch.nn as nn
+from dataclasses import dataclass
 from fastcore.basics import patch
 from .core import *
 from .attention import *
 
 # %% auto #0
-__all__ = ['rel_index', 'rel_scores', 'rel_values', 'RelativeVectors', 'Shaw', 'HuangMethod4']
+__all__ = ['rel_index', 'rel_scores', 'rel_values', 'RelativeVectors', 'RelativeContext', 'Shaw', 'HuangMethod4']
 
 # %% ../nbs/03_relative.ipynb #f3349c1b
 def rel_index(q_pos: torch.Tensor, # query positions, integer, `(i,)` or `(b, i)`
@@ -24,7 +25,7 @@ def rel_index(q_pos: torch.Tensor, # query positions, integer, `(i,)` or `(b, i)
     if not is_int(k) or k < 1:
         raise ValueError(f'the clipping distance k must be an integer ≥ 1 (the table holds 2k+1 distances); got {k!r}')
     rel = rel_pos(q_pos, k_pos)                                  # (…, i, j)  j - i
-    if not clip and rel.numel() and int(rel.abs().max()) > k:
+    if not clip and rel.numel() and not is_tracing() and int(rel.abs().max()) > k:   # traced: no check (see `is_tracing`)
         raise PositionRangeError(
             f'relative distance {int(rel.abs().max())} is outside the table of distances -{k}..{k} and clip=False: '
             f'use query and key positions at most {k} apart (sequences of at most {k + 1} tokens), a larger table '
@@ -36,7 +37,9 @@ def _used_rows(idx, table, d=None, h=None):  # first and last table row that `id
     if table.ndim not in (2, 3) or (d is not None and table.shape[-1] != d) or (table.ndim == 3 and h is not None and table.shape[0] != h):
         raise ValueError(f'table must be (rows, d) or per head (h, rows, d) with h = {h}, d = {d} (from the queries/keys); '
                          f'got {tuple(table.shape)}')
-    lo, hi, rows = int(idx.min()), int(idx.max()), table.shape[-2]
+    rows = table.shape[-2]
+    if is_tracing(): return 0, rows - 1          # the whole table: a traced graph must hold for every length
+    lo, hi = int(idx.min()), int(idx.max())
     if lo < 0 or hi >= rows:
         raise ValueError(f'rows {lo}..{hi} of a table with {rows} rows: build idx with rel_index(…, k) for k = {(rows - 1) // 2}')
     return lo, hi
@@ -102,32 +105,35 @@ class RelativeVectors(PositionEncoding):
         self.value_tables = tables() if values else None                 # w^V: (2k+1, d) per layer
 
 # %% ../nbs/03_relative.ipynb #ee00b1be
-@patch
-def _table(self: RelativeVectors, tables, attn):
-    l = getattr(attn, 'layer_idx', 0)
-    if not 0 <= l < self.n_layers:
-        raise ValueError(f'layer_idx={l} but this encoding has tables for {self.n_layers} layers (n_layers)')
-    return tables[0 if self.share_layers else l]
+@dataclass(eq=False)
+class RelativeContext(Context):
+    "Context of `RelativeVectors`: the table row of every query/key pair."
+    rel_idx: torch.Tensor     # `(b|1, i, j)` int64, rows `clip(j - i, k) + k` of the tables (`rel_index`)
 
 @patch
-def prepare(self: RelativeVectors, q_pos, k_pos):
+def _table(self: RelativeVectors, tables, layer):
+    l = layer_index(layer, 1 if self.share_layers else self.n_layers, type(self).__name__)
+    return tables[l]
+
+@patch
+def prepare(self: RelativeVectors, q_pos, k_pos) -> RelativeContext:
     "Table row of every pair, `rel_idx` `(b|1, i, j)`, computed once per forward."
-    return {'q_pos': q_pos, 'k_pos': k_pos, 'rel_idx': rel_index(q_pos, k_pos, self.k, self.clip)}
+    return RelativeContext(q_pos, k_pos, rel_index(q_pos, k_pos, self.k, self.clip))
 
 @patch
-def score_terms(self: RelativeVectors, q, k, ctx, attn):
-    "$q_i\\cdot a_{ij}/\\sqrt d$ and/or $k_j\\cdot a_{ij}/\\sqrt d$, `(b, h, i, j)`."
+def score_terms(self: RelativeVectors, q, k, ctx: RelativeContext, layer=None):
+    "$q_i\\cdot a_{ij}/\\sqrt d$ and/or $k_j\\cdot a_{ij}/\\sqrt d$, `(b, h, i, j)`, with layer `layer`'s table (`as_layer`)."
     if self.key_tables is None: return []
-    a, idx, s = self._table(self.key_tables, attn), ctx['rel_idx'], self.content_scale(q.shape[-1])
+    a, idx, s = self._table(self.key_tables, layer), ctx.rel_idx, self.content_scale(q.shape[-1])
     a = a * s                       # scale the (2k+1, d) table, not the (b, h, i, j) terms: two full passes fewer per term
     terms = [rel_scores(q, a, idx, 'query')] if self.query_term else []
     return terms + ([rel_scores(k, a, idx, 'key')] if self.key_term else [])
 
 @patch
-def value_terms(self: RelativeVectors, ctx, attn):
-    "Shaw's $\\sum_j \\alpha_{ij} a^V_{ij}$ as a callable of the probabilities."
+def value_terms(self: RelativeVectors, ctx: RelativeContext, layer=None):
+    "Shaw's $\\sum_j \\alpha_{ij} a^V_{ij}$ as a callable of the probabilities, with layer `layer`'s table."
     if self.value_tables is None: return []
-    a_v, idx = self._table(self.value_tables, attn), ctx['rel_idx']
+    a_v, idx = self._table(self.value_tables, layer), ctx.rel_idx
     return [lambda probs: rel_values(probs, a_v, idx)]
 
 # %% ../nbs/03_relative.ipynb #d7f91a99

@@ -6,13 +6,14 @@
 from __future__ import annotations
 import math
 import torch
+from dataclasses import dataclass
 from fastcore.basics import patch
 from .core import *
 from .attention import *
 
 # %% auto #0
 __all__ = ['PAIRINGS', 'SCALINGS', 'rope_inv_freq', 'rope_cos_sin', 'apply_rope', 'pairing_permutation', 'rope_frequencies',
-           'RoPE']
+           'RoPE', 'RoPEContext']
 
 # %% ../nbs/07_rope.ipynb #f9a3ac40
 def _is_num(v): return is_real(v) and math.isfinite(v)
@@ -21,7 +22,7 @@ def _check_base(base):
     if not _is_num(base) or base <= 1: raise ValueError(f'base must be a finite number > 1 (RoFormer: 10000); got {base!r}')
 
 def _check_freqs(theta, what):  # θ as computed: every frequency must be a positive float32 number
-    if not (torch.isfinite(theta).all() and (theta > 0).all()):
+    if not is_tracing() and not (torch.isfinite(theta).all() and (theta > 0).all()):   # traced: checked when built
         raise ValueError(f'{what} give frequencies θ_i that underflow or overflow float32 ({theta.tolist()[-2:]} for the slowest pairs): '
                          'RoPE needs every θ_i finite and > 0; use a smaller base or factor (RoFormer: base 10000, factor 1)')
     return theta
@@ -179,31 +180,39 @@ def inv_freq(self: RoPE, device=None) -> torch.Tensor:
     "θ `(d_r/2,)`, float32, recomputed on each call (no buffer: the model's dtype never touches it)."
     return rope_frequencies(self.rotary_dim, self.base, self.scaling, self.factor, device)
 
+@dataclass(eq=False)
+class RoPEContext(Context):
+    "Context of `RoPE`: float32 cosines and sines of the queries' and keys' angles, made once per forward by `prepare`."
+    rope_same: bool           # the queries and keys have the same positions (one set of angles)
+    rope: dict                # `{torch.float32: ((cos, sin) of the queries, (cos, sin) of the keys)}`, each `(b|1, 1, n, d_r/2)`
+
 @patch
-def prepare(self: RoPE, q_pos, k_pos):  # integer positions `(b|1, i)`, `(b|1, j)` (or 1-D)
-    "Per-forward context shared by all layers: the positions and `rope`, a cache of cos/sin per angle dtype (see `cos_sin`)."
+def prepare(self: RoPE, q_pos, k_pos) -> RoPEContext:  # integer positions `(b|1, i)`, `(b|1, j)` (or 1-D)
+    "Per-forward context shared by all layers: the positions and their float32 cos/sin (see `cos_sin`)."
     same = q_pos is k_pos
     q_pos, k_pos = (p[None] if isinstance(p, torch.Tensor) and p.ndim == 1 else p for p in (q_pos, k_pos))
     for name, p in (('q_pos', q_pos), ('k_pos', k_pos)):
         if not is_int_tensor(p) or p.ndim != 2:
             got = f'{p.dtype} tensor of shape {tuple(p.shape)}' if isinstance(p, torch.Tensor) else type(p).__name__
             raise TypeError(f'{name} must be an integer tensor of token positions, shape (n,) or (b, n); got {got}')
-    return {'q_pos': q_pos, 'k_pos': k_pos, 'rope_same': same, 'rope': {}}
+    return RoPEContext(q_pos, k_pos, same, {torch.float32: self._angles(q_pos, k_pos, same, torch.float32)})
 
 # %% ../nbs/07_rope.ipynb #94483cd6
 @patch
-def cos_sin(self: RoPE, ctx: dict, dtype: torch.dtype) -> tuple:  # `prepare`'s context; the dtype of q
-    "`((cos, sin) of the queries, (cos, sin) of the keys)`, each `(b|1, 1, n, d_r/2)`: float32 (float64 for float64 q), made once per forward."
-    acc = torch.promote_types(dtype, torch.float32)                        # never below float32
-    if acc not in ctx['rope']:
-        inv_freq = self.inv_freq(ctx['q_pos'].device).to(acc)
-        cs_q = tuple(t[:, None] for t in rope_cos_sin(ctx['q_pos'], inv_freq))                               # (b|1, 1, i, d_r/2)
-        cs_k = cs_q if ctx['rope_same'] else tuple(t[:, None] for t in rope_cos_sin(ctx['k_pos'], inv_freq))  # (b|1, 1, j, d_r/2)
-        ctx['rope'][acc] = (cs_q, cs_k)
-    return ctx['rope'][acc]
+def _angles(self: RoPE, q_pos, k_pos, same, acc):  # ((cos, sin) of the queries, of the keys), each (b|1, 1, n, d_r/2), in `acc`
+    inv_freq = self.inv_freq(q_pos.device).to(acc)
+    cs_q = tuple(t[:, None] for t in rope_cos_sin(q_pos, inv_freq))                                   # (b|1, 1, i, d_r/2)
+    return cs_q, cs_q if same else tuple(t[:, None] for t in rope_cos_sin(k_pos, inv_freq))          # (b|1, 1, j, d_r/2)
 
 @patch
-def transform_qk(self: RoPE, q, k, ctx, attn):  # q `(b, h, i, d)`, k `(b, h, j, d)`
+def cos_sin(self: RoPE, ctx: RoPEContext, dtype: torch.dtype) -> tuple:  # `prepare`'s context; the dtype of q
+    "`((cos, sin) of the queries, (cos, sin) of the keys)`, each `(b|1, 1, n, d_r/2)`: float32 from `prepare` (float64 for float64 q, made here)."
+    acc = torch.promote_types(dtype, torch.float32)                        # never below float32
+    if acc in ctx.rope: return ctx.rope[acc]
+    return self._angles(ctx.q_pos, ctx.k_pos, ctx.rope_same, acc)          # a float64 layer: float64 angles, not stored
+
+@patch
+def transform_qk(self: RoPE, q, k, ctx: RoPEContext, layer=None):  # q `(b, h, i, d)`, k `(b, h, j, d)`
     "Rotated `(q, k)`, same shapes and dtype."
     if q.shape[-1] != self.d_head: raise ValueError(f'RoPE was built for head dimension d={self.d_head}; got q of shape {tuple(q.shape)}')
     cs_q, cs_k = self.cos_sin(ctx, q.dtype)

@@ -7,11 +7,12 @@ from __future__ import annotations
 import math
 import torch
 import torch.nn as nn
+from dataclasses import dataclass
 from .core import *
 from .attention import *
 
 # %% auto #0
-__all__ = ['t5_bucket', 'T5RelativeBias']
+__all__ = ['t5_bucket', 'T5Context', 'T5RelativeBias']
 
 # %% ../nbs/04_t5.ipynb #c72c57e1
 def _check_buckets(bidirectional, num_buckets, max_distance):
@@ -52,6 +53,11 @@ def t5_bucket(rel: torch.Tensor,           # relative distances j - i, integer, 
     return offset + torch.where(n < max_exact, n, log_bucket)
 
 # %% ../nbs/04_t5.ipynb #af3e5ecb
+@dataclass(eq=False)
+class T5Context(Context):
+    "Context of `T5RelativeBias`: its bias, computed once per forward and shared by all layers."
+    t5_bias: torch.Tensor     # `(b|1, h, i, j)` in logit units
+
 class T5RelativeBias(PositionEncoding):
     "T5's learned per-head scalar bias $b_h(\\mathrm{bucket}(j-i))$ added to the logits, shared by all layers (Raffel et al. 2020, §2.1)."
     kind = 'score'
@@ -74,8 +80,8 @@ class T5RelativeBias(PositionEncoding):
         b = self.weight.t().index_select(1, bucket.reshape(-1)).view(self.weight.shape[1], *bucket.shape)      # (h, b|1, i, j) or (h, i, j)
         return b.transpose(0, 1) if bucket.ndim == 3 else b[None]
 
-    def prepare(self, q_pos, k_pos): return {'q_pos': q_pos, 'k_pos': k_pos, 't5_bias': self.bias(q_pos, k_pos)}
-    def score_terms(self, q, k, ctx, attn): return [ctx['t5_bias']]
+    def prepare(self, q_pos, k_pos) -> T5Context: return T5Context(q_pos, k_pos, self.bias(q_pos, k_pos))
+    def score_terms(self, q, k, ctx, layer=None): return [ctx.t5_bias]
     def content_scale(self, d): return d ** -0.5 if self.scale_content else 1.0
 
 # %% ../nbs/04_t5.ipynb #eba81ecc

@@ -245,7 +245,7 @@ def _start(cfg: TrainConfig, out: Path, acc: Accelerator, state: dict | None) ->
         load_checkpoint(acc, ck, load_model)
     if acc.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
-        write_json(out / 'config.json', asdict(cfg))
+        save_json(out / 'config.json', asdict(cfg))
         restart_metrics(out, state['step'])
     return state
 
@@ -322,6 +322,6 @@ def _finish(cfg: TrainConfig, out: Path, acc: Accelerator, model, step: int, d: 
                'tokens_per_step': cfg.batch_size * world * cfg.grad_accum * cfg.seq_len,
                'train_tokens_per_s': sum(r['tokens_per_s'] for r in tr) / max(1, len(tr))}
     if acc.is_main_process:
-        write_json(out / 'summary.json', summary)
+        save_json(out / 'summary.json', summary)
     acc.wait_for_everyone()
     return summary

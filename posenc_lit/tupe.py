@@ -7,13 +7,14 @@ from __future__ import annotations
 import math
 import torch
 import torch.nn as nn
+from dataclasses import dataclass
 from fastcore.basics import patch
 from .core import *
 from .attention import *
 from .t5 import T5RelativeBias
 
 # %% auto #0
-__all__ = ['TUPE']
+__all__ = ['TUPE', 'TUPEContext']
 
 # %% ../nbs/05_tupe.ipynb #c77f17f0
 class TUPE(PositionEncoding):
@@ -52,7 +53,8 @@ def positional_term(self: TUPE, q_pos, k_pos):  # integer positions `(b|1, i)`, 
     "$(p_i U^Q)(p_j U^K)^\\top/\\sqrt{2d}$, `(b|1, h, i, j)`; `PositionRangeError` for positions outside the table."
     q_pos, k_pos = (p[None] if isinstance(p, torch.Tensor) and p.ndim == 1 else p for p in (q_pos, k_pos))
     rel_pos(q_pos, k_pos)                                 # the same checks as every encoding: signed integer (n,) or (b, n)
-    for p in (q_pos, k_pos): check_positions(p, self.max_len, "TUPE's position table")
+    if not is_tracing():                                   # traced: no data-dependent check (see `is_tracing`)
+        for p in (q_pos, k_pos): check_positions(p, self.max_len, "TUPE's position table")
     def heads(t): return t.view(*t.shape[:2], self.n_heads, self.d_head).transpose(1, 2)   # (b|1, h, n, d)
     def norm(t): return t if self.pos_ln is None else self.pos_ln(t)
     pq, pk = heads(self.u_q(norm(self.pos[q_pos]))), heads(self.u_k(norm(self.pos[k_pos])))
@@ -68,8 +70,13 @@ def reset_cls(self: TUPE, v, q_pos, k_pos):  # v `(b|1, h, i, j)`; integer posit
     return torch.where(cls_q, th1, v)                                                   # [CLS] -> everything
 
 # %% ../nbs/05_tupe.ipynb #4dfdc0ee
+@dataclass(eq=False)
+class TUPEContext(Context):
+    "Context of `TUPE`: the logit term shared by all layers."
+    tupe_bias: torch.Tensor   # `(b|1, h, i, j)`: positional correlation, [CLS] reset, (TUPE-R) T5 bias
+
 @patch
-def prepare(self: TUPE, q_pos, k_pos):
+def prepare(self: TUPE, q_pos, k_pos) -> TUPEContext:
     "The shared logit term `(b|1, h, i, j)`: positional correlation, [CLS] reset, and (TUPE-R) the T5 bias."
     q_pos, k_pos = (p[None] if isinstance(p, torch.Tensor) and p.ndim == 1 else p for p in (q_pos, k_pos))   # (b|1, n)
     bias = self.positional_term(q_pos, k_pos)                                    # (b|1, h, i, j)
@@ -77,10 +84,10 @@ def prepare(self: TUPE, q_pos, k_pos):
     if rel is not None and self.reset_relative: bias, rel = bias + rel, None     # the authors' code resets both
     if self.untie_cls: bias = self.reset_cls(bias, q_pos, k_pos)
     if rel is not None: bias = bias + rel                                        # the paper: the relative bias is not reset
-    return {'q_pos': q_pos, 'k_pos': k_pos, 'tupe_bias': bias}
+    return TUPEContext(q_pos, k_pos, bias)
 
 @patch
-def score_terms(self: TUPE, q, k, ctx, attn): return [ctx['tupe_bias']]
+def score_terms(self: TUPE, q, k, ctx: TUPEContext, layer=None): return [ctx.tupe_bias]
 
 # %% ../nbs/05_tupe.ipynb #173e9638
 @register_encoding('tupe-a', 'score', 'untied positional correlation (p_i U^Q)(p_j U^K)/sqrt(2d), shared by all layers, [CLS] untied',

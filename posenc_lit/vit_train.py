@@ -424,7 +424,7 @@ def _finish(cfg: VitTrainConfig, out: Path, acc: Accelerator, model, d: dict, st
     if cfg.finetune_init:
         summary['finetunes'] = {n.removeprefix('finetune-'): ft(r[n]) for n in _finetune_names(cfg)}
     if acc.is_main_process:
-        write_json(out / 'summary.json', summary)
+        save_json(out / 'summary.json', summary)
     acc.wait_for_everyone()
     return summary
 
@@ -465,7 +465,7 @@ def train_vit(cfg: VitTrainConfig,       # what to train (see `VIT_PRESETS`, `ma
     d = {'data': data, 'info': info, 'restore': restore, 't_start': time.time() - state['elapsed']}
     if acc.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
-        write_json(out / 'config.json', asdict(cfg))
+        save_json(out / 'config.json', asdict(cfg))
         restart_metrics(out, state['step'])                           # drop records after the checkpoint's step
     with SignalStop() as stop, tqdm(total=total_steps(cfg), initial=state['step'], desc=f'vit {cfg.pe}',
                                     disable=not (acc.is_main_process and progress), dynamic_ncols=True) as d['bar']:
