@@ -4,7 +4,7 @@
 
 # %% ../nbs/13_cli.ipynb #33ae7cc1
 from __future__ import annotations
-import argparse, json, signal, sys
+import argparse, builtins, json, signal, sys
 from .core import *
 
 # %% auto #0
@@ -92,7 +92,9 @@ def cmd_pretrain(args) -> int:
     return _report_run(summary)
 
 def _report_run(summary: dict) -> int:
-    "Print a training run's summary as JSON, or how it stopped; the exit status (128 + n after signal n)."
+    "Print a training run's summary as JSON, or how it stopped (main process only); the exit status (128 + n after signal n)."
+    from accelerate import PartialState
+    print = builtins.print if PartialState().is_main_process else (lambda *a, **k: None)   # once, not once per process
     if 'signal' in summary:
         print(f"interrupted by {summary['signal']} at step {summary['stopped_at_step']} of {summary['steps']}: "
               f"checkpoint saved; continue with --resume")

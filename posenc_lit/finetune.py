@@ -22,6 +22,7 @@ from .model import *
 from .attention import CombinedEncoding
 from .data import load_tokenizer
 from .tasks import *
+from .loop import *
 
 # %% auto #0
 __all__ = ['PRETRAIN_FILES', 'TASK_KINDS', 'EXTEND_METHODS', 'FINETUNE_PRESETS', 'find_checkpoint', 'load_pretrained',
@@ -451,9 +452,7 @@ def _prepare_out(out: Path, overwrite: bool, checkpoint=None):
         if not _is_finetune_run(out):
             raise ValueError(f'{out} is not empty and holds no fine-tuning run (a pretraining run, a ViT run or other files?): '
                              'refusing to delete it with --overwrite; choose another --out')
-        aside = out.with_name(f'.{out.name}.replaced-{os.getpid()}'); out.rename(aside); shutil.rmtree(aside)
-
-def _write_json(path, obj): atomic_write(Path(path), lambda t: Path(t).write_text(json.dumps(obj, indent=2, sort_keys=True)))
+        replace_run_dir(out)
 
 # %% ../nbs/16_finetune.ipynb #c86ba2ef
 def save_task_model(model: EncoderForTask, path, tok: Tokenizer, info: dict) -> Path:
@@ -463,7 +462,7 @@ def save_task_model(model: EncoderForTask, path, tok: Tokenizer, info: dict) -> 
     atomic_write(path / 'model.safetensors', lambda t: save_file(sd, t))
     (path / 'config.json').write_text(model.encoder.cfg.to_json())
     tok.save(str(path / 'tokenizer.json'))
-    _write_json(path / 'task.json', {'kind': model.kind, 'n_labels': model.n_labels, **info})
+    save_json(path / 'task.json', {'kind': model.kind, 'n_labels': model.n_labels, **info})
     return path
 
 def load_task_model(path) -> tuple[EncoderForTask, Tokenizer, dict]:
@@ -509,10 +508,6 @@ def _setup(cfg: FinetuneConfig):
     return spec, tok, dd, data, model
 
 # %% ../nbs/16_finetune.ipynb #42e85350
-def _schedule(steps: int, warmup: float):
-    warm = max(1, round(warmup * steps))
-    return lambda s: (s + 1) / warm if s < warm else max(0.0, (steps - s) / max(1, steps - warm))
-
 def _batch(data: dict, idx, kind: str):
     ids, am = collate([data['input_ids'][k] for k in idx])
     labs = [data['labels'][k] for k in idx]
@@ -520,8 +515,10 @@ def _batch(data: dict, idx, kind: str):
     return ids, am, y, (_context_mask(data, idx, ids.shape[1]) if kind == 'span' else None)
 
 def _better(a: float, b: float | None, metric: str) -> bool:
-    if b is None: return True
-    if math.isnan(a): return False
+    if b is None:
+        return True
+    if math.isnan(a):
+        return False
     return a < b if metric == 'mse' else a > b or math.isnan(b)
 
 # %% ../nbs/16_finetune.ipynb #436a315d
@@ -530,94 +527,99 @@ def finetune(cfg: FinetuneConfig,       # task, checkpoint and training settings
              overwrite: bool = False,   # replace the fine-tuning run in a non-empty `out`
              progress: bool = True,     # a progress bar on stderr
             ) -> dict:  # the summary (also in `out/summary.json`)
-    "Fine-tune the encoder of `cfg.checkpoint` on `cfg.task` with seed `cfg.seed`; keep the best model on validation, score it on test."
+    "Fine-tune the encoder of `cfg.checkpoint` on `cfg.task` with seed `cfg.seed`; keep the best model on validation."
     out, t_start = Path(out), time.time()
     spec, tok, dd, data, model = _setup(cfg)
     AcceleratorState._reset_state(reset_partial_state=False)
     acc = Accelerator(mixed_precision=cfg.mixed_precision, cpu=not torch.cuda.is_available())
-    if acc.is_main_process: _prepare_out(out, overwrite, cfg.checkpoint)
+    if acc.is_main_process:
+        _prepare_out(out, overwrite, cfg.checkpoint)
     acc.wait_for_everyone()
     set_seed(cfg.seed)                 # the head is drawn again from this seed (`_setup` drew it before)
     nn.init.normal_(model.head.proj.weight, std=model.encoder.cfg.initializer_range)
     opt = torch.optim.AdamW(_param_groups(model, cfg), lr=cfg.lr)
-    n_train, world = len(data['train']['input_ids']), acc.num_processes
-    per_epoch = max(1, math.ceil(n_train / (cfg.batch_size * world)))
-    steps = per_epoch * cfg.epochs
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, _schedule(steps, cfg.warmup))
+    per_epoch = max(1, math.ceil(len(data['train']['input_ids']) / (cfg.batch_size * acc.num_processes)))
+    run = {'spec': spec, 'tok': tok, 'dd': dd, 'data': data, 'steps': per_epoch * cfg.epochs, 'per_epoch': per_epoch,
+           't_start': t_start, 'best': None, 'best_step': 0, 'best_state': None, 'last': None}
+    sched = scheduler(opt, run['steps'], cfg.warmup)
     model, opt = acc.prepare(model, opt)
-    return _loop(cfg, out, acc, model, opt, sched, spec, tok, dd, data, steps, per_epoch, progress, t_start)
+    if acc.is_main_process:
+        out.mkdir(parents=True, exist_ok=True)
+        save_json(out / 'config.json', asdict(cfg))
+        (out / 'metrics.jsonl').write_text('')
+    with tqdm(total=run['steps'], desc=f'finetune {cfg.task}', disable=not (acc.is_main_process and progress),
+              dynamic_ncols=True) as bar:
+        fit(acc, _task_loop(cfg, acc, model, opt, sched, run), {'step': 0}, out, bar=bar)
+    acc.unwrap_model(model).load_state_dict(run['best_state'])
+    return _finish(cfg, out, acc, acc.unwrap_model(model), run)
 
 # %% ../nbs/16_finetune.ipynb #9f6a351d
 def _param_groups(model: EncoderForTask, cfg: FinetuneConfig) -> list[dict]:
-    "AdamW groups: matrices with weight decay, vectors without; the added relative encoding at `add_relative_lr` if set."
-    added = {id(p) for p in model.encoder.pe.members[1].parameters()} if cfg.add_relative and cfg.add_relative_lr else set()
-    named = [(n, p) for n, p in model.named_parameters() if id(p) not in added]
-    groups = [{'params': [p for _, p in named if p.ndim >= 2], 'weight_decay': cfg.weight_decay},
-              {'params': [p for _, p in named if p.ndim < 2], 'weight_decay': 0.0}]
-    if added: groups.append({'params': [p for p in model.parameters() if id(p) in added], 'weight_decay': cfg.weight_decay, 'lr': cfg.add_relative_lr})
-    return groups
+    "AdamW groups (`param_groups`); the added relative encoding at its own `add_relative_lr`, if set."
+    groups = param_groups(model, cfg.weight_decay)
+    if not (cfg.add_relative and cfg.add_relative_lr):
+        return groups
+    added = {id(p) for p in model.encoder.pe.members[1].parameters()}
+    for g in groups:
+        g['params'] = [p for p in g['params'] if id(p) not in added]
+    added_group = [p for p in model.parameters() if id(p) in added]
+    return groups + [{'params': added_group, 'weight_decay': cfg.weight_decay, 'lr': cfg.add_relative_lr}]
 
 # %% ../nbs/16_finetune.ipynb #797e8460
-def _loop(cfg, out, acc, model, opt, sched, spec, tok, dd, data, steps, per_epoch, progress, t_start):
-    main, rank, world, dev = acc.is_main_process, acc.process_index, acc.num_processes, acc.device
-    inner = acc.unwrap_model(model)
-    if main: out.mkdir(parents=True, exist_ok=True); _write_json(out / 'config.json', asdict(cfg)); (out / 'metrics.jsonl').write_text('')
-    def log(rec):
-        if main:
-            with open(out / 'metrics.jsonl', 'a') as f: f.write(json.dumps(rec) + '\n')
-    evaluate = lambda s: score(inner, data[s], spec, dd[s], 64, cfg.max_answer_len)
-    best, best_step, best_state, last, step, tokens, t0 = None, 0, None, None, 0, 0, time.time()
-    run_loss, run_n, train_time = 0.0, 0, 0.0
-    bar = tqdm(total=steps, desc=f'finetune {cfg.task}', disable=not (main and progress), dynamic_ncols=True)
+def _task_loop(cfg: FinetuneConfig, acc: Accelerator, model, opt, sched, run: dict) -> Loop:
+    "What fine-tuning gives `fit`: the task loss of step `t`'s examples, and validation that keeps the best model."
+    rank, world, dev, kind = acc.process_index, acc.num_processes, acc.device, run['spec'].kind
+    inner, train, perms = acc.unwrap_model(model), run['data']['train'], []
     g = torch.Generator().manual_seed(cfg.seed)
-    model.train()
-    for epoch in range(cfg.epochs):
-        perm = torch.randperm(len(data['train']['input_ids']), generator=g).tolist()
-        for b in range(per_epoch):
-            glob = perm[b * cfg.batch_size * world:(b + 1) * cfg.batch_size * world]
-            idx = glob[rank::world] or glob[:1]
-            ids, am, y, cm = _batch(data['train'], idx, spec.kind)
-            loss = model(ids.to(dev), am.to(dev), labels=y.to(dev), context_mask=None if cm is None else cm.to(dev))['loss']
-            acc.backward(loss); acc.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-            opt.step(); sched.step(); opt.zero_grad()
-            step += 1; tokens += int(am.sum()) * world; run_loss += loss.item(); run_n += 1; bar.update(1)
-            if step % cfg.log_every == 0 or step == steps:
-                dt = time.time() - t0; train_time += dt
-                log({'step': step, 'split': 'train', 'loss': run_loss / run_n, 'lr': sched.get_last_lr()[0], 'tokens_per_s': tokens / max(train_time, 1e-9)})
-                bar.set_postfix(loss=f'{run_loss / run_n:.3f}'); run_loss, run_n, t0 = 0.0, 0, time.time()
-            end_of_epoch = b == per_epoch - 1
-            if (cfg.eval_every and step % cfg.eval_every == 0) or (not cfg.eval_every and end_of_epoch) or step == steps:
-                te = time.time(); train_time += te - t0
-                last = evaluate('validation'); log({'step': step, 'epoch': epoch + 1, 'split': 'validation', **last})
-                if _better(last[spec.main_metric], None if best is None else best[spec.main_metric], spec.main_metric):
-                    best, best_step = last, step
-                    best_state = {k: v.detach().cpu().clone() for k, v in inner.state_dict().items()}
-                if main and progress: bar.write(f'step {step}: validation ' + '  '.join(f'{k} {v:.4f}' for k, v in last.items()))
-                model.train(); t0 = time.time()
-    bar.close()
-    inner.load_state_dict(best_state)
-    return _finish(cfg, out, acc, inner, spec, tok, dd, data, steps, best, best_step, last, tokens / max(train_time, 1e-9), t_start)
+    def loss(t):
+        epoch, b = divmod(t, run['per_epoch'])
+        while len(perms) <= epoch:                                      # one seeded permutation per epoch, in order
+            perms.append(torch.randperm(len(train['input_ids']), generator=g).tolist())
+        glob = perms[epoch][b * cfg.batch_size * world:(b + 1) * cfg.batch_size * world]
+        ids, am, y, cm = _batch(train, glob[rank::world] or glob[:1], kind)
+        cm = None if cm is None else cm.to(dev)
+        return model(ids.to(dev), am.to(dev), labels=y.to(dev), context_mask=cm)['loss'], {'tokens': int(am.sum())}
+    def validation(step):
+        m, dd = run['spec'].main_metric, run['dd']
+        last = score(inner, run['data']['validation'], run['spec'], dd['validation'], 64, cfg.max_answer_len)
+        run['last'] = last
+        if _better(last[m], None if run['best'] is None else run['best'][m], m):
+            best_state = {k: v.detach().cpu().clone() for k, v in inner.state_dict().items()}
+            run.update(best=last, best_step=step, best_state=best_state)
+        return {'epoch': (step - 1) // run['per_epoch'] + 1, **last}
+    return Loop(model=model, opt=opt, sched=sched, loss=loss, evaluate=validation, save=None, steps=run['steps'],
+                log_every=cfg.log_every, eval_every=cfg.eval_every or run['per_epoch'], max_grad_norm=cfg.max_grad_norm,
+                eval_split='validation', train_fields=lambda c, n, s: {'tokens_per_s': c['tokens'] * world / s})
 
 # %% ../nbs/16_finetune.ipynb #b5fce545
-def _finish(cfg, out, acc, model, spec, tok, dd, data, steps, best, best_step, last, tok_per_s, t_start):
+def _finish(cfg: FinetuneConfig, out: Path, acc: Accelerator, model, run: dict) -> dict:
+    "Score the best model on test; the summary (written to `out/summary.json`) and the model in `out/checkpoint`."
+    spec, tok, dd, data = run['spec'], run['tok'], run['dd'], run['data']
     test = score(model, data['test'], spec, dd['test'], 64, cfg.max_answer_len)
-    enc_cfg = model.encoder.cfg
-    summary = {'task': cfg.task, 'pe': enc_cfg.pe, 'pe_kwargs': enc_cfg.pe_kwargs, 'checkpoint': str(cfg.checkpoint), 'seed': cfg.seed,
-               'main_metric': spec.main_metric, 'test': test, 'validation': best, 'best_step': best_step, 'last_validation': last,
-               'add_relative': enc_cfg.add_relative, 'add_relative_kwargs': enc_cfg.add_relative_kwargs,
-               'extend_positions': cfg.extend_positions, 'max_position_embeddings': enc_cfg.max_position_embeddings,
-               'steps': steps, 'epochs': cfg.epochs, 'max_len': cfg.max_len,
-               'examples': {s: len(data[s]['input_ids']) for s in TASK_SPLITS}, 'truncated': {s: data[s]['truncated'] for s in TASK_SPLITS},
-               'parameters': count_parameters(model), 'processes': acc.num_processes,
-               'train_tokens_per_s': tok_per_s, 'wall_s': time.time() - t_start}
-    if 'dropped' in data['train']: summary['dropped_train_answers'] = data['train']['dropped']
-    if cfg.add_relative_lr: summary['add_relative_lr'] = cfg.add_relative_lr
-    if cfg.eval_lengths: summary['test_at_length'] = score_at_lengths(model, dd['test'], spec, tok, cfg.eval_lengths, 64, cfg.max_answer_len)
+    enc_cfg, recs = model.encoder.cfg, read_metrics(out / 'metrics.jsonl', run['steps'])
+    speeds = [r['tokens_per_s'] for r in recs if r['split'] == 'train']
+    summary = {'task': cfg.task, 'pe': enc_cfg.pe, 'pe_kwargs': enc_cfg.pe_kwargs, 'checkpoint': str(cfg.checkpoint),
+               'seed': cfg.seed, 'main_metric': spec.main_metric, 'test': test, 'validation': run['best'],
+               'best_step': run['best_step'], 'last_validation': run['last'], 'add_relative': enc_cfg.add_relative,
+               'add_relative_kwargs': enc_cfg.add_relative_kwargs, 'extend_positions': cfg.extend_positions,
+               'max_position_embeddings': enc_cfg.max_position_embeddings, 'steps': run['steps'], 'epochs': cfg.epochs,
+               'max_len': cfg.max_len, 'examples': {s: len(data[s]['input_ids']) for s in TASK_SPLITS},
+               'truncated': {s: data[s]['truncated'] for s in TASK_SPLITS}, 'parameters': count_parameters(model),
+               'processes': acc.num_processes, 'train_tokens_per_s': sum(speeds) / max(1, len(speeds)),
+               'wall_s': time.time() - run['t_start']}
+    if 'dropped' in data['train']:
+        summary['dropped_train_answers'] = data['train']['dropped']
+    if cfg.add_relative_lr:
+        summary['add_relative_lr'] = cfg.add_relative_lr
+    if cfg.eval_lengths:
+        summary['test_at_length'] = score_at_lengths(model, dd['test'], spec, tok, cfg.eval_lengths, 64,
+                                                     cfg.max_answer_len)
     if acc.is_main_process:
-        save_task_model(model, out / 'checkpoint', tok, {'task': cfg.task, 'head_dropout': cfg.head_dropout, 'step': best_step,
-                                                         'from_checkpoint': str(cfg.checkpoint),
-                                                         'hf_tokenizer': _is_hf_folder(Path(cfg.checkpoint).expanduser())})
-        _write_json(out / 'summary.json', summary)
+        info = {'task': cfg.task, 'head_dropout': cfg.head_dropout, 'step': run['best_step'],
+                'from_checkpoint': str(cfg.checkpoint),
+                'hf_tokenizer': _is_hf_folder(Path(cfg.checkpoint).expanduser())}
+        save_task_model(model, out / 'checkpoint', tok, info)
+        save_json(out / 'summary.json', summary)
     acc.wait_for_everyone()
     return summary
 
@@ -654,7 +656,7 @@ def finetune_seeds(cfg: FinetuneConfig, out, seeds=(0, 1, 2), overwrite: bool = 
     runs = []
     for c in cfgs:
         runs.append(finetune(c, out / f'seed{c.seed}', progress=progress))
-        with open(out / 'results.jsonl', 'a') as f: f.write(json.dumps(result_record(runs[-1])) + '\n')
+        with open(out / 'results.jsonl', 'a') as f: f.write(dumps(result_record(runs[-1])) + '\n')
     spec = get_task(cfg.task)
     summary = {'task': cfg.task, 'pe': runs[0]['pe'], 'pe_kwargs': runs[0]['pe_kwargs'], 'checkpoint': str(cfg.checkpoint), 'seeds': seeds,
                'main_metric': spec.main_metric, 'max_len': cfg.max_len, 'steps': runs[0]['steps'], 'examples': runs[0]['examples'],
@@ -668,7 +670,7 @@ def finetune_seeds(cfg: FinetuneConfig, out, seeds=(0, 1, 2), overwrite: bool = 
         dd = load_task(cfg.task, cfg.data_files or None)
         if cfg.max_train: dd['train'] = train_subset(dd['train'], cfg.max_train)
         summary['baselines'] = {'majority': majority_baseline(dd, spec)['test'], 'bow': bow_baseline(dd, spec)['test']}
-    _write_json(out / 'summary.json', summary)
+    save_json(out / 'summary.json', summary)
     return summary
 
 # %% ../nbs/16_finetune.ipynb #62850eda

@@ -21,7 +21,7 @@ from posenc_lit.core import list_encodings, PositionRangeError
 from posenc_lit.attention import attend, MultiHeadAttention
 from posenc_lit.model import ModelConfig, EncoderForMLM, CheckpointError
 from posenc_lit.data import corpus_dir, CorpusError, load_corpus
-from posenc_lit import training
+from posenc_lit import training, loop
 from posenc_lit.training import make_train_config, pretrain, RunDirError
 
 ENCODINGS = sorted(list_encodings())
@@ -428,17 +428,17 @@ def test_sigterm_mid_run_then_resume_gives_identical_losses(corpus, reference, t
 
 def test_sigint_in_process_saves_and_resumes(corpus, reference, tmp_path, monkeypatch):
     "Ctrl-C (SIGINT) inside `pretrain` (as in a notebook): a checkpoint at that step, a clean return, the handler restored."
-    log = training._log
-    def log_and_interrupt(out, rec, main):
+    log = loop.log_record
+    def log_and_interrupt(out, rec, main=True):
         log(out, rec, main)
         if rec['split'] == 'train' and rec['step'] == 7: signal.raise_signal(signal.SIGINT)
-    monkeypatch.setattr(training, '_log', log_and_interrupt)
+    monkeypatch.setattr(loop, 'log_record', log_and_interrupt)
     before = signal.getsignal(signal.SIGINT)
     res = pretrain(_cfg(corpus), tmp_path / 'run', progress=False)
     assert res == {'stopped_at_step': 7, 'steps': STEPS, 'signal': 'SIGINT'}
     assert signal.getsignal(signal.SIGINT) is before
     assert json.loads((tmp_path / 'run' / 'checkpoint' / 'trainer_state.json').read_text())['step'] == 7
-    monkeypatch.setattr(training, '_log', log)
+    monkeypatch.setattr(loop, 'log_record', log)
     pretrain(_cfg(corpus), tmp_path / 'run', resume=True, progress=False)
     same_losses(tmp_path / 'run', reference)
 
