@@ -300,7 +300,7 @@ def bench(lengths=(128, 256, 512, 1024, 2048),  # sequence lengths L
                machine=platform.machine(), cpus=os.cpu_count(), compile_backend='inductor')
     res = res or dict(config=config, env=env, rows=[], model=None)
     def save():
-        if path is not None: atomic_write(path, lambda t: Path(t).write_text(json.dumps(res, indent=1)))
+        if path is not None: write_json(path, res, indent=1)
     old, done = torch.get_num_threads(), {r['L'] for r in res['rows']}
     if flush_denormal and not torch.set_flush_denormal(True): raise ValueError('this CPU cannot flush subnormal floats (no SSE3): use flush_denormal=False')
     torch.set_num_threads(threads)
@@ -429,7 +429,7 @@ def load_bench(folder=None) -> dict | None:
 def write_bench(res: dict, out) -> Path:
     "Write `bench.json`, `bench.md` (the table of `format_bench`) and `bench.png` (`plot_bench`) to `out`; returns the folder."
     out = Path(out); out.mkdir(parents=True, exist_ok=True)
-    atomic_write(out / 'bench.json', lambda t: Path(t).write_text(json.dumps(res, indent=1)))
+    write_json(out / 'bench.json', res, indent=1)
     atomic_write(out / 'bench.md', lambda t: Path(t).write_text(format_bench(res) + '\n'))
     fig, axes = plt.subplots(1, 2, figsize=(14, 4.8)); plot_bench(res, axes); fig.tight_layout()
     atomic_write(out / 'bench.png', lambda t: fig.savefig(t, dpi=100, format='png')); plt.close(fig)

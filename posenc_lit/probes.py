@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import matplotlib.pyplot as plt
-from .core import PositionRangeError, atomic_write, is_int, is_real, list_encodings
+from .core import PositionRangeError, is_int, is_real, list_encodings, write_json
 from .model import ModelConfig, Encoder, EncoderForMLM, check_field_types
 
 # %% auto #0
@@ -250,7 +250,7 @@ def run_probes(encodings=None,           # encoding names (default: every regist
             r = run_probe(pe_names.get(name, name), p, cfg, (pe_kwargs or {}).get(name))
             res['runs'].setdefault(p, {})[name] = {**r, 'pe': name}
             res['compute_s'] += r['train_s']
-            if out is not None: atomic_write(out, lambda t: Path(t).write_text(json.dumps(res, indent=1)))
+            if out is not None: write_json(out, res, indent=1)
             if progress:
                 print(f"probe {p} {name}: {_fmt_acc(r)} ({r['train_s']:.1f} s)", file=sys.stderr, flush=True)
     return res
