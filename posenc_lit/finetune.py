@@ -473,7 +473,7 @@ def load_task_model(path) -> tuple[EncoderForTask, Tokenizer, dict]:
         raise CheckpointError(f'{p} is not a fine-tuning checkpoint (no task.json)' + (': it is a pretraining checkpoint' if (p / 'model.safetensors').is_file() else ''))
     info = json.loads((p / 'task.json').read_text())
     model = EncoderForTask(Encoder(load_config(p)), info['kind'], info['n_labels'], info.get('head_dropout', 0.1))
-    try: model.load_state_dict(load_file(p / 'model.safetensors'))
+    try: model.load_state_dict(read_weights(p / 'model.safetensors', model.state_dict()))   # names, kinds, shapes, finite
     except Exception as e: raise CheckpointError(f'{p / "model.safetensors"} does not fit {p / "config.json"} and task.json ({type(e).__name__}: {str(e)[:200]})') from None
     if info.get('hf_tokenizer'):                     # the tokenizer of a Hugging Face checkpoint (its own special ids)
         from posenc_lit.hf import hf_tokenizer

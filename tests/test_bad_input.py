@@ -252,3 +252,22 @@ def test_add_relative_on_a_sinusoidal_checkpoint(runs, tmp_path, capsys):
     model, _, _ = load_task_model(next((tmp_path / 'ft').glob('seed*')))
     assert model.encoder.cfg.add_relative == 'huang4'
     assert model.encoder.pe.word_scale == pytest.approx(32 ** 0.5)   # the sinusoidal model's scale, d_model=32
+
+
+def test_fine_tuned_head_with_nan_weights_is_refused(tmp_path):
+    "A fine-tuned checkpoint is read through the one checked reader: a NaN in the task head is a CheckpointError."
+    import torch
+    from safetensors.torch import load_file, save_file
+    from posenc_lit.data import load_tokenizer
+    from posenc_lit.finetune import EncoderForTask, load_task_model, save_task_model
+    from posenc_lit.model import CheckpointError, Encoder, ModelConfig
+    tok = load_tokenizer()
+    enc = Encoder(ModelConfig(vocab_size=tok.get_vocab_size(), d_model=16, n_layers=1, n_heads=2, d_ff=32))
+    d = save_task_model(EncoderForTask(enc, 'classification', 2), tmp_path / 'ft', tok, {})
+    load_task_model(d)                                                       # a sound checkpoint loads
+    sd = load_file(d / 'model.safetensors')
+    head = next(k for k in sd if not k.startswith('encoder.') and sd[k].is_floating_point())
+    sd[head][0] = float('nan')
+    save_file(sd, d / 'model.safetensors')
+    with pytest.raises(CheckpointError, match='non-finite'):
+        load_task_model(d)
