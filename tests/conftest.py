@@ -83,3 +83,14 @@ def cut_with_sigterm(cmd, run_dir, env, steps: int) -> int:
     k = json.loads((Path(run_dir) / 'checkpoint' / 'trainer_state.json').read_text())['step']
     assert 3 <= k < steps, f'the signal landed at step {k}, not mid-run'
     return k
+
+
+def write_small_corpus(d, train: int, validation: int) -> str:
+    "Write the first `train` / `validation` records of the embedded corpus into folder `d` (the local-folder schema)."
+    import gzip
+    from posenc_lit.data import corpus_dir
+    for split, n in (('train', train), ('validation', validation)):
+        with gzip.open(corpus_dir() / f'{split}.jsonl.gz', 'rt') as f:
+            lines = [next(f) for _ in range(n)]
+        (Path(d) / f'{split}.jsonl').write_text(''.join(lines))
+    return str(d)

@@ -4,11 +4,11 @@ Each test failed on the trainers before the loop: a save that renamed `checkpoin
 written into it, a missing `trainer_state.json` read as "no checkpoint yet", NaN losses run to the end and written as
 `NaN` into JSON, a full disk reported as a `RuntimeError` traceback, a temporary file of a killed write that blocked
 `--overwrite`, and the "interrupted" line printed once per process."""
-import gzip, json, os, shutil, subprocess, sys, textwrap
+import json, os, shutil, subprocess, sys, textwrap
 from pathlib import Path
 import pytest
+from conftest import write_small_corpus
 
-from posenc_lit.data import corpus_dir
 from posenc_lit.model import CheckpointError
 from posenc_lit.training import make_train_config, pretrain
 
@@ -18,12 +18,7 @@ ENV = {**os.environ, 'HF_HUB_OFFLINE': '1', 'HF_DATASETS_OFFLINE': '1', 'TOKENIZ
 @pytest.fixture(scope='module')
 def corpus(tmp_path_factory):
     "A small local corpus (the first records of the embedded splits)."
-    d = tmp_path_factory.mktemp('corpus')
-    for split, n in (('train', 300), ('validation', 40)):
-        with gzip.open(corpus_dir() / f'{split}.jsonl.gz', 'rt') as f:
-            lines = [next(f) for _ in range(n)]
-        (d / f'{split}.jsonl').write_text(''.join(lines))
-    return str(d)
+    return write_small_corpus(tmp_path_factory.mktemp('corpus'), train=300, validation=40)
 
 
 def _cfg(corpus, **kw):

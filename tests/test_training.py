@@ -1,10 +1,10 @@
 """End-to-end pretraining: resume equals an uninterrupted run; a 2-process data-parallel run on CPU; bad input."""
-import gzip, json, os, shutil, subprocess, sys
+import json, os, shutil, subprocess, sys
 from pathlib import Path
 import pytest
+from conftest import write_small_corpus
 import torch
 
-from posenc_lit.data import corpus_dir
 from posenc_lit.training import make_train_config, pretrain
 from posenc_lit.model import load_model, CheckpointError
 
@@ -14,12 +14,7 @@ ENV = {**os.environ, 'HF_HUB_OFFLINE': '1', 'HF_DATASETS_OFFLINE': '1', 'TOKENIZ
 @pytest.fixture(scope='module')
 def small_corpus(tmp_path_factory):
     "A small local corpus (the first records of the embedded splits), in the local-folder schema."
-    d = tmp_path_factory.mktemp('corpus')
-    for split, n in (('train', 400), ('validation', 60)):
-        with gzip.open(corpus_dir() / f'{split}.jsonl.gz', 'rt') as f:
-            lines = [next(f) for _ in range(n)]
-        (d / f'{split}.jsonl').write_text(''.join(lines))
-    return str(d)
+    return write_small_corpus(tmp_path_factory.mktemp('corpus'), train=400, validation=60)
 
 
 def _records(run, split='train'):
