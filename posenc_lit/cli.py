@@ -71,7 +71,9 @@ def _add_pretrain(sub):
                        '130 or 143; --resume continues the run with the same losses as if it had not stopped.')
     p.add_argument('--pe', required=True, help='position encoding (see `posenc_lit encodings`)')
     p.add_argument('--preset', default='quick', help='quick: 2 layers, D=128, 1,200 steps of 32×64 tokens (~5 min on '
-                   '2 idle cores); reference: 4 layers, 2,500 steps of 32×128 (~20 min); smoke: a tiny model, 20 steps (default: quick)')
+                   '2 idle cores); reference: 4 layers, 2,500 steps of 32×128 (~20 min); study: quick\'s model, 12,000 '
+                   'steps of 64×32 (~40 min of one core; absolute positions are learned); smoke: a tiny model, 20 steps '
+                   '(default: quick)')
     p.add_argument('--out', type=_path, required=True, help='run directory')
     how = p.add_mutually_exclusive_group()
     how.add_argument('--resume', action='store_true', help='continue the run in --out from its checkpoint (a finished run is left as is)')

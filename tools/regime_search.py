@@ -5,6 +5,7 @@ Each entry of SEARCH is a `posenc_lit pretrain` configuration: the `quick` prese
 
     python tools/regime_search.py run NAME [NAME ...] [--pe learned none] [--runs runs/regime]
     python tools/regime_search.py collect [--runs runs/regime] [--to results/regime/search]
+    python tools/regime_search.py diagnose RUN DEST      (one run's diagnostics.json into DEST; tools/run_study.sh)
 
 `collect` copies each run's config.json, metrics.jsonl and summary.json (if it finished) into the results folder and
 adds diagnostics.json: the position sensitivity of its latest checkpoint (held-out masked-token loss with the true
@@ -87,9 +88,15 @@ def main(argv=None):
     c = sub.add_parser('collect')
     c.add_argument('--runs', type=Path, default=Path('runs/regime'))
     c.add_argument('--to', type=Path, default=Path('results/regime/search'))
+    d = sub.add_parser('diagnose')
+    d.add_argument('run', type=Path)
+    d.add_argument('dest', type=Path)
     a = ap.parse_args(argv)
     if a.cmd == 'run':
         run(a.names, a.pe, a.runs)
+    elif a.cmd == 'diagnose':
+        a.dest.mkdir(parents=True, exist_ok=True)
+        (a.dest / 'diagnostics.json').write_text(json.dumps(diagnostics(a.run), indent=2, allow_nan=False))
     else:
         collect(a.runs, a.to)
 

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The study (issue 29): every encoding and the TUPE and DeBERTa ablations pretrained with the `study` preset (12,000 steps
+# of 64 × 32 tokens, the regime in which absolute positions are learned; nbs/19b_regime.ipynb), resumable, in lanes.
+#
+# Usage: bash tools/run_study.sh NAME [NAME ...]
+#   NAME is a study entry (below), optionally with a seed: `learned` (seed 0), `learned-s1` (seed 1).
+#   Start one lane per core with its own names, e.g.
+#     OMP_NUM_THREADS=1 bash tools/run_study.sh learned tupe-a deberta &
+#     OMP_NUM_THREADS=1 bash tools/run_study.sh none sinusoidal t5 &
+# Each run trains in runs/study/NAME and resumes from its checkpoint when started again (a finished run is skipped).
+# When it finishes, results/study/NAME/ gets config.json, metrics.jsonl, summary.json, lengths.json (masked-token loss
+# at 32, 64, 128, 256 tokens; 21_lengths), diagnostics.json (position sensitivity, table geometry; 19b_regime),
+# inspect.safetensors (tools/inspect_run.py) and locality.json (22_locality), and is committed (COMMIT=0 to skip).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+
+args_for() {   # study entry -> pretrain options (an encoding name alone runs that encoding with its defaults)
+  case "$1" in
+    tupe-a-tiecls)  echo "--pe tupe-a --pe-kwargs {\"untie_cls\":false}" ;;        # TUPE's tie-cls ablation
+    deberta)        echo "--pe deberta --emd-steps 2" ;;                            # DeBERTa: c2p + p2c + EMD
+    deberta-noemd)  echo "--pe deberta" ;;                                          # −EMD
+    deberta-noc2p)  echo "--pe deberta --emd-steps 2 --pe-kwargs {\"pos_att_type\":[\"p2c\"]}" ;;   # −C2P
+    deberta-nop2c)  echo "--pe deberta --emd-steps 2 --pe-kwargs {\"pos_att_type\":[\"c2p\"]}" ;;   # −P2C
+    *)              echo "--pe $1" ;;
+  esac
+}
+
+commit() {   # commit one finished run's results, retrying while another git command holds the index
+  [ "${COMMIT:-1}" = 1 ] || return 0
+  for _ in 1 2 3 4 5 6 7 8 9 10; do
+    if git add "$1" && git commit -q -m "study: $2 finished (tools/run_study.sh)" -- "$1"; then return 0; fi
+    sleep 7
+  done
+  echo "warning: could not commit $1" >&2
+}
+
+for name in "$@"; do
+  entry=$name seed=0
+  if [[ $name =~ ^(.+)-s([0-9]+)$ ]]; then entry=${BASH_REMATCH[1]} seed=${BASH_REMATCH[2]}; fi
+  run=runs/study/$name dest=results/study/$name
+  if [ -f "$dest/summary.json" ] && [ -f "$dest/lengths.json" ]; then echo "done already: $name"; continue; fi
+  # shellcheck disable=SC2046
+  posenc_lit pretrain $(args_for "$entry") --seed "$seed" --preset study --out "$run" --resume --quiet
+  mkdir -p "$dest"
+  cp "$run/config.json" "$run/metrics.jsonl" "$run/summary.json" "$dest/"
+  python tools/regime_search.py diagnose "$run" "$dest" || echo "warning: diagnostics of $name failed" >&2
+  python tools/inspect_run.py "$run" "$dest" || echo "warning: inspect_run of $name failed" >&2
+  python -c 'import sys; from posenc_lit.locality import locality_run; locality_run(sys.argv[1])' "$run" \
+    && cp "$run/locality.json" "$dest/" || echo "warning: locality of $name failed" >&2
+  posenc_lit lengths --run "$run" --lengths 32 64 128 256
+  cp "$run/lengths.json" "$dest/"
+  commit "$dest" "$name"
+  echo "finished $name: $(tr -d '\n ' < "$dest/summary.json")"
+done
