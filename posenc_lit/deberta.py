@@ -19,29 +19,38 @@ __all__ = ['POS_ATT_TYPES', 'build_relative_position', 'deberta_delta', 'make_lo
            'DebertaContext']
 
 # %% ../nbs/06_deberta.ipynb #2fd69ee3
-def build_relative_position(q_pos: torch.Tensor, # query positions, integer, `(i,)` or `(b, i)`
-                            k_pos: torch.Tensor, # key positions, integer, `(j,)` or `(b, j)`
-                            bucket_size: int = 0,  # 0: exact distances; B > 0: `make_log_bucket_position` (DeBERTa-v2)
-                            max_position: int = 0, # the buckets' maximum distance L (the span k); with `bucket_size`
-                           ) -> torch.Tensor:      # `q_pos[i] - k_pos[j]`, int64, `(i, j)` or `(b, i, j)`
-    "DeBERTa's relative position $i-j$ of every query/key pair, log-bucketed if `bucket_size > 0` (HF/official `build_relative_position`, for explicit positions)."
-    rel = to_convention(rel_pos(q_pos, k_pos), 'i-j')       # (…, i, j)  i - j: the one conversion from posenc_lit's j - i
-    return make_log_bucket_position(rel, bucket_size, max_position) if bucket_size else rel
+def build_relative_position(
+    q_pos: torch.Tensor,    # query positions, integer, `(i,)` or `(b, i)`
+    k_pos: torch.Tensor,    # key positions, integer, `(j,)` or `(b, j)`
+    bucket_size: int = 0,   # 0: exact distances; B > 0: log buckets (DeBERTa-v2)
+    max_position: int = 0,  # the buckets' maximum distance L (the span k)
+) -> torch.Tensor:          # `q_pos[i] - k_pos[j]`, int64, `(i, j)` or `(b, i, j)`
+    """DeBERTa's relative position $i-j$ of every query/key pair, log-bucketed if
+    `bucket_size > 0` (HF/official `build_relative_position`, explicit positions)."""
+    rel = to_convention(rel_pos(q_pos, k_pos), 'i-j')   # (…, i, j): i - j, from j - i
+    if bucket_size:
+        return make_log_bucket_position(rel, bucket_size, max_position)
+    return rel
 
 # %% ../nbs/06_deberta.ipynb #6551d47f
+def deberta_delta(
+    rel: torch.Tensor,  # relative positions i - j (maybe bucketed), integer, any shape
+    k: int,             # span: the table has 2k rows
+) -> torch.Tensor:      # rows `clamp(i - j + k, 0, 2k - 1)`, shape of `rel`
+    "Row $\\delta(i,j)$ of the relative table $P$ for each distance $i-j$ (eq. 3)."
+    _check_delta_args(rel, k)
+    return (rel.long() + k).clamp(0, 2 * k - 1)
+
+# %% ../nbs/06_deberta.ipynb #21b631f9
 def _check_span(k):
     if not is_int(k) or k < 1:
         raise ValueError(f'the maximum relative distance k must be an integer ≥ 1 (the table holds 2k rows); got {k!r}')
 
-def deberta_delta(rel: torch.Tensor, # DeBERTa relative positions i - j (maybe bucketed), integer, any shape
-                  k: int,            # span: the table has 2k rows
-                 ) -> torch.Tensor:  # rows `clamp(i - j + k, 0, 2k - 1)`, shape of `rel`
-    "Row $\\delta(i,j)$ of the relative table $P$ for each distance $i-j$ (He et al. 2021, eq. 3)."
+def _check_delta_args(rel, k):
     _check_span(k)
     if not is_int_tensor(rel) or rel.dtype == torch.uint8:
         raise ValueError(f'rel must be a signed integer tensor of relative positions i - j; got '
                          f'{rel.dtype if isinstance(rel, torch.Tensor) else type(rel).__name__}')
-    return (rel.long() + k).clamp(0, 2 * k - 1)
 
 # %% ../nbs/06_deberta.ipynb #a289c269
 def _check_buckets(bucket_size, max_position):
@@ -55,18 +64,25 @@ def _check_buckets(bucket_size, max_position):
         raise ValueError(f'k={max_position} leaves no logarithmic range above the exact distances ±{bucket_size // 2}: '
                          f'use k > {bucket_size // 2 + 1}')
 
-# %% ../nbs/06_deberta.ipynb #9bcd1a7d
-def make_log_bucket_position(rel: torch.Tensor, # relative positions i - j, integer, any shape
-                             bucket_size: int,   # B: distances up to ±B/2 stay exact; the table has 2B rows
-                             max_position: int,  # L: the distance that reaches bucket ±(B-1) (the span k)
-                            ) -> torch.Tensor:   # bucketed positions, int64, shape of `rel`; not clamped (as HF)
-    "DeBERTa-v2's log bucket of each relative position (HF `make_log_bucket_position`: float32 arithmetic, no clamp at ±L)."
-    _check_buckets(bucket_size, max_position)
+def _check_rel(rel):
     if not is_int_tensor(rel):
-        raise ValueError(f'rel must be an integer tensor of relative positions; got {rel.dtype if isinstance(rel, torch.Tensor) else type(rel).__name__}')
+        got = rel.dtype if isinstance(rel, torch.Tensor) else type(rel).__name__
+        raise ValueError(f'rel must be an integer tensor of relative positions; got {got}')
+
+# %% ../nbs/06_deberta.ipynb #9bcd1a7d
+def make_log_bucket_position(
+    rel: torch.Tensor,  # relative positions i - j, integer, any shape
+    bucket_size: int,   # B: distances up to ±B/2 stay exact; the table has 2B rows
+    max_position: int,  # L: the distance that reaches bucket ±(B-1) (the span k)
+) -> torch.Tensor:      # bucketed positions, int64, shape of `rel`; not clamped (as HF)
+    """DeBERTa-v2's log bucket of each relative position
+    (HF `make_log_bucket_position`: float32 arithmetic, no clamp at ±L)."""
+    _check_buckets(bucket_size, max_position)
+    _check_rel(rel)
     rel, mid = rel.long(), bucket_size // 2
-    log_base = torch.log(torch.tensor((max_position - 1) / mid, dtype=torch.float32))     # float32 like HF: see below
-    ratio = torch.log(rel.abs().clamp(min=mid).float() / mid) / log_base                    # (…) log(|r|/m) / log((L-1)/m)
+    log_base = torch.log(torch.tensor((max_position - 1) / mid, dtype=torch.float32))
+    ratio = torch.log(rel.abs().clamp(min=mid).float() / mid) / log_base
+    # ratio = log(|r|/m) / log((L-1)/m)
     log_pos = torch.ceil(ratio * (mid - 1)).long() + mid
     return torch.where(rel.abs() <= mid, rel, log_pos * rel.sign())
 
@@ -99,70 +115,105 @@ def _check_deberta(d_model, n_heads, n_layers, k, position_buckets, flags, pos_d
 
 # %% ../nbs/06_deberta.ipynb #4ab3ada6
 class DebertaRelative(PositionEncoding):
-    "DeBERTa's c2p and p2c terms against a relative table $P$ shared by all layers, scale $1/\\sqrt{(1+n)d}$ (He et al. 2021, eq. 3–4; p2c index of the reference code)."
+    """DeBERTa's c2p and p2c terms against a relative table $P$ shared by all layers,
+    scale $1/\\sqrt{(1+n)d}$ (He et al. 2021, eq. 3–4; the reference code's p2c)."""
     kind = 'score'
-    def __init__(self, d_model: int, n_heads: int, n_layers: int, # D (P is (2k, D)), heads, layers (one W_{k,r}, W_{q,r} each)
-                 k: int = 512,                 # maximum relative distance (the code's `max_relative_positions`)
-                 position_buckets: int = 0,    # 0: eq. 3; B > 0: log buckets, table of 2B rows (v2/v3 use 256)
-                 pos_att_type=POS_ATT_TYPES,   # subset of c2p, p2c: a list or 'c2p|p2c'
-                 share_att_key: bool = False,  # project P with the layer's q_proj/k_proj (v3), not pos_query_proj/pos_key_proj
-                 norm_rel_ebd: bool = False,   # LayerNorm on P (v2/v3 `norm_rel_ebd="layer_norm"`)
-                 pos_dropout: float = 0.0,     # dropout on P in each layer (the code: hidden_dropout_prob)
-                 layer_norm_eps: float = 1e-7, init_std: float = 0.02):
+    def __init__(self,
+                 d_model: int,                # D (P is (2k, D))
+                 n_heads: int,                # heads
+                 n_layers: int,               # layers (one W_{k,r}, W_{q,r} each)
+                 k: int = 512,                # maximum relative distance
+                 position_buckets: int = 0,   # 0: eq. 3; B > 0: 2B log buckets (v3 256)
+                 pos_att_type=POS_ATT_TYPES,  # subset of c2p, p2c: a list or 'c2p|p2c'
+                 share_att_key: bool = False, # project P with the layer's W_q, W_k (v3)
+                 norm_rel_ebd: bool = False,  # LayerNorm on P (v2/v3 `"layer_norm"`)
+                 pos_dropout: float = 0.0,    # dropout on P in each layer
+                 layer_norm_eps: float = 1e-7,
+                 init_std: float = 0.02):
         super().__init__()
-        _check_deberta(d_model, n_heads, n_layers, k, position_buckets, {'share_att_key': share_att_key, 'norm_rel_ebd': norm_rel_ebd},
+        flags = {'share_att_key': share_att_key, 'norm_rel_ebd': norm_rel_ebd}
+        _check_deberta(d_model, n_heads, n_layers, k, position_buckets, flags,
                        pos_dropout, layer_norm_eps, init_std)
-        self.pos_att_type, self.k, self.position_buckets = _pos_att_type(pos_att_type), k, position_buckets
-        self.n_heads, self.n_layers, self.share_att_key, self.pos_dropout = n_heads, n_layers, share_att_key, pos_dropout
-        self.span = position_buckets or k                                                  # δ's k: the table has 2·span rows
-        self.rel_embeddings = nn.Parameter(torch.randn(2 * self.span, d_model) * init_std)  # P: (2k, D)
-        self.rel_norm = nn.LayerNorm(d_model, eps=layer_norm_eps) if norm_rel_ebd else None
-        def projs(term): return None if share_att_key or term not in self.pos_att_type else nn.ModuleList(nn.Linear(d_model, d_model) for _ in range(n_layers))
-        self.pos_key_proj, self.pos_query_proj = projs('c2p'), projs('p2c')                 # W_{k,r}, W_{q,r} per layer
+        self.pos_att_type = _pos_att_type(pos_att_type)
+        self.k, self.position_buckets = k, position_buckets
+        self.n_heads, self.n_layers = n_heads, n_layers
+        self.share_att_key, self.pos_dropout = share_att_key, pos_dropout
+        self.span = position_buckets or k                      # δ's k: 2·span rows
+        P = torch.randn(2 * self.span, d_model) * init_std
+        self.rel_embeddings = nn.Parameter(P)                  # P: (2k, D)
+        self.rel_norm = None
+        if norm_rel_ebd:
+            self.rel_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
+        def projs(term):
+            if share_att_key or term not in self.pos_att_type:
+                return None
+            return nn.ModuleList(nn.Linear(d_model, d_model) for _ in range(n_layers))
+        self.pos_key_proj = projs('c2p')                       # W_{k,r} per layer
+        self.pos_query_proj = projs('p2c')                     # W_{q,r} per layer
 
-    def content_scale(self, d): return (d * (1 + len(self.pos_att_type))) ** -0.5          # 1/sqrt(3d) with c2p and p2c
+    def content_scale(self, d):                          # 1/sqrt(3d) with c2p and p2c
+        return (d * (1 + len(self.pos_att_type))) ** -0.5
 
 # %% ../nbs/06_deberta.ipynb #d7b6f4aa
 @dataclass(eq=False)
 class DebertaContext(Context):
     "Context of `DebertaRelative`, computed once per forward and shared by all layers."
-    delta: torch.Tensor       # `(b|1, i, j)` int64, δ(i, j): the row of P of each pair
-    idx: torch.Tensor         # `(b|1, i, j)` int64, `delta - lo`: the row in `P` below
-    P: torch.Tensor           # `(r, D)`: rows lo … lo+r-1 of the table (the rows that occur; all 2k when traced), normalized
+    delta: torch.Tensor  # `(b|1, i, j)` int64, δ(i, j): the row of P of each pair
+    idx: torch.Tensor    # `(b|1, i, j)` int64, `delta - lo`: the row in `P` below
+    P: torch.Tensor      # `(r, D)`: the rows lo … lo+r-1 that occur, normalized
 
 @patch
 def prepare(self: DebertaRelative, q_pos, k_pos) -> DebertaContext:
-    "$\\delta(i,j)$ of every pair (`delta`, `(b|1, i, j)`) and the rows of $P$ it uses, normalized (`P`), once per forward."
-    delta = deberta_delta(build_relative_position(q_pos, k_pos, self.position_buckets, self.k), self.span)  # (b|1, i, j)
-    lo, hi = (int(delta.min()), int(delta.max())) if delta.numel() and not is_tracing() else (0, 2 * self.span - 1)
-    P = self.rel_embeddings[lo:hi + 1]                              # (r, D): only the rows that occur (traced: all)
-    if self.rel_norm is not None: P = self.rel_norm(P)             # row-wise, so cutting first changes nothing
+    """$\\delta(i,j)$ of every pair (`delta`, `(b|1, i, j)`) and the rows of $P$ it
+    uses, normalized (`P`), once per forward."""
+    rel = build_relative_position(q_pos, k_pos, self.position_buckets, self.k)
+    delta = deberta_delta(rel, self.span)                # (b|1, i, j)
+    if delta.numel() and not is_tracing():
+        lo, hi = int(delta.min()), int(delta.max())
+    else:
+        lo, hi = 0, 2 * self.span - 1
+    P = self.rel_embeddings[lo:hi + 1]                   # (r, D): the rows that occur
+    if self.rel_norm is not None:
+        P = self.rel_norm(P)                             # row-wise: cut first, exact
     return DebertaContext(q_pos, k_pos, delta, delta - lo, P)
 
 # %% ../nbs/06_deberta.ipynb #b0665e28
 @patch
 def rel_projections(self: DebertaRelative, ctx: DebertaContext, layer=None):
-    "$K_r$ (for c2p) and $Q_r$ (for p2c) of layer `layer` (an index or a `LayerRef`), each `(h, r, d)` or `None`."
+    """$K_r$ (for c2p) and $Q_r$ (for p2c) of layer `layer` (an index or a `LayerRef`),
+    each `(h, r, d)` or `None`."""
     ref = as_layer(layer)
-    l = None if self.share_att_key else layer_index(ref, self.n_layers, 'DebertaRelative', 'projections')
-    P = F.dropout(ctx.P, self.pos_dropout, self.training)                          # (r, D)
+    l = None
+    if not self.share_att_key:
+        l = layer_index(ref, self.n_layers, 'DebertaRelative', 'projections')
+    P = F.dropout(ctx.P, self.pos_dropout, self.training)                # (r, D)
     def proj(term, shared, own, name):
-        if term not in self.pos_att_type: return None
+        if term not in self.pos_att_type:
+            return None
         if self.share_att_key and shared is None:
-            raise ValueError(f"DebertaRelative(share_att_key=True) projects P with the layer's own {name} for {term}: pass "
-                             f'LayerRef(idx, q_proj=…, k_proj=…) as the layer (MultiHeadAttention does)')
+            _no_shared_proj(term, name)
         w = shared if self.share_att_key else own[l]
-        return w(P).view(P.shape[0], self.n_heads, -1).transpose(0, 1)            # (h, r, d)
-    return proj('c2p', ref.k_proj, self.pos_key_proj, 'k_proj'), proj('p2c', ref.q_proj, self.pos_query_proj, 'q_proj')
+        return w(P).view(P.shape[0], self.n_heads, -1).transpose(0, 1)  # (h, r, d)
+    K_r = proj('c2p', ref.k_proj, self.pos_key_proj, 'k_proj')
+    Q_r = proj('p2c', ref.q_proj, self.pos_query_proj, 'q_proj')
+    return K_r, Q_r
+
+# %% ../nbs/06_deberta.ipynb #7b31f05d
+def _no_shared_proj(term, name):
+    raise ValueError(f"DebertaRelative(share_att_key=True) projects P with the layer's own {name} for {term}: pass "
+                     f'LayerRef(idx, q_proj=…, k_proj=…) as the layer (MultiHeadAttention does)')
 
 # %% ../nbs/06_deberta.ipynb #8e5f89e8
 @patch
 def score_terms(self: DebertaRelative, q, k, ctx: DebertaContext, layer=None):
-    "c2p $Q^c_i{K^r_{\\delta(i,j)}}^\\top$ and p2c $K^c_j{Q^r_{\\delta(i,j)}}^\\top$ times the content scale, `(b, h, i, j)`."
+    """c2p $Q^c_i{K^r_{\\delta(i,j)}}^\\top$ and p2c $K^c_j{Q^r_{\\delta(i,j)}}^\\top$
+    times the content scale, `(b, h, i, j)`."""
     K_r, Q_r = self.rel_projections(ctx, layer)
     s, idx = self.content_scale(q.shape[-1]), ctx.idx
-    c2p = [rel_scores(q, K_r * s, idx, 'query')] if K_r is not None else []   # scale the (h, r, d) table, not (b, h, i, j)
-    p2c = [rel_scores(k, Q_r * s, idx, 'key')] if Q_r is not None else []     # the code's index δ(i,j)
+    # scale the (h, r, d) tables, not the (b, h, i, j) terms
+    c2p = [rel_scores(q, K_r * s, idx, 'query')] if K_r is not None else []
+    # p2c with the code's index δ(i,j)
+    p2c = [rel_scores(k, Q_r * s, idx, 'key')] if Q_r is not None else []
     return c2p + p2c
 
 # %% ../nbs/06_deberta.ipynb #4b98bb87
