@@ -5,22 +5,25 @@
 # %% ../nbs/11a_loop.ipynb #b78cf751
 from __future__ import annotations
 import errno, json, math, os, shutil, signal, tempfile, threading, time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Callable
+from typing import Callable, ClassVar
 import torch
+from tqdm import tqdm
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState
 from accelerate.utils import load as load_state_file
 from .core import atomic_write, json_safe, write_json
-from .model import CheckpointError
+from .model import CheckpointError, check_field_types
 
 # %% auto #0
-__all__ = ['SPLITS', 'RUN_FILES', 'STATE_FILE', 'dumps', 'save_json', 'RunDirError', 'log_record', 'read_metrics',
-           'restart_metrics', 'param_groups', 'lr_factor', 'scheduler', 'SignalStop', 'any_process',
-           'check_creatable_dir', 'foreign_files', 'run_kind', 'check_replaceable', 'replace_run_dir',
-           'prepare_run_dir', 'read_trainer_state', 'save_checkpoint', 'load_checkpoint', 'NonFiniteLossError', 'Loop',
-           'fit']
+__all__ = ['SPLITS', 'MIXED_PRECISION', 'RUN_FILES', 'STATE_FILE', 'dumps', 'save_json', 'RunDirError', 'log_record',
+           'read_metrics', 'restart_metrics', 'param_groups', 'lr_factor', 'scheduler', 'RunConfig', 'obeys',
+           'check_rules', 'make_config', 'SignalStop', 'any_process', 'check_creatable_dir', 'foreign_files',
+           'run_kind', 'check_replaceable', 'replace_run_dir', 'prepare_run_dir', 'read_trainer_state',
+           'save_checkpoint', 'load_checkpoint', 'NonFiniteLossError', 'Loop', 'fit', 'check_precision', 'accelerator',
+           'begin_run', 'progress_bar', 'replace_if_asked', 'done_summary', 'stopped', 'train_mean', 'end_run',
+           'eval_sums']
 
 # %% ../nbs/11a_loop.ipynb #5bf18564
 def dumps(obj, **kwargs) -> str:
@@ -96,6 +99,59 @@ def lr_factor(steps: int, warmup: float, schedule: str = 'linear') -> Callable[[
 def scheduler(opt: torch.optim.Optimizer, steps: int, warmup: float, schedule: str = 'linear'):
     "The `LambdaLR` of `lr_factor` on `opt`."
     return torch.optim.lr_scheduler.LambdaLR(opt, lr_factor(steps, warmup, schedule))
+
+# %% ../nbs/11a_loop.ipynb #627f561c
+MIXED_PRECISION = ('no', 'bf16', 'fp16')    # 'bf16' on CPU or GPU, 'fp16' on a GPU only
+
+@dataclass(kw_only=True)
+class RunConfig:
+    "The options every kind of run has; `rules` gives the range or the choices of each option that has one."
+    batch_size: int = 32            # examples per process per step
+    lr: float = 2e-3                # peak learning rate
+    warmup: float = 0.06            # fraction of steps with linear warm-up
+    weight_decay: float = 0.01
+    max_grad_norm: float = 1.0
+    log_every: int = 25             # steps between training-loss records
+    seed: int = 0
+    mixed_precision: str = 'no'     # one of `MIXED_PRECISION`
+    rules: ClassVar[dict] = {'batch_size': '≥ 1', 'lr': '> 0', 'warmup': 'in [0, 1]', 'weight_decay': '≥ 0',
+                             'max_grad_norm': '> 0', 'log_every': '≥ 1', 'seed': 'in [0, 2**32)',
+                             'mixed_precision': MIXED_PRECISION}
+
+# %% ../nbs/11a_loop.ipynb #309f6d6f
+def _bound(s: str) -> float:   # '0.5', '4', '2**32'
+    base, _, exp = s.partition('**')
+    return float(base) ** float(exp or 1)
+
+def obeys(v, rule) -> bool:
+    "Whether `v` keeps `rule`: a tuple of allowed values, '≥ a', '> a', or an interval 'in [a, b)' (any brackets)."
+    if isinstance(rule, tuple):
+        return v in rule
+    if rule.startswith('in '):
+        lo, hi = map(_bound, rule[4:-1].split(', '))
+        return (lo <= v if rule[3] == '[' else lo < v) and (v <= hi if rule[-1] == ']' else v < hi)
+    op, x = rule.split(' ')
+    return v >= _bound(x) if op == '≥' else v > _bound(x)
+
+def check_rules(cfg):
+    "`ValueError` naming the first option of `cfg` that breaks its rule in `cfg.rules`."
+    for name, rule in cfg.rules.items():
+        v = getattr(cfg, name)
+        if not obeys(v, rule):
+            raise ValueError(f'{name} must be {f"one of {rule}" if isinstance(rule, tuple) else rule}; got {v!r}')
+
+# %% ../nbs/11a_loop.ipynb #70706373
+def make_config(cls, presets: dict, preset: str, overrides: dict, what: str, keep_none: tuple = ()):
+    "`cls` from `presets[preset]` and `overrides` (`None`: not given, except for `keep_none`), names, types, rules checked."
+    if preset not in presets:
+        raise ValueError(f'unknown preset {preset!r}; valid: {", ".join(presets)}')
+    names = sorted(f.name for f in fields(cls))
+    if bad := sorted(set(overrides) - set(names)):
+        raise ValueError(f'unknown {what} option(s) {bad}; valid: {names}')
+    cfg = cls(**{**presets[preset], **{k: v for k, v in overrides.items() if v is not None or k in keep_none}})
+    check_field_types(cfg)    # types first: `steps='10'` names the option, not a comparison deep inside
+    check_rules(cfg)
+    return cfg
 
 # %% ../nbs/11a_loop.ipynb #b7e02acb
 class SignalStop:
@@ -458,3 +514,77 @@ def fit(acc: Accelerator, loop: Loop, state: dict, out: Path, stop_at: int | Non
         if signalled:
             return stop.name or 'signal'
     return None
+
+# %% ../nbs/11a_loop.ipynb #06ae3a76
+def check_precision(mixed_precision: str):
+    "`ValueError` for fp16 without a GPU."
+    if mixed_precision == 'fp16' and not torch.cuda.is_available():
+        raise ValueError("mixed_precision='fp16' needs a CUDA GPU; on CPU use 'bf16' or 'no'")
+
+def accelerator(mixed_precision: str = 'no', grad_accum: int = 1) -> Accelerator:
+    "A fresh `Accelerator` for a run (CPU processes share the cores); `ValueError` for fp16 without a GPU."
+    check_precision(mixed_precision)
+    AcceleratorState._reset_state(reset_partial_state=False)
+    acc = Accelerator(gradient_accumulation_steps=grad_accum, mixed_precision=mixed_precision,
+                      cpu=not torch.cuda.is_available())
+    if acc.num_processes > 1 and acc.device.type == 'cpu':
+        torch.set_num_threads(max(1, (os.cpu_count() or 2) // acc.num_processes))
+    return acc
+
+# %% ../nbs/11a_loop.ipynb #0b20ec49
+def begin_run(acc: Accelerator, out: Path, config: dict, step: int = 0):
+    "On the main process: `out` made, `config.json` written, the records after `step` dropped."
+    if acc.is_main_process:
+        out.mkdir(parents=True, exist_ok=True)
+        save_json(out / 'config.json', config)
+        restart_metrics(out, step)
+
+def progress_bar(acc: Accelerator, total: int, desc: str, show: bool = True, initial: int = 0) -> tqdm:
+    "A progress bar on stderr, on the main process only."
+    return tqdm(total=total, initial=initial, desc=desc, disable=not (acc.is_main_process and show),
+                dynamic_ncols=True)
+
+def replace_if_asked(acc: Accelerator, out: Path, overwrite: bool):
+    "Delete the run in `out` if `overwrite` (once every input is checked); every process waits for it."
+    if overwrite and acc.is_main_process and out.exists() and any(out.iterdir()):
+        replace_run_dir(out)
+    acc.wait_for_everyone()
+
+# %% ../nbs/11a_loop.ipynb #e827647a
+def done_summary(out: Path, state: dict | None, steps: int) -> dict | None:
+    "The summary of a run that had finished (its checkpoint at the last step), or None."
+    if state is not None and state['step'] >= steps and (out / 'summary.json').is_file():
+        return json.loads((out / 'summary.json').read_text())
+
+def stopped(state: dict, steps: int, sig: str | None) -> dict:
+    "What a run stopped before its last step returns."
+    return {'stopped_at_step': state['step'], 'steps': steps, **({'signal': sig} if sig else {})}
+
+def train_mean(out: Path, step: int, key: str) -> float:
+    "The mean of `key` over the training records of `out/metrics.jsonl` up to `step` (0 if there are none)."
+    values = [r[key] for r in read_metrics(out / 'metrics.jsonl', step) if r['split'] == 'train']
+    return sum(values) / max(1, len(values))
+
+def end_run(acc: Accelerator, out: Path, summary: dict) -> dict:
+    "`summary` written to `out/summary.json` by the main process; every process waits for it."
+    if acc.is_main_process:
+        save_json(out / 'summary.json', summary)
+    acc.wait_for_everyone()
+    return summary
+
+# %% ../nbs/11a_loop.ipynb #0663d587
+@torch.no_grad()
+def eval_sums(model: torch.nn.Module, n: int, batch_size: int,
+              sums_of: Callable,        # (start, end, device) -> `(k,)` sums over examples [start, end)
+              k: int = 3, accelerator: Accelerator | None = None) -> torch.Tensor:
+    "`(k,)` float64: `sums_of` over `n` examples in batches dealt to the processes in turn, added over all."
+    rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
+    was, dev = model.training, next(model.parameters()).device
+    model.eval()
+    sums = torch.zeros(k, dtype=torch.float64)
+    for s in range(rank * batch_size, n, batch_size * world):
+        sums += sums_of(s, s + batch_size, dev).double().cpu()
+    if world > 1:
+        sums = accelerator.gather_for_metrics(sums[None].to(dev)).sum(0).cpu()   # (processes, k) → (k,)
+    model.train(was)
+    return sums
