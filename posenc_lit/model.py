@@ -17,10 +17,10 @@ from .attention import *
 from .absolute import four_terms
 
 # %% auto #0
-__all__ = ['check_field_types', 'ModelConfig', 'Embeddings', 'EncoderLayer', 'build_encoding', 'Encoder', 'EnhancedMaskDecoder',
-           'EncoderForMLM', 'padding_invariance_error', 'CheckpointError', 'check_weight_dtypes', 'check_state_dict',
-           'read_weights', 'save_model', 'load_config', 'load_weights', 'load_model', 'four_term_scores',
-           'count_parameters']
+__all__ = ['check_field_types', 'ModelConfig', 'Embeddings', 'EncoderLayer', 'ConvLayer', 'build_encoding', 'Encoder',
+           'EnhancedMaskDecoder', 'EncoderForMLM', 'padding_invariance_error', 'CheckpointError', 'check_weight_dtypes',
+           'check_state_dict', 'read_weights', 'save_model', 'load_config', 'load_weights', 'load_model',
+           'four_term_scores', 'count_parameters']
 
 # %% ../nbs/10_model.ipynb #14ec465d
 _KINDS = {'int': 'an integer', 'float': 'a finite number', 'bool': 'True or False', 'str': 'a string', 'dict': 'a dict'}
@@ -39,6 +39,8 @@ def _encoding_memory_check(cfg, pe: str, kwargs: dict):   # building an encoding
     return memory_check(f'the position encoding {pe!r} (max_position_embeddings={cfg.max_position_embeddings}, d_model={cfg.d_model}'
                         f'{", " + str(kwargs) if kwargs else ""})',
                         'use a smaller max_position_embeddings, d_model or table size (e.g. pe_kwargs k)')
+
+_CONV_ACTS = {'tanh': torch.tanh, 'gelu': F.gelu}   # DeBERTa-v2's conv_act values: transformers' default, xlarge's
 
 @dataclass
 class ModelConfig:
@@ -61,6 +63,9 @@ class ModelConfig:
     emd_steps: int = 0                  # Enhanced Mask Decoder passes of the last layer for the MLM head (DeBERTa: 2); 0 = off
     add_relative: str = ''              # a second, relative encoding on top of `pe` (Huang et al. 2020, §4.3 drop-in); '' = none
     add_relative_kwargs: dict = field(default_factory=dict)  # its options
+    conv_kernel_size: int = 0           # DeBERTa-v2's convolution beside the first layer (xlarge: 3); 0 = none
+    conv_groups: int = 1                # its channel groups (`nn.Conv1d`); must divide d_model
+    conv_act: str = 'tanh'              # its activation: 'tanh' (transformers' default) or 'gelu' (xlarge, xxlarge)
 
     def __post_init__(self):
         for f in ('vocab_size', 'd_model', 'n_layers', 'n_heads', 'd_ff', 'max_position_embeddings'):
@@ -78,6 +83,14 @@ class ModelConfig:
             if not 0 <= getattr(self, f) < 1: raise ValueError(f'{f} must be in [0, 1); got {getattr(self, f)}')
         if self.emd_steps < 0:
             raise ValueError(f'emd_steps must be an integer ≥ 0 (0: no Enhanced Mask Decoder; DeBERTa uses 2); got {self.emd_steps!r}')
+        k = self.conv_kernel_size
+        if k < 0 or k % 2 == 0 and k > 0:
+            raise ValueError(f'conv_kernel_size must be 0 (no convolution) or odd, which keeps the length n '
+                             f'(DeBERTa-v2 xlarge: 3); got {k}')
+        if self.conv_groups < 1 or self.d_model % self.conv_groups:
+            raise ValueError(f'conv_groups must be a positive divisor of d_model={self.d_model}; got {self.conv_groups}')
+        if self.conv_act not in _CONV_ACTS:
+            raise ValueError(f'conv_act must be one of {list(_CONV_ACTS)}; got {self.conv_act!r}')
         spec = get_encoding(self.pe)  # unknown names fail here, listing the valid ones
         try:                          # so do options the encoding does not accept (built once, RNG left untouched)
             with _encoding_memory_check(self, self.pe, self.pe_kwargs), torch.random.fork_rng(devices=[]):
@@ -127,7 +140,8 @@ class Embeddings(nn.Module):
         if self.segment is not None:
             w = w + self.segment(torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids)
         elif token_type_ids is not None:
-            raise ValueError('token_type_ids were given but the model has no segment embeddings (type_vocab_size=0)')
+            raise ValueError('token_type_ids were given but the model has no segment embeddings (type_vocab_size=0): '
+                             'pass none (Encoder.forward drops all-zero ones before they get here)')
         p = pe.embed(pos)
         return w, None if p is None else p.to(w.dtype)                          # positions follow the model's dtype
 
@@ -152,6 +166,26 @@ class EncoderLayer(nn.Module):
         x = self.attn_ln(x + self.drop(a))                                       # (b, n, D)
         x = self.ffn_ln(x + self.drop(self.ffn(x)))                              # (b, n, D)
         return x, probs
+
+# %% ../nbs/10_model.ipynb #540bef6c
+class ConvLayer(nn.Module):
+    "DeBERTa-v2's convolution beside the first layer: `m · LN(h + σ(m · conv(m · e)))`, `(b, n, D)` (equation above)."
+    def __init__(self, cfg: ModelConfig):   # `conv_kernel_size` (odd), `conv_groups`, `conv_act` of `cfg`
+        super().__init__()
+        k = cfg.conv_kernel_size
+        self.conv = nn.Conv1d(cfg.d_model, cfg.d_model, k, padding=k // 2, groups=cfg.conv_groups)   # keeps n
+        self.act = _CONV_ACTS[cfg.conv_act]
+        self.ln = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self,
+                e: torch.Tensor,                  # `(b, n, D)` the embeddings: the first layer's input E
+                h: torch.Tensor,                  # `(b, n, D)` the first layer's output H¹
+                real: torch.Tensor | None = None, # `(b, n, 1)` 1 = real token, 0 = padding, in e's dtype; None: all real
+               ) -> torch.Tensor:                 # `(b, n, D)` H̃¹, zero at padding
+        m = 1.0 if real is None else real
+        c = self.conv((e * m).transpose(1, 2)).transpose(1, 2) * m           # (b, n, D): padding neither read nor written
+        return self.ln(h + self.act(self.drop(c))) * m                       # (b, n, D)
 
 # %% ../nbs/10_model.ipynb #19328af6
 def _desc(t): return f'{t.dtype} tensor of shape {tuple(t.shape)}' if isinstance(t, torch.Tensor) else type(t).__name__
@@ -180,6 +214,19 @@ def _check_ids(t, size, name, field):  # token or segment ids must index their t
     if t.numel() and not is_tracing() and (int(t.min()) < 0 or int(t.max()) >= size):
         raise ValueError(f'{name} must lie in [0, {field}={size}); got values {int(t.min())}..{int(t.max())}')
 
+def _segment_ids(t, type_vocab_size):  # the segment ids the embeddings get, checked once per forward (a host sync)
+    "`t` checked against the segment table; without one (`type_vocab_size=0`) all-zero ids become `None`."
+    if t is None:
+        return None
+    if type_vocab_size:
+        _check_ids(t, type_vocab_size, 'token_type_ids', 'type_vocab_size')
+        return t
+    if t.numel() and not is_tracing() and bool(t.any()):
+        raise ValueError(f'token_type_ids hold segment ids {int(t.min())}..{int(t.max())} but the model has no segment '
+                         'embeddings (type_vocab_size=0): pass all-zero token_type_ids (one segment: they are ignored) '
+                         'or none, or use a model with segment embeddings (type_vocab_size ≥ 2)')
+    return None
+
 # %% ../nbs/10_model.ipynb #1e6d245f
 def build_encoding(cfg: ModelConfig) -> PositionEncoding:
     "The position encoding of a model with config `cfg`: `pe`, combined with `add_relative` when that is set."
@@ -202,6 +249,7 @@ class Encoder(nn.Module):
         self.pe = build_encoding(cfg)
         self.embeddings = Embeddings(cfg)
         self.layers = nn.ModuleList(EncoderLayer(cfg, l) for l in range(cfg.n_layers))
+        self.conv = ConvLayer(cfg) if cfg.conv_kernel_size else None     # DeBERTa-v2 xlarge: beside the first layer
         self.register_load_state_dict_pre_hook(_check_loaded_weights)   # every load checked, by any caller
 
     def positions(self, input_ids, position_ids=None):
@@ -223,7 +271,7 @@ def forward(self: Encoder,
             input_ids: torch.Tensor,                    # token ids `(b, n)`, integer
             attention_mask: torch.Tensor | None = None, # `(b, n)`, bool or 0/1; True/1 = real token
             position_ids: torch.Tensor | None = None,   # `(b, n)`, `(1, n)` or `(n,)`, 0-based; default `0 … n-1`
-            token_type_ids: torch.Tensor | None = None, # `(b, n)` segment ids, if `type_vocab_size > 0`
+            token_type_ids: torch.Tensor | None = None, # `(b, n)` segment ids; all 0 (ignored) if `type_vocab_size=0`
             output_attentions: bool = False,            # also return each layer's probabilities (manual path)
             n_layers: int | None = None):               # run only the first `n_layers` layers (the Enhanced Mask Decoder)
     """Encode `input_ids`; `ValueError` for malformed inputs, `PositionRangeError` for positions outside a learned table or
@@ -232,7 +280,7 @@ def forward(self: Encoder,
     dev = self.embeddings.word.weight.device
     if input_ids.device != dev: raise ValueError(f'input_ids are on device {input_ids.device} but the model is on {dev}: move one to the other')
     _check_ids(input_ids, self.cfg.vocab_size, 'input_ids', 'vocab_size')
-    if token_type_ids is not None and self.cfg.type_vocab_size: _check_ids(token_type_ids, self.cfg.type_vocab_size, 'token_type_ids', 'type_vocab_size')
+    token_type_ids = _segment_ids(token_type_ids, self.cfg.type_vocab_size)
     if n_layers is not None and (not is_int(n_layers) or not 0 <= n_layers <= len(self.layers)):
         raise ValueError(f'n_layers must be an integer in 0..{len(self.layers)} (the layers to run); got {n_layers!r}')
     if position_ids is not None and not is_tracing():   # value checks read tensors: not in a traced or exported graph
@@ -242,9 +290,13 @@ def forward(self: Encoder,
         mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]   # (b, 1, 1, j)
         ctx = self.pe.prepare(pos, pos)                      # once per forward, shared by all layers
         x = self.embeddings(input_ids, pos, self.pe, token_type_ids)                          # (b, n, D)
+        e = x                                                                                  # read by the convolution
         attentions = [] if output_attentions else None
-        for layer in self.layers[:n_layers]:
+        for l, layer in enumerate(self.layers[:n_layers]):
             x, probs = layer(x, mask, self.pe, ctx, return_probs=output_attentions)
+            if l == 0 and self.conv is not None:
+                real = None if attention_mask is None else attention_mask.bool()[:, :, None].to(x.dtype)   # (b, n, 1)
+                x = self.conv(e, x, real)                                                      # (b, n, D)
             if output_attentions: attentions.append(probs)
     return {'hidden_states': x, 'attentions': attentions, 'pos': pos, 'mask': mask, 'ctx': ctx}
 
@@ -378,7 +430,6 @@ def save_model(model: EncoderForMLM, path) -> Path:
     atomic_write(path / 'model.safetensors', lambda t: save_file(sd, t))
     return path
 
-
 # %% ../nbs/10_model.ipynb #92460fe3
 def load_config(path, config_cls=None, kind: str = 'model') -> ModelConfig:
     "The config (a `ModelConfig`, or `config_cls`) in `path/config.json`; `CheckpointError` if missing or invalid."
@@ -413,6 +464,7 @@ def four_term_scores(model: EncoderForMLM | Encoder, # a model with an absolute 
         how = f"{enc.cfg.pe!r} with add_relative={enc.cfg.add_relative!r} (score terms)" if enc.cfg.add_relative else f"{enc.cfg.pe!r} ({enc.pe.kind})"
         raise ValueError(f"four_term_scores needs an absolute encoding alone (learned, sinusoidal); the model uses {how}")
     input_ids, position_ids, token_type_ids = _check_inputs(input_ids, None, position_ids, token_type_ids)
+    token_type_ids = _segment_ids(token_type_ids, enc.cfg.type_vocab_size)
     w, p = enc.embeddings.parts(input_ids, enc.positions(input_ids, position_ids), enc.pe, token_type_ids)
     a = enc.layers[0].attn
     return four_terms(w, p, a.q_proj, a.k_proj, a.n_heads, ln=enc.embeddings.ln, scale=enc.pe.content_scale(a.d_head))

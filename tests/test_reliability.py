@@ -97,7 +97,8 @@ def _bad_inputs():
         ('pos-table', lambda: m(ids, position_ids=torch.arange(N) + 10), PositionRangeError, r'position 18 is outside the learned position table \(max_position_embeddings=16'),
         ('pos-negative', lambda: m(ids, position_ids=torch.arange(N) - 1), PositionRangeError, r'position -1 is outside'),
         ('length-table', lambda: m(torch.randint(5, V, (1, 17))), PositionRangeError, r'max_position_embeddings=16'),
-        ('segments-none', lambda: m(ids, token_type_ids=torch.zeros_like(ids)), ValueError, r'no segment embeddings \(type_vocab_size=0\)'),
+        ('segments-none', lambda: m(ids, token_type_ids=torch.ones_like(ids)), ValueError, r'token_type_ids hold segment ids 1\.\.1 but the model has no segment embeddings \(type_vocab_size=0\): pass all-zero token_type_ids'),
+        ('segments-none-negative', lambda: m(ids, token_type_ids=torch.full_like(ids, -1)), ValueError, r'segment ids -1\.\.-1 .* or use a model with segment embeddings \(type_vocab_size ≥ 2\)'),
         ('segments-range', lambda: seg(ids, token_type_ids=torch.full_like(ids, 2)), ValueError, r'token_type_ids must lie in \[0, type_vocab_size=2\)'),
         ('labels-float', lambda: m(ids, labels=ids.float()), ValueError, r'labels must be an integer tensor'),
         ('labels-range', lambda: m(ids, labels=torch.full_like(ids, V)), ValueError, r'labels must be token ids in \[0, vocab_size=50\) or -100'),
@@ -108,6 +109,9 @@ def _bad_inputs():
         ('cfg-shaw-k', lambda: ModelConfig(pe='shaw', pe_kwargs={'k': 0}), ValueError, r'clipping distance k must be an integer ≥ 1.*got 0'),
         ('cfg-t5-buckets', lambda: ModelConfig(pe='t5', pe_kwargs={'num_buckets': 3}), ValueError, r'num_buckets must be an integer ≥ 4; got 3'),
         ('cfg-t5-distance', lambda: ModelConfig(pe='t5', pe_kwargs={'num_buckets': 32, 'max_distance': 8}), ValueError, r'max_distance=8 must be larger than the exact range'),
+        ('cfg-conv-even', lambda: ModelConfig(conv_kernel_size=4), ValueError, r'conv_kernel_size must be 0 \(no convolution\) or odd.*got 4'),
+        ('cfg-conv-groups', lambda: ModelConfig(conv_kernel_size=3, conv_groups=3), ValueError, r'conv_groups must be a positive divisor of d_model=128; got 3'),
+        ('cfg-conv-act', lambda: ModelConfig(conv_kernel_size=3, conv_act='swish'), ValueError, r"conv_act must be one of \['tanh', 'gelu'\]; got 'swish'"),
         ('cfg-deberta-buckets', lambda: ModelConfig(pe='deberta', pe_kwargs={'position_buckets': 600}), ValueError, r'position_buckets=600 is larger than the span k=512'),
         ('train-unknown-option', lambda: make_train_config('smoke', stepz=3), ValueError, r"unknown training option\(s\) \['stepz'\]"),
         ('train-lr', lambda: make_train_config('smoke', lr=0.0), ValueError, r'lr must be > 0; got 0\.0'),
@@ -123,6 +127,17 @@ def test_bad_input_gets_a_clear_error(case):
     _, call, exc, match = next(c for c in _bad_inputs() if c[0] == case)
     with pytest.raises(exc, match=match):
         call()
+
+
+def test_zero_segment_ids_are_ignored_without_segment_embeddings(ids):
+    "A tokenizer's all-zero `token_type_ids` (one segment) pass through a model without segment embeddings, as in transformers."
+    m = tiny('learned', max_pos=16, dtype=torch.float32)
+    batch = {'input_ids': ids, 'token_type_ids': torch.zeros_like(ids), 'attention_mask': torch.ones_like(ids)}
+    with torch.no_grad():
+        assert torch.equal(m(**batch)['hidden_states'], m(ids)['hidden_states'])
+    batch['token_type_ids'][1, 4] = 1                                             # one non-zero id: an error
+    with pytest.raises(ValueError, match=r'segment ids 0\.\.1 but the model has no segment embeddings'):
+        m(**batch)
 
 
 @pytest.mark.parametrize('name', ENCODINGS)
