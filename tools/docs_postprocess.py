@@ -10,6 +10,10 @@
 4. The theme's CSS (bootswatch cosmo) imports its web font from Google Fonts: drop the import, so that no page
    asks the network for anything (the theme's font stack falls back to the system's sans-serif). Then check that
    no page, stylesheet or script of the site loads anything from outside it.
+5. Links into the project's repository (settings.ini `git_url`) lead nowhere while the repository is not public:
+   nbdev's "source" link of each API entry and the navbar's repository icon are dropped, the "Report an issue"
+   action too, and any other link into the repository keeps its text without the link. (A Quarto build published
+   with a public repository, .github/workflows/deploy.yaml, keeps them: there they resolve.)
 """
 import configparser, json, posixpath, re, shutil, sys
 from pathlib import Path
@@ -20,6 +24,9 @@ SITE, PROC, KATEX = Path('_site'), Path('_proc'), Path('docs_assets/katex')
 CDN = re.compile(r'https?://cdn\.jsdelivr\.net/npm/katex@[^/"\']+/dist')
 CSS_IMPORT = re.compile(r'@import\s+url\(\s*["\']?(?:https?:)?//[^)]*\)\s*;?')   # a remote @import (the theme's web font)
 PRIVATE_LINK = re.compile(r'<a href="([^"#]*)#(_[^"]*)"[^>]*>(<code>[^<]*</code>)</a>')   # nbdev's link to `_name`
+SOURCE_LINK = r'<p><a href="{git}/blob/[^"]*"[^>]*>source</a></p>\n?'          # nbdev's show_doc "source" link
+REPO_ICON = r'<li class="nav-item[^"]*">\s*<a class="nav-link" href="{git}/?"[^>]*>.*?</a>\s*</li>'
+ISSUE_ACTION = r'<div class="action-links">\s*<a href="{git}/issues[^"]*"[^>]*>.*?</a>\s*</div>'
 REMOTE_LOAD = {'.html': re.compile(r'<(?:script|link|img|iframe|source)\b[^>]*\b(?:src|href)=["\'](?:https?:)?//[^"\']+', re.I),
                '.css': re.compile(r'(?:@import|url\()\s*["\']?(?:https?:)?//[^)"\'\s]+', re.I)}
 
@@ -55,6 +62,14 @@ def unwrap_private_links():
     return n
 
 
+def drop_repo_links(text, git):
+    "`text` without links into the repository `git`: source links, icon and issue action dropped, others unwrapped."
+    g = re.escape(git.rstrip('/'))
+    for rx in (SOURCE_LINK, REPO_ICON, ISSUE_ACTION):
+        text = re.sub(rx.format(git=g), '', text, flags=re.S)
+    return re.sub(f'<a\\b[^>]*\\bhref="{g}(?:/[^"]*)?"[^>]*>(.*?)</a>', r'\1', text, flags=re.S)
+
+
 def main():
     if not SITE.is_dir(): sys.exit('no _site/: run smalldocs first')
     dst = SITE / 'site_libs' / 'katex'
@@ -63,9 +78,11 @@ def main():
     cfg = configparser.ConfigParser(delimiters=['='])
     cfg.read('settings.ini', encoding='utf-8')
     host = (cfg['DEFAULT'].get('doc_host', '') + cfg['DEFAULT'].get('doc_baseurl', '')).rstrip('/')
+    git = cfg['DEFAULT'].get('git_url', '').rstrip('/')
     names = quarto_names()
-    links = re.compile(re.escape(host) + r'/([^"\'#?\s]+\.html)') if host else None
-    n_math = n_links = 0
+    names[''] = 'index.html'                                   # the site's root: its home page
+    links = re.compile(re.escape(host) + r'/([^"\'#?\s]+\.html|(?=["\'#]))') if host else None
+    n_math = n_links = n_repo = 0
     for page in SITE.rglob('*.html'):
         text = orig = page.read_text(encoding='utf-8')
         here = page.parent.relative_to(SITE).as_posix() or '.'
@@ -75,6 +92,10 @@ def main():
         if links:
             new = links.sub(lambda m: posixpath.relpath(names[m.group(1)], here) if m.group(1) in names else m.group(0), text)
             n_links += new != text
+            text = new
+        if git:
+            new = drop_repo_links(text, git)
+            n_repo += new != text
             text = new
         if text != orig: page.write_text(text, encoding='utf-8')
     n_private = unwrap_private_links()
@@ -89,6 +110,7 @@ def main():
               for m in rx.finditer(re.sub(r'data:[^"\'\s)]*', '', p.read_text(encoding='utf-8')))]
     if remote: sys.exit('the site still loads from outside itself:\n  ' + '\n  '.join(remote[:20]))
     print(f'   {n_math} page(s) with maths load site_libs/katex/; doc links made local in {n_links} page(s); '
+          f'links into the repository dropped from {n_repo} page(s); '
           f'{n_private} link(s) to private names without an entry unwrapped; remote font imports dropped from {n_css} stylesheet(s)')
 
 

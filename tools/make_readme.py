@@ -10,6 +10,12 @@ cells marked `#| hide`, `#| include: false`, `#| export`, `#| exporti` or `#| de
 `#| hide_line` lines are removed, raw cells (front matter) are dropped, headings ending in ` -` are
 dropped, and Quarto callouts (`::: {.callout-note}`) become GitHub alerts (`> [!NOTE]`).
 The Markdown itself is written by nbconvert's MarkdownExporter.
+
+Links are made to work from a checkout (and on a repository host), since the docs site is not published:
+a link to another notebook (`05_tupe.ipynb#eq`) becomes `nbs/05_tupe.ipynb`; a link to a page of the site
+(settings.ini `doc_host` + `doc_baseurl`, as nbdev's doc links and `posenc_lit.core.doc_url` write them) becomes
+the notebook of that page; a link into the repository (`git_url`/blob/`branch`/PATH) becomes PATH. Anchors are
+dropped: a notebook file has none. A link to a page that no notebook makes is an error.
 """
 import argparse, configparser, copy, difflib, re, shutil, sys
 from pathlib import Path
@@ -34,6 +40,45 @@ def settings():
     cp = configparser.ConfigParser(delimiters=['='])
     cp.read(ROOT / 'settings.ini', encoding='utf-8')
     return cp['DEFAULT']
+
+
+def notebook_pages(nbs):
+    "{Quarto page name (`tupe.html`, nbdev's `output-file`) or notebook file name (`05_tupe.ipynb`): notebook path}."
+    pages = {}
+    for nb in sorted(nbs.rglob('*.ipynb')):
+        rel = nb.relative_to(nbs)
+        if any(part[0] in '_.' for part in rel.parts):
+            continue
+        quarto = re.sub(r'^\d+[a-zA-Z0-9]*_', '', nb.name.lower())[:-len('.ipynb')] + '.html'
+        target = nb.relative_to(ROOT).as_posix()
+        pages[(rel.parent / quarto).as_posix()] = pages[rel.as_posix()] = target
+    pages['index.html'] = pages[''] = 'README.md'
+    return pages
+
+
+_re_link = re.compile(r'(\]\()([^)\s]+)((?:\s+"[^"]*")?\))')
+
+
+def relink(md, cfg, nbs):
+    "Links of `md` into the site, the repository or other notebooks, rewritten to paths of the checkout."
+    site = (cfg.get('doc_host', '') + cfg.get('doc_baseurl', '')).rstrip('/') + '/'
+    blob = cfg.get('git_url', '').rstrip('/') + f"/blob/{cfg.get('branch', 'main')}/"
+    pages = notebook_pages(nbs)
+    def sub(m):
+        url = m.group(2)
+        path = url.split('#')[0]
+        if url.startswith(blob):
+            return m.group(1) + path[len(blob):] + m.group(3)
+        if url.startswith(site):
+            page = path[len(site):]
+        elif not re.match(r'^[a-z][a-z0-9+.-]*:|^#|^/', url) and path.endswith('.ipynb'):
+            page = path
+        else:
+            return m.group(0)
+        if page not in pages:
+            raise ValueError(f'{url}: no notebook makes the page {page!r} (known: {", ".join(sorted(pages))})')
+        return m.group(1) + pages[page] + m.group(3)
+    return _re_link.sub(sub, md)
 
 
 def directives(src):
@@ -122,6 +167,7 @@ def render(nb_path, files_dir):
     body, res = exp.from_notebook_node(nb, resources={'output_files_dir': files_dir, 'unique_key': nb_path.stem})
     body = re.sub(r'[ \t]+\n', '\n', body)   # no trailing spaces
     body = re.sub(r'\n{3,}', '\n\n', body)   # one blank line between blocks
+    body = relink(body, settings(), nb_path.parent)
     return body.strip('\n') + '\n', dict(res.get('outputs', {}))
 
 
