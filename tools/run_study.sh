@@ -12,7 +12,7 @@
 # at 32, 64, 128, 256 tokens; 21_lengths), diagnostics.json (position sensitivity, table geometry; 19b_regime),
 # inspect.safetensors (tools/inspect_run.py) and locality.json (22_locality), and is committed (COMMIT=0 to skip).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "${STUDY_ROOT:-$(dirname "$0")/..}"   # STUDY_ROOT: the checkout to write into (the code may be a frozen copy)
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
 args_for() {   # study entry -> pretrain options (an encoding name alone runs that encoding with its defaults)
