@@ -16,23 +16,54 @@ from .attention import *
 __all__ = ['rel_index', 'rel_scores', 'rel_values', 'RelativeVectors', 'RelativeContext', 'Shaw', 'HuangMethod4']
 
 # %% ../nbs/03_relative.ipynb #f3349c1b
-def rel_index(q_pos: torch.Tensor, # query positions, integer, `(i,)` or `(b, i)`
-              k_pos: torch.Tensor, # key positions, integer, `(j,)` or `(b, j)`
-              k: int,              # clipping distance: the table holds the 2k+1 distances -k … k
-              clip: bool = True,   # clip longer distances to ±k (the paper); False: refuse them
-             ) -> torch.Tensor:    # table rows `clip(j - i, k) + k`, int64, `(i, j)` or `(b, i, j)`
-    "Row of each query/key pair in a table of relative vectors $w_{-k} … w_k$ (Shaw et al. 2018, §3.2)."
+def rel_index(
+    q_pos: torch.Tensor,  # query positions, integer, `(i,)` or `(b, i)`
+    k_pos: torch.Tensor,  # key positions, integer, `(j,)` or `(b, j)`
+    k: int,               # clipping distance: the table holds the 2k+1 distances -k … k
+    clip: bool = True,    # clip longer distances to ±k (the paper); False: refuse them
+) -> torch.Tensor:     # table rows `clip(j - i, k) + k`, int64, `(i, j)` or `(b, i, j)`
+    """Row of each query/key pair in a table of relative vectors $w_{-k} … w_k$
+    (Shaw et al. 2018, §3.2)."""
+    _check_clip_distance(k)
+    rel = rel_pos(q_pos, k_pos)                # (…, i, j)  j - i
+    if not clip:
+        _check_within(rel, k)
+    return rel.clamp(-k, k) + k
+
+# %% ../nbs/03_relative.ipynb #6f2e07ab
+def _check_clip_distance(k):
     if not is_int(k) or k < 1:
         raise ValueError(f'the clipping distance k must be an integer ≥ 1 (the table holds 2k+1 distances); got {k!r}')
-    rel = rel_pos(q_pos, k_pos)                                  # (…, i, j)  j - i
-    if not clip and rel.numel() and not is_tracing() and int(rel.abs().max()) > k:   # traced: no check (see `is_tracing`)
+
+def _check_within(rel, k):  # clip=False: every distance within ±k (traced: no check, see `is_tracing`)
+    if rel.numel() and not is_tracing() and int(rel.abs().max()) > k:
         raise PositionRangeError(
             f'relative distance {int(rel.abs().max())} is outside the table of distances -{k}..{k} and clip=False: '
             f'use query and key positions at most {k} apart (sequences of at most {k + 1} tokens), a larger table '
             f'(k ≥ {int(rel.abs().max())}), or clip=True')
-    return rel.clamp(-k, k) + k
 
 # %% ../nbs/03_relative.ipynb #39fe760f
+def rel_scores(
+    x: torch.Tensor,      # queries `(b, h, i, d)` (side 'query') or keys `(b, h, j, d)`
+    table: torch.Tensor,  # `(2k+1, d)` (row r: distance r - k), per head `(h, rows, d)`
+    idx: torch.Tensor,    # rows from `rel_index`, `(i, j)` or `(b|1, i, j)`
+    side: str = 'query',  # 'query': x_i · a_ij; 'key': x_j · a_ij
+) -> torch.Tensor:        # `(b, h, i, j)`, x's dtype
+    """Relative term $x_i\\cdot a_{ij}$ or $x_j\\cdot a_{ij}$ through `x @ Eᵀ` over the
+    distinct rows and a gather; no `(i, j, d)` tensor."""
+    idx = _check_rel_scores(x, idx, side)                          # (b|1, i, j)
+    if idx.numel() == 0:                                           # an empty sequence
+        return x.new_zeros(x.shape[0], x.shape[1], idx.shape[-2], idx.shape[-1])
+    lo, hi = _used_rows(idx, table, x.shape[-1], x.shape[1])
+    rows = table[..., lo:hi + 1, :].to(x.dtype)               # the distances that occur
+    s = x @ rows.transpose(-1, -2)                  # (b, h, n, r): one dot per distance
+    # (b|1, i, j) or (b|1, j, i)
+    ix = (idx - lo) if side == 'query' else (idx - lo).transpose(-1, -2)
+    ix = ix[:, None].expand(s.shape[0], s.shape[1], s.shape[2], ix.shape[-1])
+    t = s.gather(-1, ix)                                  # (b, h, i, j) or (b, h, j, i)
+    return t if side == 'query' else t.transpose(-1, -2)           # (b, h, i, j)
+
+# %% ../nbs/03_relative.ipynb #e755d6b0
 def _used_rows(idx, table, d=None, h=None):  # first and last table row that `idx` uses; checks the table
     if table.ndim not in (2, 3) or (d is not None and table.shape[-1] != d) or (table.ndim == 3 and h is not None and table.shape[0] != h):
         raise ValueError(f'table must be (rows, d) or per head (h, rows, d) with h = {h}, d = {d} (from the queries/keys); '
@@ -44,75 +75,85 @@ def _used_rows(idx, table, d=None, h=None):  # first and last table row that `id
         raise ValueError(f'rows {lo}..{hi} of a table with {rows} rows: build idx with rel_index(…, k) for k = {(rows - 1) // 2}')
     return lo, hi
 
-def rel_scores(x: torch.Tensor,     # queries `(b, h, i, d)` (side='query') or keys `(b, h, j, d)` (side='key')
-               table: torch.Tensor, # relative vectors `(2k+1, d)` shared by the heads (row r = distance r - k), or per head `(h, rows, d)`
-               idx: torch.Tensor,   # rows from `rel_index`, `(i, j)` or `(b|1, i, j)`
-               side: str = 'query', # 'query': x_i · a_ij; 'key': x_j · a_ij
-              ) -> torch.Tensor:    # `(b, h, i, j)`, x's dtype
-    "Relative term $x_i\\cdot a_{ij}$ or $x_j\\cdot a_{ij}$ through `x @ Eᵀ` over the distinct rows and a gather; no `(i, j, d)` tensor."
+def _check_rel_scores(x, idx, side):  # idx as (b|1, i, j), checked against x
     if side not in ('query', 'key'): raise ValueError(f"side must be 'query' or 'key'; got {side!r}")
     idx = idx if idx.ndim == 3 else idx[None]                          # (b|1, i, j)
     if idx.shape[-2 if side == 'query' else -1] != x.shape[2]:
         raise ValueError(f'idx {tuple(idx.shape)} is (b|1, i, j) for {idx.shape[-2]} queries and {idx.shape[-1]} keys, but x has '
                          f'{x.shape[2]} {"queries" if side == "query" else "keys"}: build idx (the context) for these positions')
-    if idx.numel() == 0: return x.new_zeros(x.shape[0], x.shape[1], idx.shape[-2], idx.shape[-1])  # an empty sequence
-    lo, hi = _used_rows(idx, table, x.shape[-1], x.shape[1])
-    s = x @ table[..., lo:hi + 1, :].to(x.dtype).transpose(-1, -2)     # (b, h, n, r): one dot per distinct distance
-    ix = (idx - lo) if side == 'query' else (idx - lo).transpose(-1, -2)  # (b|1, i, j) or (b|1, j, i)
-    ix = ix[:, None].expand(s.shape[0], s.shape[1], s.shape[2], ix.shape[-1])
-    t = s.gather(-1, ix)                                               # (b, h, i, j) or (b, h, j, i)
-    return t if side == 'query' else t.transpose(-1, -2)               # (b, h, i, j)
+    return idx
 
 # %% ../nbs/03_relative.ipynb #c096b138
-def rel_values(probs: torch.Tensor,  # attention probabilities `(b, h, i, j)`
-               table: torch.Tensor,  # relative value vectors `(2k+1, d_v)`, or per head `(h, rows, d_v)`
-               idx: torch.Tensor,    # rows from `rel_index`, `(i, j)` or `(b|1, i, j)`
-              ) -> torch.Tensor:     # `(b, h, i, d_v)`, probs' dtype
-    "$\\sum_j \\alpha_{ij}\\, a^V_{ij}$ (Shaw et al. 2018, eq. 3) by summing probabilities per distance, then one matmul."
+def rel_values(
+    probs: torch.Tensor,  # attention probabilities `(b, h, i, j)`
+    table: torch.Tensor,  # relative value vectors `(2k+1, d_v)`, or `(h, rows, d_v)`
+    idx: torch.Tensor,    # rows from `rel_index`, `(i, j)` or `(b|1, i, j)`
+) -> torch.Tensor:        # `(b, h, i, d_v)`, probs' dtype
+    """$\\sum_j \\alpha_{ij}\\, a^V_{ij}$ (Shaw et al. 2018, eq. 3) by summing
+    probabilities per distance, then one matmul."""
     idx = idx if idx.ndim == 3 else idx[None]
-    if idx.numel() == 0: return probs.new_zeros(*probs.shape[:3], table.shape[-1])   # no keys (or no queries)
+    if idx.numel() == 0:                                       # no keys (or no queries)
+        return probs.new_zeros(*probs.shape[:3], table.shape[-1])
     lo, hi = _used_rows(idx, table, h=probs.shape[1])
-    ix = (idx - lo)[:, None].expand_as(probs)                                     # (b, h, i, j)
-    per_row = probs.new_zeros(*probs.shape[:3], hi - lo + 1).scatter_add_(-1, ix, probs)  # (b, h, i, r)
-    return per_row @ table[..., lo:hi + 1, :].to(probs.dtype)                      # (b, h, i, d_v)
+    ix = (idx - lo)[:, None].expand_as(probs)                    # (b, h, i, j)
+    per_row = probs.new_zeros(*probs.shape[:3], hi - lo + 1)     # (b, h, i, r)
+    per_row.scatter_add_(-1, ix, probs)                          # Σ_j α_ij per distance
+    return per_row @ table[..., lo:hi + 1, :].to(probs.dtype)    # (b, h, i, d_v)
 
 # %% ../nbs/03_relative.ipynb #e45225e7
 class RelativeVectors(PositionEncoding):
-    "Learned relative vectors $a_{ij} = w_{\\mathrm{clip}(j-i,k)}$ (shared across heads) entering the logits as $q_i\\cdot a_{ij}$ and/or $k_j\\cdot a_{ij}$, and optionally the values."
+    """Learned relative vectors $a_{ij} = w_{\\mathrm{clip}(j-i,k)}$ (shared by the heads)
+    entering the logits as $q_i\\cdot a_{ij}$ and/or $k_j\\cdot a_{ij}$, and optionally
+    the values."""
     kind = 'score'
-    def __init__(self, d_head: int,          # per-head dimension d (the size of each relative vector)
-                 n_layers: int,              # one table per layer (unless `share_layers`)
-                 k: int,                     # clipping distance; tables hold 2k+1 rows
-                 clip: bool = True,          # clip distances beyond ±k (paper); False: `PositionRangeError`
-                 query_term: bool = True,    # add q_i · a_ij (Shaw eq. 4; Huang method 4)
-                 key_term: bool = False,     # add k_j · a_ij (Huang method 4)
-                 values: bool = False,       # add Σ_j α_ij a^V_ij to the output (Shaw eq. 3)
-                 share_layers: bool = False, # one table for all layers
-                 init_std: float = 0.02):
+    def __init__(
+        self,
+        d_head: int,           # per-head dimension d (the size of each relative vector)
+        n_layers: int,              # one table per layer (unless `share_layers`)
+        k: int,                     # clipping distance; tables hold 2k+1 rows
+        clip: bool = True,          # clip beyond ±k (paper); False: PositionRangeError
+        query_term: bool = True,    # add q_i · a_ij (Shaw eq. 4; Huang method 4)
+        key_term: bool = False,     # add k_j · a_ij (Huang method 4)
+        values: bool = False,       # add Σ_j α_ij a^V_ij to the output (Shaw eq. 3)
+        share_layers: bool = False, # one table for all layers
+        init_std: float = 0.02,
+    ):
         super().__init__()
-        rel_index(torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long), k)   # validates k
-        if d_head < 1 or n_layers < 1: raise ValueError(f'd_head and n_layers must be ≥ 1; got {d_head}, {n_layers}')
-        for name, flag in (('clip', clip), ('query_term', query_term), ('key_term', key_term), ('values', values), ('share_layers', share_layers)):
-            if not isinstance(flag, bool): raise ValueError(f'{name} must be true or false; got {flag!r}')
-        if not (query_term or key_term or values): raise ValueError('enable at least one of query_term, key_term, values')
-        if not is_real(init_std) or not 0 <= init_std < math.inf:
-            raise ValueError(f'init_std must be a finite number ≥ 0; got {init_std!r}')
-        self.k, self.clip, self.query_term, self.key_term, self.share_layers = k, clip, query_term, key_term, share_layers
+        flags = {'clip': clip, 'query_term': query_term, 'key_term': key_term,
+                 'values': values, 'share_layers': share_layers}
+        _check_relative_vectors(d_head, n_layers, k, flags, init_std)
+        self.k, self.clip, self.share_layers = k, clip, share_layers
+        self.query_term, self.key_term = query_term, key_term
         self.n_layers = n_layers
-        def tables(): return nn.ParameterList(nn.Parameter(torch.randn(2 * k + 1, d_head) * init_std)
-                                              for _ in range(1 if share_layers else n_layers))
-        self.key_tables = tables() if (query_term or key_term) else None   # w^K: (2k+1, d) per layer
-        self.value_tables = tables() if values else None                 # w^V: (2k+1, d) per layer
+        def tables():                                 # w: (2k+1, d) per layer
+            n = 1 if share_layers else n_layers
+            w = (torch.randn(2 * k + 1, d_head) * init_std for _ in range(n))
+            return nn.ParameterList(nn.Parameter(t) for t in w)
+        self.key_tables = tables() if (query_term or key_term) else None   # w^K
+        self.value_tables = tables() if values else None                 # w^V
+
+# %% ../nbs/03_relative.ipynb #0199ac7d
+def _check_relative_vectors(d_head, n_layers, k, flags, init_std):
+    _check_clip_distance(k)
+    if d_head < 1 or n_layers < 1: raise ValueError(f'd_head and n_layers must be ≥ 1; got {d_head}, {n_layers}')
+    for name, flag in flags.items():
+        if not isinstance(flag, bool): raise ValueError(f'{name} must be true or false; got {flag!r}')
+    if not (flags['query_term'] or flags['key_term'] or flags['values']):
+        raise ValueError('enable at least one of query_term, key_term, values')
+    if not is_real(init_std) or not 0 <= init_std < math.inf:
+        raise ValueError(f'init_std must be a finite number ≥ 0; got {init_std!r}')
 
 # %% ../nbs/03_relative.ipynb #ee00b1be
 @dataclass(eq=False)
 class RelativeContext(Context):
     "Context of `RelativeVectors`: the table row of every query/key pair."
-    rel_idx: torch.Tensor     # `(b|1, i, j)` int64, rows `clip(j - i, k) + k` of the tables (`rel_index`)
+    # `(b|1, i, j)` int64, rows `clip(j - i, k) + k` (`rel_index`)
+    rel_idx: torch.Tensor
 
 @patch
 def _table(self: RelativeVectors, tables, layer):
-    l = layer_index(layer, 1 if self.share_layers else self.n_layers, type(self).__name__)
+    n = 1 if self.share_layers else self.n_layers
+    l = layer_index(layer, n, type(self).__name__)
     return tables[l]
 
 @patch
@@ -122,32 +163,41 @@ def prepare(self: RelativeVectors, q_pos, k_pos) -> RelativeContext:
 
 @patch
 def score_terms(self: RelativeVectors, q, k, ctx: RelativeContext, layer=None):
-    "$q_i\\cdot a_{ij}/\\sqrt d$ and/or $k_j\\cdot a_{ij}/\\sqrt d$, `(b, h, i, j)`, with layer `layer`'s table (`as_layer`)."
-    if self.key_tables is None: return []
-    a, idx, s = self._table(self.key_tables, layer), ctx.rel_idx, self.content_scale(q.shape[-1])
-    a = a * s                       # scale the (2k+1, d) table, not the (b, h, i, j) terms: two full passes fewer per term
+    """$q_i\\cdot a_{ij}/\\sqrt d$ and/or $k_j\\cdot a_{ij}/\\sqrt d$, `(b, h, i, j)`,
+    with layer `layer`'s table (`as_layer`)."""
+    if self.key_tables is None:
+        return []
+    a, idx = self._table(self.key_tables, layer), ctx.rel_idx
+    # scale the (2k+1, d) table, not the (b, h, i, j) terms: two full passes fewer
+    a = a * self.content_scale(q.shape[-1])
     terms = [rel_scores(q, a, idx, 'query')] if self.query_term else []
     return terms + ([rel_scores(k, a, idx, 'key')] if self.key_term else [])
 
 @patch
 def value_terms(self: RelativeVectors, ctx: RelativeContext, layer=None):
-    "Shaw's $\\sum_j \\alpha_{ij} a^V_{ij}$ as a callable of the probabilities, with layer `layer`'s table."
-    if self.value_tables is None: return []
+    """Shaw's $\\sum_j \\alpha_{ij} a^V_{ij}$ as a callable of the probabilities,
+    with layer `layer`'s table."""
+    if self.value_tables is None:
+        return []
     a_v, idx = self._table(self.value_tables, layer), ctx.rel_idx
     return [lambda probs: rel_values(probs, a_v, idx)]
 
 # %% ../nbs/03_relative.ipynb #d7f91a99
-def Shaw(d_head: int, n_layers: int, k: int = 16, clip: bool = True, values: bool = True,
-         share_layers: bool = False, init_std: float = 0.02) -> RelativeVectors:
-    "Shaw et al. 2018 (eq. 3–4): relative keys $q_i\\cdot a^K_{ij}$ and values $a^V_{ij}$, clipped at `k` (16 in the paper)."
-    return RelativeVectors(d_head, n_layers, k, clip, query_term=True, key_term=False, values=values,
-                           share_layers=share_layers, init_std=init_std)
+def Shaw(d_head: int, n_layers: int, k: int = 16, clip: bool = True,
+         values: bool = True, share_layers: bool = False,
+         init_std: float = 0.02) -> RelativeVectors:
+    """Shaw et al. 2018 (eq. 3–4): relative keys $q_i\\cdot a^K_{ij}$ and values
+    $a^V_{ij}$, clipped at `k` (16 in the paper)."""
+    return RelativeVectors(d_head, n_layers, k, clip, query_term=True, key_term=False,
+                           values=values, share_layers=share_layers, init_std=init_std)
 
 def HuangMethod4(d_head: int, n_layers: int, k: int, clip: bool = True,
                  share_layers: bool = False, init_std: float = 0.02) -> RelativeVectors:
-    "Huang et al. 2020, method 4: $(q_i\\cdot k_j + q_i\\cdot a_{ij} + k_j\\cdot a_{ij})/\\sqrt d$; HF's `relative_key_query` with `k = max_position_embeddings - 1`."
-    return RelativeVectors(d_head, n_layers, k, clip, query_term=True, key_term=True, values=False,
-                           share_layers=share_layers, init_std=init_std)
+    """Huang et al. 2020, method 4:
+    $(q_i\\cdot k_j + q_i\\cdot a_{ij} + k_j\\cdot a_{ij})/\\sqrt d$;
+    HF's `relative_key_query` with `k = max_position_embeddings - 1`."""
+    return RelativeVectors(d_head, n_layers, k, clip, query_term=True, key_term=True,
+                           values=False, share_layers=share_layers, init_std=init_std)
 
 # %% ../nbs/03_relative.ipynb #a279b035
 @register_encoding('shaw', 'score', 'relative keys and values, learned vectors per distance clipped at k (default 16)',

@@ -18,76 +18,115 @@ __all__ = ['TUPE', 'TUPEContext']
 
 # %% ../nbs/05_tupe.ipynb #c77f17f0
 class TUPE(PositionEncoding):
-    "TUPE (Ke et al. 2021): untied positional correlation added to the logits of every layer; optional [CLS] untying and T5 bias (TUPE-R)."
+    """TUPE (Ke et al. 2021): untied positional correlation added to the logits of every
+    layer; optional [CLS] untying and T5 bias (TUPE-R)."""
     kind = 'score'
-    def __init__(self, d_model: int, n_heads: int,
-                 max_len: int = 512,          # rows of the position table p; positions must be < max_len
-                 relative: bool = False,      # TUPE-R: add T5's relative bias b_{bucket(j-i)} (shared by all layers)
-                 untie_cls: bool = True,      # reset [CLS]'s row and column to learned θ1, θ2; False: the tie-cls ablation
-                 reset_relative: bool = False,  # also reset the relative bias at [CLS] (the authors' code); False: the paper
-                 pos_ln: bool = True,         # LayerNorm on p before U^Q, U^K (the authors' code)
-                 num_buckets: int = 32, max_distance: int = 128,  # TUPE-R's buckets (the paper's values)
-                 init_std: float = 0.02):     # std of p (and of U^Q, U^K outside a model: EncoderForMLM initialises all Linear layers with initializer_range)
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        max_len: int = 512,            # rows of the table p (positions < max_len)
+        relative: bool = False,        # TUPE-R: add T5's b_{bucket(j-i)}, all layers
+        untie_cls: bool = True,        # [CLS] row/col reset to θ1, θ2 (False: tie-cls)
+        reset_relative: bool = False,  # also reset the T5 bias at [CLS] (authors' code)
+        pos_ln: bool = True,           # LayerNorm on p before U^Q, U^K (authors' code)
+        num_buckets: int = 32,         # TUPE-R's buckets (the paper's values) ...
+        max_distance: int = 128,       # ... and their largest distance
+        init_std: float = 0.02,        # std of p (and of U^Q, U^K outside a model)
+    ):
         super().__init__()
-        if not isinstance(n_heads, int) or n_heads < 1: raise ValueError(f'n_heads must be an integer ≥ 1; got {n_heads!r}')
-        if not is_real(init_std) or not 0 <= init_std < math.inf:
-            raise ValueError(f'init_std must be a finite number ≥ 0; got {init_std!r}')
-        for name, flag in (('relative', relative), ('untie_cls', untie_cls), ('reset_relative', reset_relative), ('pos_ln', pos_ln)):
-            if not isinstance(flag, bool): raise ValueError(f'{name} must be true or false; got {flag!r}')
-        if d_model % n_heads: raise ValueError(f'd_model={d_model} must be divisible by n_heads={n_heads}')
-        if not isinstance(max_len, int) or max_len < 1: raise ValueError(f'max_len must be an integer ≥ 1; got {max_len!r}')
-        if reset_relative and not (relative and untie_cls): raise ValueError('reset_relative needs relative=true and untie_cls=true')
-        self.n_heads, self.d_head, self.max_len, self.untie_cls, self.reset_relative = n_heads, d_model // n_heads, max_len, untie_cls, reset_relative
-        self.pos = nn.Parameter(torch.randn(max_len, d_model) * init_std)           # p: (max_len, D)
+        flags = {'relative': relative, 'untie_cls': untie_cls,
+                 'reset_relative': reset_relative, 'pos_ln': pos_ln}
+        _check_tupe(d_model, n_heads, max_len, flags, init_std)
+        self.n_heads, self.d_head, self.max_len = n_heads, d_model // n_heads, max_len
+        self.untie_cls, self.reset_relative = untie_cls, reset_relative
+        self.pos = nn.Parameter(torch.randn(max_len, d_model) * init_std)  # p (max_len, D)
         self.pos_ln = nn.LayerNorm(d_model) if pos_ln else None
-        self.u_q, self.u_k = nn.Linear(d_model, d_model, bias=False), nn.Linear(d_model, d_model, bias=False)  # U^Q, U^K
-        for u in (self.u_q, self.u_k): nn.init.normal_(u.weight, std=init_std)
-        self.theta = nn.Parameter(torch.zeros(2, n_heads)) if untie_cls else None    # θ1 (CLS→others), θ2 (others→CLS), logit units
-        self.rel = T5RelativeBias(n_heads, num_buckets, max_distance, init_std=init_std) if relative else None
+        self.u_q = nn.Linear(d_model, d_model, bias=False)                 # U^Q
+        self.u_k = nn.Linear(d_model, d_model, bias=False)                 # U^K
+        for u in (self.u_q, self.u_k):
+            nn.init.normal_(u.weight, std=init_std)
+        # θ1 (CLS→others), θ2 (others→CLS), in logit units
+        self.theta = nn.Parameter(torch.zeros(2, n_heads)) if untie_cls else None
+        self.rel = None
+        if relative:
+            self.rel = T5RelativeBias(n_heads, num_buckets, max_distance,
+                                      init_std=init_std)
 
-    def content_scale(self, d): return (2 * d) ** -0.5       # 1/sqrt(2d) on the content, as on the positional term
+    def content_scale(self, d):   # 1/sqrt(2d) on the content, as on the positional term
+        return (2 * d) ** -0.5
+
+# %% ../nbs/05_tupe.ipynb #a515c1c0
+def _check_tupe(d_model, n_heads, max_len, flags, init_std):
+    if not isinstance(n_heads, int) or n_heads < 1: raise ValueError(f'n_heads must be an integer ≥ 1; got {n_heads!r}')
+    if not is_real(init_std) or not 0 <= init_std < math.inf:
+        raise ValueError(f'init_std must be a finite number ≥ 0; got {init_std!r}')
+    for name, flag in flags.items():
+        if not isinstance(flag, bool): raise ValueError(f'{name} must be true or false; got {flag!r}')
+    if d_model % n_heads: raise ValueError(f'd_model={d_model} must be divisible by n_heads={n_heads}')
+    if not isinstance(max_len, int) or max_len < 1: raise ValueError(f'max_len must be an integer ≥ 1; got {max_len!r}')
+    if flags['reset_relative'] and not (flags['relative'] and flags['untie_cls']):
+        raise ValueError('reset_relative needs relative=true and untie_cls=true')
+
+def _batch_positions(q_pos, k_pos):  # (n,) -> (1, n)
+    return tuple(p[None] if isinstance(p, torch.Tensor) and p.ndim == 1 else p for p in (q_pos, k_pos))
+
+def _check_tupe_positions(q_pos, k_pos, max_len):
+    rel_pos(q_pos, k_pos)      # the same checks as every encoding: signed integer (n,) or (b, n)
+    if not is_tracing():       # traced: no data-dependent check (see `is_tracing`)
+        for p in (q_pos, k_pos): check_positions(p, max_len, "TUPE's position table")
 
 # %% ../nbs/05_tupe.ipynb #f4df37ba
 @patch
-def positional_term(self: TUPE, q_pos, k_pos):  # integer positions `(b|1, i)`, `(b|1, j)`
-    "$(p_i U^Q)(p_j U^K)^\\top/\\sqrt{2d}$, `(b|1, h, i, j)`; `PositionRangeError` for positions outside the table."
-    q_pos, k_pos = (p[None] if isinstance(p, torch.Tensor) and p.ndim == 1 else p for p in (q_pos, k_pos))
-    rel_pos(q_pos, k_pos)                                 # the same checks as every encoding: signed integer (n,) or (b, n)
-    if not is_tracing():                                   # traced: no data-dependent check (see `is_tracing`)
-        for p in (q_pos, k_pos): check_positions(p, self.max_len, "TUPE's position table")
-    def heads(t): return t.view(*t.shape[:2], self.n_heads, self.d_head).transpose(1, 2)   # (b|1, h, n, d)
+def positional_term(self: TUPE, q_pos, k_pos):  # positions `(b|1, i)`, `(b|1, j)`
+    """$(p_i U^Q)(p_j U^K)^\\top/\\sqrt{2d}$, `(b|1, h, i, j)`;
+    `PositionRangeError` for positions outside the table."""
+    q_pos, k_pos = _batch_positions(q_pos, k_pos)
+    _check_tupe_positions(q_pos, k_pos, self.max_len)
+    def heads(t):                                        # (b|1, n, D) -> (b|1, h, n, d)
+        return t.view(*t.shape[:2], self.n_heads, self.d_head).transpose(1, 2)
     def norm(t): return t if self.pos_ln is None else self.pos_ln(t)
-    pq, pk = heads(self.u_q(norm(self.pos[q_pos]))), heads(self.u_k(norm(self.pos[k_pos])))
-    return pq @ pk.transpose(-1, -2) * self.content_scale(self.d_head)                     # (b|1, h, i, j)
+    pq = heads(self.u_q(norm(self.pos[q_pos])))                # p_i U^Q: (b|1, h, i, d)
+    pk = heads(self.u_k(norm(self.pos[k_pos])))                # p_j U^K: (b|1, h, j, d)
+    return pq @ pk.transpose(-1, -2) * self.content_scale(self.d_head)  # (b|1, h, i, j)
 
 # %% ../nbs/05_tupe.ipynb #858f8469
 @patch
-def reset_cls(self: TUPE, v, q_pos, k_pos):  # v `(b|1, h, i, j)`; integer positions `(b|1, i)`, `(b|1, j)`
-    "TUPE's $\\mathrm{reset}_\\theta$: rows of queries at position 0 ([CLS]) become θ1, columns of keys at position 0 become θ2 (other queries)."
-    cls_q, cls_k = (q_pos == 0)[:, None, :, None], (k_pos == 0)[:, None, None, :]        # (b|1, 1, i, 1), (b|1, 1, 1, j)
-    th1, th2 = (self.theta[a].to(v.dtype)[None, :, None, None] for a in (0, 1))          # (1, h, 1, 1)
-    v = torch.where(cls_k & ~cls_q, th2, v)                                             # others -> [CLS]
-    return torch.where(cls_q, th1, v)                                                   # [CLS] -> everything
+def reset_cls(self: TUPE, v, q_pos, k_pos):  # v `(b|1, h, i, j)`; positions `(b|1, n)`
+    """TUPE's $\\mathrm{reset}_\\theta$: rows of queries at position 0 ([CLS])
+    become θ1, columns of keys at position 0 become θ2 (other queries)."""
+    cls_q = (q_pos == 0)[:, None, :, None]                             # (b|1, 1, i, 1)
+    cls_k = (k_pos == 0)[:, None, None, :]                             # (b|1, 1, 1, j)
+    # (1, h, 1, 1)
+    th1, th2 = (self.theta[a].to(v.dtype)[None, :, None, None] for a in (0, 1))
+    v = torch.where(cls_k & ~cls_q, th2, v)                            # others -> [CLS]
+    return torch.where(cls_q, th1, v)                              # [CLS] -> everything
 
 # %% ../nbs/05_tupe.ipynb #4dfdc0ee
 @dataclass(eq=False)
 class TUPEContext(Context):
     "Context of `TUPE`: the logit term shared by all layers."
-    tupe_bias: torch.Tensor   # `(b|1, h, i, j)`: positional correlation, [CLS] reset, (TUPE-R) T5 bias
+    # `(b|1, h, i, j)`: correlation, [CLS] reset, (TUPE-R) T5 bias
+    tupe_bias: torch.Tensor
 
 @patch
 def prepare(self: TUPE, q_pos, k_pos) -> TUPEContext:
-    "The shared logit term `(b|1, h, i, j)`: positional correlation, [CLS] reset, and (TUPE-R) the T5 bias."
-    q_pos, k_pos = (p[None] if isinstance(p, torch.Tensor) and p.ndim == 1 else p for p in (q_pos, k_pos))   # (b|1, n)
-    bias = self.positional_term(q_pos, k_pos)                                    # (b|1, h, i, j)
-    rel = None if self.rel is None else self.rel.bias(q_pos, k_pos)              # (b|1, h, i, j)
-    if rel is not None and self.reset_relative: bias, rel = bias + rel, None     # the authors' code resets both
-    if self.untie_cls: bias = self.reset_cls(bias, q_pos, k_pos)
-    if rel is not None: bias = bias + rel                                        # the paper: the relative bias is not reset
+    """The shared logit term `(b|1, h, i, j)`: positional correlation, [CLS] reset, and
+    (TUPE-R) the T5 bias."""
+    q_pos, k_pos = _batch_positions(q_pos, k_pos)                 # (b|1, n)
+    bias = self.positional_term(q_pos, k_pos)                     # (b|1, h, i, j)
+    rel = None if self.rel is None else self.rel.bias(q_pos, k_pos)   # (b|1, h, i, j)
+    if rel is not None and self.reset_relative:          # the authors' code resets both
+        bias, rel = bias + rel, None
+    if self.untie_cls:
+        bias = self.reset_cls(bias, q_pos, k_pos)
+    if rel is not None:                                   # the paper: T5 bias not reset
+        bias = bias + rel
     return TUPEContext(q_pos, k_pos, bias)
 
 @patch
-def score_terms(self: TUPE, q, k, ctx: TUPEContext, layer=None): return [ctx.tupe_bias]
+def score_terms(self: TUPE, q, k, ctx: TUPEContext, layer=None):
+    return [ctx.tupe_bias]
 
 # %% ../nbs/05_tupe.ipynb #173e9638
 @register_encoding('tupe-a', 'score', 'untied positional correlation (p_i U^Q)(p_j U^K)/sqrt(2d), shared by all layers, [CLS] untied',
