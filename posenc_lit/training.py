@@ -4,13 +4,12 @@
 
 # %% ../nbs/12_training.ipynb #9b7f6945
 from __future__ import annotations
-import functools, json, math, os, sys, time
-from dataclasses import dataclass, field, asdict, fields
+import functools, math, sys, time
+from dataclasses import dataclass, field, asdict
 from pathlib import Path
+from typing import ClassVar
 import torch
-from tqdm import tqdm
 from accelerate import Accelerator
-from accelerate.state import AcceleratorState
 from accelerate.utils import set_seed
 from .core import *
 from .model import *
@@ -22,34 +21,29 @@ __all__ = ['PRESETS', 'TrainConfig', 'model_config', 'make_train_config', 'micro
            'pretrain']
 
 # %% ../nbs/12_training.ipynb #6eb4edc2
-@dataclass
-class TrainConfig:
-    "Everything a pretraining run depends on; saved as `config.json` in the run directory."
+@dataclass(kw_only=True)
+class TrainConfig(RunConfig):
+    "Everything a pretraining run depends on (and `RunConfig`'s options); saved as `config.json` in the run directory."
     pe: str = 'learned'             # position encoding (see `posenc_lit encodings`)
     pe_kwargs: dict = field(default_factory=dict)
     data: str = 'default'           # corpus: 'default' (embedded), a local folder, or a hub dataset name
     seq_len: int = 64               # tokens per block, [CLS] and [SEP] included
-    batch_size: int = 32            # blocks per process per micro-step
     grad_accum: int = 1             # micro-steps per optimizer step
     steps: int = 1000               # optimizer steps
-    lr: float = 2e-3
-    warmup: float = 0.06            # fraction of steps with linear warm-up
-    weight_decay: float = 0.01
-    max_grad_norm: float = 1.0
-    mlm_probability: float = 0.15
-    d_model: int = 128
-    n_layers: int = 2
-    n_heads: int = 4
-    d_ff: int = 512
-    dropout: float = 0.1
-    max_position_embeddings: int = 512
+    mlm_probability: float = 0.15   # fraction of the tokens selected for the masked-token loss
+    d_model: int = 128              # D, the width of the model
+    n_layers: int = 2               # encoder layers
+    n_heads: int = 4                # h; the head width is D / h
+    d_ff: int = 512                 # width of the feed-forward layers
+    dropout: float = 0.1            # on embeddings, attention weights and sublayer outputs
+    max_position_embeddings: int = 512   # rows of a learned position table
     emd_steps: int = 0              # Enhanced Mask Decoder passes for the MLM head (DeBERTa: 2); 0 = off
     eval_every: int = 250           # steps between evaluations (and at the end)
-    eval_blocks: int = 512          # validation blocks evaluated (a fixed subset; 0 = all; more than there are: all, with a notice)
-    log_every: int = 25             # steps between training-loss records
+    eval_blocks: int = 512          # validation blocks evaluated (a fixed subset; 0 or more than there are: all)
     save_every: int = 500           # steps between checkpoints (and at the end)
-    seed: int = 0
-    mixed_precision: str = 'no'     # 'no', 'bf16' (CPU or GPU), 'fp16' (GPU)
+    rules: ClassVar[dict] = RunConfig.rules | {
+        'seq_len': '≥ 1', 'grad_accum': '≥ 1', 'steps': '≥ 1', 'eval_every': '≥ 1', 'save_every': '≥ 1',
+        'mlm_probability': 'in (0, 1)', 'eval_blocks': '≥ 0'}
 
 # %% ../nbs/12_training.ipynb #a2935c6a
 def model_config(cfg: TrainConfig, vocab_size: int) -> ModelConfig:
@@ -74,27 +68,11 @@ PRESETS = {
 
 def make_train_config(preset: str = 'quick', **overrides) -> TrainConfig:
     "`TrainConfig` from a preset name (`PRESETS`) with explicit overrides (`None` values are ignored)."
-    if preset not in PRESETS: raise ValueError(f'unknown preset {preset!r}; valid: {", ".join(PRESETS)}')
-    names = {f.name for f in fields(TrainConfig)}
-    bad = sorted(set(overrides) - names)
-    if bad: raise ValueError(f'unknown training option(s) {bad}; valid: {sorted(names)}')
-    cfg = TrainConfig(**{**PRESETS[preset], **{k: v for k, v in overrides.items() if v is not None}})
-    check_field_types(cfg)   # types first: `steps='10'` names the option, not a comparison deep inside
+    cfg = make_config(TrainConfig, PRESETS, preset, overrides, 'training')
     get_encoding(cfg.pe)
-    if not isinstance(cfg.pe_kwargs, dict): raise ValueError(f'pe_kwargs must be a JSON object (dict); got {cfg.pe_kwargs!r}')
-    if not 0 <= cfg.seed < 2**32: raise ValueError(f'seed must be in [0, 2**32); got {cfg.seed}')
-    if not 0 <= cfg.warmup <= 1: raise ValueError(f'warmup is a fraction of the steps, in [0, 1]; got {cfg.warmup}')
-    if cfg.eval_blocks < 0: raise ValueError(f'eval_blocks must be ≥ 0 (0 = all validation blocks); got {cfg.eval_blocks}')
-    if not cfg.data.strip(): raise ValueError("data must not be empty: 'default', a local folder, or a hub dataset name")
-    if cfg.mixed_precision not in ('no', 'bf16', 'fp16'):
-        raise ValueError(f"mixed_precision must be 'no', 'bf16' or 'fp16'; got {cfg.mixed_precision!r}")
-    for f in ('seq_len', 'batch_size', 'grad_accum', 'steps', 'eval_every', 'log_every', 'save_every'):
-        if getattr(cfg, f) < 1: raise ValueError(f'{f} must be ≥ 1; got {getattr(cfg, f)}')
-    for f, lo, hi in (('lr', 0, None), ('max_grad_norm', 0, None), ('mlm_probability', 0, 1)):
-        if not (getattr(cfg, f) > lo and (hi is None or getattr(cfg, f) < hi)):
-            raise ValueError(f'{f} must be > {lo}' + (f' and < {hi}' if hi else '') + f'; got {getattr(cfg, f)}')
-    if cfg.weight_decay < 0: raise ValueError(f'weight_decay must be ≥ 0; got {cfg.weight_decay}')
-    model_config(cfg, len(SPECIAL_TOKENS) + 1)   # the model's options too (heads, encoding options), before any data is read
+    if not cfg.data.strip():
+        raise ValueError("data must not be empty: 'default', a local folder, or a hub dataset name")
+    model_config(cfg, len(SPECIAL_TOKENS) + 1)   # the model's options too (heads, encoding), before any data is read
     return cfg
 
 # %% ../nbs/12_training.ipynb #0cd7dade
@@ -125,23 +103,14 @@ def eval_set(val_blocks: torch.Tensor, cfg: TrainConfig, vocab_size: int):
     blocks = val_blocks if cfg.eval_blocks == 0 else val_blocks[:cfg.eval_blocks]
     return mask_tokens(blocks, torch.Generator().manual_seed(20_201_130), vocab_size, cfg.mlm_probability)
 
-@torch.no_grad()
 def evaluate(model, inputs, labels, batch_size: int, accelerator=None) -> dict:
     "Masked-token `loss` (mean cross-entropy), `accuracy` and `tokens` over `labels != -100`, sharded."
-    rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
-    was_training = model.training
-    model.eval()
-    sums = torch.zeros(3, dtype=torch.float64)                      # loss sum, correct, count
-    dev = next(model.parameters()).device
-    for s in range(rank * batch_size, len(inputs), batch_size * world):
-        x, y = inputs[s:s + batch_size].to(dev), labels[s:s + batch_size].to(dev)
-        out = model(x, labels=y)
-        n = (y != -100).sum()
+    def sums_of(s, e, dev):                                     # loss sum, correct, count
+        x, y = inputs[s:e].to(dev), labels[s:e].to(dev)
+        out, n = model(x, labels=y), (y != -100).sum()
         correct = (out['logits'].argmax(-1) == y[y != -100]).sum()
-        sums += torch.stack([out['loss'].double() * n, correct.double(), n.double()]).cpu()
-    if accelerator:
-        sums = accelerator.gather_for_metrics(sums[None].to(dev)).sum(0).cpu()   # (processes, 3) → (3,)
-    model.train(was_training)
+        return torch.stack([out['loss'].double() * n, correct.double(), n.double()])
+    sums = eval_sums(model, len(inputs), batch_size, sums_of, accelerator=accelerator)
     loss, accuracy = (sums[:2] / sums[2]).tolist()
     return {'loss': loss, 'accuracy': accuracy, 'tokens': int(sums[2])}
 
@@ -223,34 +192,18 @@ def _model(cfg: TrainConfig, acc: Accelerator, d: dict):
     return model, opt, sched
 
 # %% ../nbs/12_training.ipynb #4c3bd0a5
-def _accelerator(cfg: TrainConfig) -> Accelerator:
-    "A fresh `Accelerator` for this run (`ValueError` for fp16 without a GPU)."
-    if cfg.mixed_precision == 'fp16' and not torch.cuda.is_available():
-        raise ValueError("mixed_precision='fp16' needs a CUDA GPU; on CPU use 'bf16' or 'no'")
-    # accelerate keeps one AcceleratorState per process; forget the previous run's settings (mixed precision,
-    # accumulation) so that several runs can follow each other in one session. The process group is kept.
-    AcceleratorState._reset_state(reset_partial_state=False)
-    acc = Accelerator(gradient_accumulation_steps=cfg.grad_accum, mixed_precision=cfg.mixed_precision,
-                      cpu=not torch.cuda.is_available())
-    if acc.num_processes > 1 and acc.device.type == 'cpu':
-        torch.set_num_threads(max(1, (os.cpu_count() or 2) // acc.num_processes))
-    return acc
-
 def _start(cfg: TrainConfig, out: Path, acc: Accelerator, state: dict | None) -> dict:
-    "Restore the checkpoint of `state` (or seed a fresh run); config.json written, records after its step dropped."
+    "Restore the checkpoint of `state` (or seed a fresh run); config.json written, later records dropped."
     if state is None:
         set_seed(cfg.seed, device_specific=True)
         state = {'step': 0}
     else:
         ck, n = out / 'checkpoint', state.get('processes', acc.num_processes)
         if n != acc.num_processes:                      # the data order depends on it
-            raise CheckpointError(f'{ck} was written by {n} processes and this run has {acc.num_processes}: resume '
-                                  f'with the same number (accelerate launch --num_processes {n})')
+            raise CheckpointError(f'{ck} was written by {n} processes and this run has {acc.num_processes}: '
+                                  f'resume with the same number (accelerate launch --num_processes {n})')
         load_checkpoint(acc, ck, load_model)
-    if acc.is_main_process:
-        out.mkdir(parents=True, exist_ok=True)
-        save_json(out / 'config.json', asdict(cfg))
-        restart_metrics(out, state['step'])
+    begin_run(acc, out, asdict(cfg), state['step'])
     return state
 
 # %% ../nbs/12_training.ipynb #001d1f12
@@ -263,28 +216,24 @@ def pretrain(cfg: TrainConfig,          # what to train (see `PRESETS`, `make_tr
             ) -> dict:  # the summary (`out/summary.json`); stopped: `{'stopped_at_step', 'steps'}` (+ `'signal'`)
     "Pretrain an `EncoderForMLM` on `cfg.data`; runs unchanged under `accelerate launch` with several processes."
     check_creatable_dir(out)
-    out, acc = Path(out), _accelerator(cfg)
+    out, acc = Path(out), accelerator(cfg.mixed_precision, cfg.grad_accum)
     state = _prepare_run_dir(out, cfg, resume, overwrite)
     if resume and state is None and out.exists():
         acc.print(f'{out}: no checkpoint yet, starting from step 0')
-    if state is not None and state['step'] >= cfg.steps and (out / 'summary.json').is_file():
-        return json.loads((out / 'summary.json').read_text())
+    if (done := done_summary(out, state, cfg.steps)) is not None:
+        return done
     d = _setup(cfg, acc.num_processes)
     loop = _mlm_loop(cfg, out, acc, d, *_model(cfg, acc, d))
     if cfg.eval_blocks > len(d['ev_in']) and acc.is_main_process:   # stderr: stdout carries the summary
-        print(f"note: eval_blocks={cfg.eval_blocks} is more than the {len(d['ev_in'])} validation blocks: all are "
-              'evaluated', file=sys.stderr)
-    if overwrite and acc.is_main_process and out.exists() and any(out.iterdir()):
-        replace_run_dir(out)
-    acc.wait_for_everyone()
+        print(f"note: eval_blocks={cfg.eval_blocks} is more than the {len(d['ev_in'])} validation blocks: all "
+              'are evaluated', file=sys.stderr)
+    replace_if_asked(acc, out, overwrite)
     with SignalStop() as stop:
         state = _start(cfg, out, acc, state)
-        bar = tqdm(total=cfg.steps, initial=state['step'], desc=f'pretrain {cfg.pe}',
-                   disable=not (acc.is_main_process and progress), dynamic_ncols=True)
-        sig = fit(acc, loop, state, out, stop_at, stop, bar)
-        bar.close()
+        with progress_bar(acc, cfg.steps, f'pretrain {cfg.pe}', progress, state['step']) as bar:
+            sig = fit(acc, loop, state, out, stop_at, stop, bar)
     if state['step'] < cfg.steps:
-        return {'stopped_at_step': state['step'], 'steps': cfg.steps, **({'signal': sig} if sig else {})}
+        return stopped(state, cfg.steps, sig)
     return _finish(cfg, out, acc, loop.model, state['step'], d)
 
 # %% ../nbs/12_training.ipynb #f5385988
@@ -316,16 +265,11 @@ def _mlm_loop(cfg: TrainConfig, out: Path, acc: Accelerator, d: dict, model, opt
 # %% ../nbs/12_training.ipynb #34659a33
 def _finish(cfg: TrainConfig, out: Path, acc: Accelerator, model, step: int, d: dict) -> dict:
     "The summary of a finished run, from its records; written to `out/summary.json`."
-    recs = read_metrics(out / 'metrics.jsonl', step)
-    ev = [r for r in recs if r['split'] == 'eval'][-1]
-    tr = [r for r in recs if r['split'] == 'train']
+    ev = [r for r in read_metrics(out / 'metrics.jsonl', step) if r['split'] == 'eval'][-1]
     world = acc.num_processes
-    summary = {'pe': cfg.pe, 'steps': step, 'eval_loss': ev['loss'], 'eval_accuracy': ev['accuracy'],
-               'unigram_loss': d['uni'], 'eval_tokens': int((d['ev_lab'] != -100).sum()),
-               'parameters': count_parameters(acc.unwrap_model(model)), 'processes': world,
-               'tokens_per_step': cfg.batch_size * world * cfg.grad_accum * cfg.seq_len,
-               'train_tokens_per_s': sum(r['tokens_per_s'] for r in tr) / max(1, len(tr))}
-    if acc.is_main_process:
-        save_json(out / 'summary.json', summary)
-    acc.wait_for_everyone()
-    return summary
+    return end_run(acc, out, {
+        'pe': cfg.pe, 'steps': step, 'eval_loss': ev['loss'], 'eval_accuracy': ev['accuracy'],
+        'unigram_loss': d['uni'], 'eval_tokens': int((d['ev_lab'] != -100).sum()),
+        'parameters': count_parameters(acc.unwrap_model(model)), 'processes': world,
+        'tokens_per_step': cfg.batch_size * world * cfg.grad_accum * cfg.seq_len,
+        'train_tokens_per_s': train_mean(out, step, 'tokens_per_s')})

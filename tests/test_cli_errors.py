@@ -18,7 +18,7 @@ BAD = {   # id: (arguments after `posenc_lit`, text the error must contain)
     'zero-steps': ([*PRETRAIN, '--steps', '0'], 'steps must be ≥ 1; got 0'),
     'negative-lr': ([*PRETRAIN, '--lr', '-1'], 'lr must be > 0; got -1.0'),
     'unknown-pe': (['pretrain', '--pe', 'bogus'], "unknown position encoding 'bogus'; valid names:"),
-    'unknown-preset': ([*PRETRAIN[:3], '--preset', 'huge'], "unknown preset 'huge'; valid: quick, reference, smoke"),
+    'unknown-preset': ([*PRETRAIN[:3], '--preset', 'huge'], "unknown preset 'huge'; valid: quick, reference, study, smoke"),
     'bad-precision': ([*PRETRAIN, '--mixed-precision', 'fp8'], "argument --mixed-precision: invalid choice: 'fp8'"),
     'bad-json': ([*PRETRAIN, '--pe-kwargs', '{base: 1}'], 'argument --pe-kwargs: not valid JSON'),
     'json-not-object': ([*PRETRAIN, '--pe-kwargs', '[1]'], 'must be a JSON object'),
