@@ -4,44 +4,77 @@
 
 # %% ../nbs/25_claims.ipynb #08110e80
 from __future__ import annotations
-import json, math, statistics
+import errno, json, math, re, statistics
 from pathlib import Path
 
+
 # %% auto #0
-__all__ = ['VERDICTS', 'ABS_MARGIN', 'CLAIMS', 'eval_loss', 'loss_at', 'eval_curve', 'downstream', 'absolute_works', 'claims',
-           'claims_markdown']
+__all__ = ['STUDY', 'VERDICTS', 'ABS_MARGIN', 'CLAIMS', 'seed_runs', 'study_loss', 'eval_loss', 'loss_at', 'eval_curve',
+           'downstream', 'absolute_works', 'claims', 'claims_markdown']
 
 # %% ../nbs/25_claims.ipynb #e714711e
+STUDY = 'study'   # results/study/<entry>[-s<seed>]/ (tools/run_study.sh, the `study` preset; issue 29)
+
 def _json(root: Path, *parts) -> dict:
     f = Path(root, *parts)
-    try: return json.loads(f.read_text())
-    except json.JSONDecodeError as e: raise ValueError(f'{f} is not valid JSON ({e})') from None
+    try:
+        return json.loads(f.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f'{f} is not valid JSON ({e})') from None
 
 def _finite(x, what: str) -> float:
-    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x): raise ValueError(f'{what} is {x!r}, not a finite number')
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+        raise ValueError(f'{what} is {x!r}, not a finite number')
     return float(x)
 
-def eval_loss(root, run: str) -> float:
-    "Held-out masked-token loss (nats) of the reference pretraining run `run` (`results/pretraining/<run>/summary.json`)."
-    return _finite(_json(root, 'pretraining', run, 'summary.json').get('eval_loss'), f"eval_loss of {Path(root, 'pretraining', run, 'summary.json')}")
+def seed_runs(root, entry: str) -> list[Path]:
+    """The committed study runs of `entry`: `study/<entry>` (seed 0) first, then `study/<entry>-s1`, `-s2`, ...
+    Raises FileNotFoundError (the claim is 'not measured yet') while seed 0 is not committed."""
+    base = Path(root, STUDY)
+    first = base / entry / 'summary.json'
+    if not first.is_file():
+        raise FileNotFoundError(errno.ENOENT, 'not committed', str(first))
+    more = [p for p in base.glob(f'{entry}-s*') if re.fullmatch(rf'{re.escape(entry)}-s\d+', p.name)]
+    return [first.parent] + sorted((p for p in more if (p / 'summary.json').is_file()), key=lambda p: int(p.name.rsplit('-s', 1)[1]))
 
-def loss_at(root, run: str) -> dict:
-    "{block length: masked-token loss, or None where the encoding cannot run} of a reference run (`lengths.json`)."
-    return {r['length']: r.get('loss') for r in _json(root, 'pretraining', run, 'lengths.json')['results']}
+def study_loss(root, entry: str) -> dict:
+    "`{'mean', 'std', 'n'}` of the held-out masked-token loss (nats) of `entry` over its seeds (sample std; 0 for one seed)."
+    v = [_finite(_json(r, 'summary.json').get('eval_loss'), f"eval_loss of {r / 'summary.json'}") for r in seed_runs(root, entry)]
+    return {'mean': statistics.fmean(v), 'std': statistics.stdev(v) if len(v) > 1 else 0.0, 'n': len(v)}
 
-def eval_curve(root, run: str) -> list:
-    "[(step, held-out loss)] of a reference run, from its `metrics.jsonl`."
-    recs = [json.loads(l) for l in Path(root, 'pretraining', run, 'metrics.jsonl').read_text().splitlines() if l.strip()]
-    return [(r['step'], r['loss']) for r in recs if r['split'] == 'eval']
+def eval_loss(root, entry: str) -> float:
+    "Held-out masked-token loss (nats) of a study entry, the mean over its committed seeds."
+    return study_loss(root, entry)['mean']
 
-def downstream(root, pe: str, task: str = 'sentiment') -> dict | None:
-    """`{'mean', 'std', 'n', 'metric'}` of `pe`'s main test metric on `task` over the seeds of the reference compare study
-    (`compare/reference/results.json`, sample std); None while the study has no record of `pe` on `task`."""
-    f = Path(root, 'compare', 'reference', 'results.json')
-    if not f.is_file(): return None
-    recs = [r for r in _json(root, 'compare', 'reference', 'results.json')['records'] if r['pe'] == pe and r['task'] == task]
+def loss_at(root, entry: str) -> tuple[int, dict]:
+    """The training length of `entry` and `{block length: masked-token loss, or None where the encoding cannot run}`
+    from seed 0's `lengths.json`."""
+    run = seed_runs(root, entry)[0]
+    return _json(run, 'config.json')['seq_len'], {r['length']: r.get('loss') for r in _json(run, 'lengths.json')['results']}
+
+def eval_curve(root, entry: str) -> list:
+    "[(step, held-out loss)] of a study entry from its `metrics.jsonl`, the mean over its seeds at each step they share."
+    curves = []
+    for run in seed_runs(root, entry):
+        recs = [json.loads(l) for l in (run / 'metrics.jsonl').read_text().splitlines() if l.strip()]
+        curves.append({r['step']: r['loss'] for r in recs if r['split'] == 'eval'})
+    steps = sorted(set.intersection(*(set(c) for c in curves)))
+    return [(s, statistics.fmean(c[s] for c in curves)) for s in steps]
+
+def downstream(root, pe: str, task: str = 'sentiment', study: str = STUDY) -> dict | None:
+    """`{'mean', 'std', 'n', 'metric'}` of `pe`'s main test metric on `task` over the seeds of a compare study
+    (`compare/<study>/results.json`; the study's own fine-tuning: `posenc_lit compare --pretrained-dir runs/study`;
+    sample std); None while it has no record of `pe` on `task`."""
+    f = Path(root, 'compare', study, 'results.json')
+    if not f.is_file():
+        return None
+    recs = [r for r in _json(f.parent, 'results.json')['records'] if r['pe'] == pe and r['task'] == task]
     v = [_finite(r['test'][r['main_metric']], f'{task} test {r["main_metric"]} of {pe} in {f}') for r in recs]
-    return {'mean': statistics.fmean(v), 'std': statistics.stdev(v) if len(v) > 1 else 0.0, 'n': len(v), 'metric': recs[0]['main_metric']} if v else None
+    if not v:
+        return None
+    return {'mean': statistics.fmean(v), 'std': statistics.stdev(v) if len(v) > 1 else 0.0, 'n': len(v),
+            'metric': recs[0]['main_metric']}
+
 
 # %% ../nbs/25_claims.ipynb #45eff5cf
 VERDICTS = ('holds', 'in part', 'does not hold', 'cannot test here', 'not measured yet')
@@ -65,102 +98,152 @@ def _needs_absolute(measure):
     checked.__name__ = measure.__name__
     return checked
 
-def _pts(x: float) -> str: return f'{100 * x:+.1f} pts'
+def _pts(x: float) -> str:
+    return f'{100 * x:+.1f} pts'
+
+def _spread(s: dict) -> float | None:
+    "The larger sample std of the entries in `s` (from `study_loss`); None where one of them has a single seed."
+    return None if any(v['n'] < 2 for v in s.values()) else max(v['std'] for v in s.values())
+
+def _losses_text(s: dict) -> str:
+    "'learned 4.682 ± 0.010, none 6.152 ± 0.004 (2 seeds)', or '... (one seed)'."
+    text = ', '.join(f"{n} {v['mean']:.3f}" + (f" ± {v['std']:.3f}" if v['n'] > 1 else '') for n, v in s.items())
+    n = min(v['n'] for v in s.values())
+    return text + (' (one seed)' if n == 1 else f' ({n} seeds, mean ± std)')
+
+def _ordered(s: dict, order: tuple) -> tuple[str, str]:
+    """The claim 'loss order[0] < order[1] < ...': holds if every gap is in that direction and clear (larger than the
+    seed spread), does not hold if no gap is in that direction, else in part; and a note on the gaps."""
+    spread = _spread({n: s[n] for n in order})
+    gaps = [s[b]['mean'] - s[a]['mean'] for a, b in zip(order, order[1:])]
+    clear = [g > (spread or 0.0) for g in gaps]
+    verdict = 'holds' if all(clear) else 'does not hold' if not any(g > 0 for g in gaps) else 'in part'
+    within = [f'{a}–{b}' for a, b, g, c in zip(order, order[1:], gaps, clear) if g > 0 and not c]
+    note = f" (within the seed spread ±{spread:.3f}: {', '.join(within)})" if within else ''
+    return note, verdict
 
 def _with_downstream(root, text: str, verdict: str, order: tuple) -> tuple[str, str]:
-    """Add the sentiment accuracies of the reference compare study to a loss-based row. `order`: the encodings from the
-    best the paper expects to the worst. Measured for all of them, the verdict is the loss's where both agree, else 'in part'."""
+    """Add the sentiment accuracies of the study's fine-tuning to a loss-based row. `order`: the encodings from the best
+    the paper expects to the worst. Measured for all of them, the verdict is the loss's where both agree, else 'in part'."""
     d = {n: downstream(root, n) for n in order}
     have = {n: v for n, v in d.items() if v}
-    if not have: return text, verdict
-    text += (f"; sentiment accuracy, reference compare ({min(v['n'] for v in have.values())} seeds): " +
+    if not have:
+        return text, verdict
+    text += (f"; sentiment accuracy ({min(v['n'] for v in have.values())} seeds): " +
              ', '.join(f"{n} {v['mean']:.3f} ± {v['std']:.3f}" for n, v in have.items()))
-    if len(have) < len(order): return text + ' (the others not run yet)', verdict
+    if len(have) < len(order):
+        return text + ' (the others not run yet)', verdict
     means = [d[n]['mean'] for n in order]
     down = 'holds' if all(a > b for a, b in zip(means, means[1:])) else 'does not hold'
     spread = max(v['std'] for v in have.values())
-    if any(abs(a - b) <= spread for a, b in zip(means, means[1:])): text += f' (a gap within the seed spread ±{spread:.3f})'
+    if any(abs(a - b) <= spread for a, b in zip(means, means[1:])):
+        text += f' (a gap within the seed spread ±{spread:.3f})'
     return text, verdict if down == verdict else 'in part'
 
+
+# %% ../nbs/25_claims.ipynb #b3c1d2e4
 def _abs_tables(root):
-    e = {n: eval_loss(root, n) for n in ('learned', 'sinusoidal', 'none')}
-    d = e['sinusoidal'] - e['learned']
-    return (f"loss learned {e['learned']:.3f}, sinusoidal {e['sinusoidal']:.3f} (Δ {d:+.3f})", 'holds' if abs(d) < 0.05 else 'does not hold')
+    s = {n: study_loss(root, n) for n in ('learned', 'sinusoidal')}
+    d = s['sinusoidal']['mean'] - s['learned']['mean']
+    close = abs(d) < max(0.05, _spread(s) or 0.0)
+    return f'loss {_losses_text(s)}, Δ {d:+.3f}', 'holds' if close else 'does not hold'
 
 def _shaw_vs_abs(root):
-    s, l = eval_loss(root, 'shaw'), eval_loss(root, 'learned')
-    return f'loss shaw {s:.3f} against learned {l:.3f} (Δ {s - l:+.3f})', 'holds' if s < l else 'does not hold'
+    s = {n: study_loss(root, n) for n in ('shaw', 'learned')}
+    note, verdict = _ordered(s, ('shaw', 'learned'))
+    return f"loss {_losses_text(s)}, Δ {s['shaw']['mean'] - s['learned']['mean']:+.3f}{note}", verdict
+
 
 # %% ../nbs/25_claims.ipynb #8deb9a8d
 def _tupe_speed(root):
-    target, total = eval_curve(root, 'learned')[-1][1], eval_curve(root, 'learned')[-1][0]
+    curve = eval_curve(root, 'learned')
+    (total, target), every = curve[-1], curve[0][0]
     step = next((s for s, l in eval_curve(root, 'tupe-a') if l <= target), None)
-    if step is None: return f"tupe-a never reaches learned's final loss {target:.3f}", 'does not hold'
-    return (f"tupe-a reaches learned's final loss {target:.3f} at step {step} of {total} ({step / total:.0%}; evaluations every "
-            f"{eval_curve(root, 'learned')[0][0]} steps)", 'holds' if step <= 0.3 * total else 'in part')
+    if step is None:
+        return f"tupe-a never reaches learned's final loss {target:.3f}", 'does not hold'
+    return (f"tupe-a reaches learned's final loss {target:.3f} at step {step} of {total} ({step / total:.0%}; "
+            f"evaluations every {every} steps; mean over seeds)", 'holds' if step <= 0.3 * total else 'in part')
 
 def _tupe_order(root):
-    e = {n: eval_loss(root, n) for n in ('tupe-r', 'tupe-a', 'learned')}
-    ok = e['tupe-r'] < e['tupe-a'] < e['learned']
-    return _with_downstream(root, f"loss tupe-r {e['tupe-r']:.3f} < tupe-a {e['tupe-a']:.3f} < learned {e['learned']:.3f}" if ok else
-                            f"loss tupe-r {e['tupe-r']:.3f}, tupe-a {e['tupe-a']:.3f}, learned {e['learned']:.3f}",
-                            'holds' if ok else 'does not hold', ('tupe-r', 'tupe-a', 'learned'))
+    s = {n: study_loss(root, n) for n in ('tupe-r', 'tupe-a', 'learned')}
+    note, verdict = _ordered(s, ('tupe-r', 'tupe-a', 'learned'))
+    return _with_downstream(root, f'loss {_losses_text(s)}{note}', verdict, ('tupe-r', 'tupe-a', 'learned'))
 
 def _tupe_cls(root):
-    """Untied (tupe-a) against tied [CLS] (the tupe-a-tiecls ablation) on every task of the reference compare study: holds
+    """Untied (tupe-a) against tied [CLS] (the tupe-a-tiecls ablation) on every task of the study's fine-tuning: holds
     if untied is ahead on every task and by more than the seed spread on one; does not hold if it is ahead by more than
     the spread on none; else in part."""
-    t, u = eval_loss(root, 'tupe-a-tiecls'), eval_loss(root, 'tupe-a')
-    text = f'loss tied [CLS] {t:.3f}, untied {u:.3f} (the masked-token loss never reads [CLS])'
-    d = {task: (downstream(root, 'tupe-a', task), downstream(root, 'tupe-a-tiecls', task)) for task in ('sentiment', 'rating', 'reviews')}
-    d = {task: v for task, v in d.items() if all(v)}
-    if not d: return text + '; the tied-[CLS] ablation is not fine-tuned yet (posenc_lit compare --encodings tupe-a-tiecls)', 'not measured yet'
-    gaps = {task: (un['mean'] - ti['mean'], max(un['std'], ti['std'])) for task, (un, ti) in d.items()}
-    text += (f"; test metric, untied against tied, reference compare ({min(v['n'] for p in d.values() for v in p)} seeds): " +
-             ', '.join(f"{task} {un['metric']} {un['mean']:.3f} ± {un['std']:.3f} against {ti['mean']:.3f} ± {ti['std']:.3f} ({_pts(gaps[task][0])})"
-                       for task, (un, ti) in d.items()))
-    clear = [task for task, (g, sd) in gaps.items() if g > sd]
-    if not clear: return text + ': no gain beyond the seed spread', 'does not hold'
-    if within := [task for task in gaps if task not in clear]: text += f' ({" and ".join(within)} within the seed spread)'
+    s = {n: study_loss(root, n) for n in ('tupe-a-tiecls', 'tupe-a')}
+    text = f'loss {_losses_text(s)} (the masked-token loss never reads [CLS])'
+    d = {t: (downstream(root, 'tupe-a', t), downstream(root, 'tupe-a-tiecls', t)) for t in ('sentiment', 'rating', 'reviews', 'order')}
+    d = {t: v for t, v in d.items() if all(v)}
+    if not d:
+        return text + '; the fine-tuning of the study has not run yet', 'not measured yet'
+    gaps = {t: (un['mean'] - ti['mean'], max(un['std'], ti['std'])) for t, (un, ti) in d.items()}
+    text += (f"; test metric, untied against tied ({min(v['n'] for p in d.values() for v in p)} seeds): " +
+             ', '.join(f"{t} {un['metric']} {un['mean']:.3f} ± {un['std']:.3f} against {ti['mean']:.3f} ± "
+                       f"{ti['std']:.3f} ({_pts(gaps[t][0])})" for t, (un, ti) in d.items()))
+    clear = [t for t, (g, sd) in gaps.items() if g > sd]
+    if not clear:
+        return text + ': no gain beyond the seed spread', 'does not hold'
+    if within := [t for t in gaps if t not in clear]:
+        text += f' ({" and ".join(within)} within the seed spread)'
     return text, 'holds' if all(g > 0 for g, _ in gaps.values()) else 'in part'
+
 
 # %% ../nbs/25_claims.ipynb #e38ed1d0
 def _deberta_ablation(root):
-    base = eval_loss(root, 'deberta')
-    d = {lab: eval_loss(root, run) - base for lab, run in (('−C2P', 'deberta-noc2p'), ('−P2C', 'deberta-nop2c'), ('−EMD', 'deberta-noemd'))}
-    small = min(d, key=d.get)
-    verdict = 'holds' if min(d.values()) > 0.02 else 'in part' if min(d.values()) > 0 else 'does not hold'
-    return (f"loss {base:.3f}; " + ', '.join(f'{k} {v:+.3f}' for k, v in d.items()) +
-            (f'; {small} within what seeds move (±0.02)' if d[small] <= 0.02 else ''), verdict)
+    runs = {'−C2P': 'deberta-noc2p', '−P2C': 'deberta-nop2c', '−EMD': 'deberta-noemd'}
+    s = {n: study_loss(root, n) for n in ('deberta', *runs.values())}
+    spread = _spread(s)
+    d = {lab: s[run]['mean'] - s['deberta']['mean'] for lab, run in runs.items()}
+    clear = [lab for lab, g in d.items() if g > (spread or 0.0)]
+    verdict = 'holds' if len(clear) == len(d) else 'in part' if any(g > 0 for g in d.values()) else 'does not hold'
+    text = f"loss deberta {_losses_text({'deberta': s['deberta']})}; " + ', '.join(f'{k} {v:+.3f}' for k, v in d.items())
+    if within := [lab for lab, g in d.items() if g > 0 and lab not in clear]:
+        text += f"; {', '.join(within)} within the seed spread ±{spread:.3f}"
+    return text + ('; the ablations have one seed' if spread is None else ''), verdict
 
 def _deberta_best(root):
     names = ('learned', 'sinusoidal', 'none', 't5', 'shaw', 'huang4', 'tupe-a', 'tupe-r')
-    e = {n: eval_loss(root, n) for n in names}
-    runner = min(e, key=e.get)
-    d = eval_loss(root, 'deberta')
-    return _with_downstream(root, f'loss deberta {d:.3f}, learned {e["learned"]:.3f}; best of the other 2018–2021 encodings: {runner} {e[runner]:.3f}',
-                            'holds' if d < min(e.values()) else 'in part' if d < e['learned'] else 'does not hold', ('deberta', 'learned'))
+    s = {n: study_loss(root, n) for n in names}
+    runner = min(s, key=lambda n: s[n]['mean'])
+    d = study_loss(root, 'deberta')
+    note, verdict = _ordered({'deberta': d, runner: s[runner], 'learned': s['learned']},
+                             ('deberta', runner) if runner != 'learned' else ('deberta', 'learned'))
+    if verdict != 'holds' and d['mean'] < s['learned']['mean']:
+        verdict = 'in part'
+    text = (f"loss {_losses_text({'deberta': d, 'learned': s['learned']})}; best of the other 2018–2021 encodings: "
+            f"{runner} {s[runner]['mean']:.3f}{note}")
+    return _with_downstream(root, text, verdict, ('deberta', 'learned'))
+
 
 # %% ../nbs/25_claims.ipynb #59db4d80
 def _huang_order(root):
-    e = {n: eval_loss(root, n) for n in ('huang4', 'shaw', 'learned')}
-    verdict = 'holds' if e['huang4'] < e['shaw'] < e['learned'] else 'in part' if e['huang4'] < e['learned'] else 'does not hold'
-    return _with_downstream(root, f"loss huang4 {e['huang4']:.3f}, shaw {e['shaw']:.3f}, learned {e['learned']:.3f}", verdict,
-                            ('huang4', 'shaw', 'learned'))
+    s = {n: study_loss(root, n) for n in ('huang4', 'shaw', 'learned')}
+    note, verdict = _ordered(s, ('huang4', 'shaw', 'learned'))
+    return _with_downstream(root, f'loss {_losses_text(s)}{note}', verdict, ('huang4', 'shaw', 'learned'))
+
+def _longer(root, entry: str) -> tuple[int, int, float | None]:
+    "Training length n, the longest length measured, and the loss change from n to it (None where it cannot run)."
+    n, at = loss_at(root, entry)
+    long = max(at)
+    return n, long, None if at[long] is None or at[n] is None else at[long] - at[n]
 
 def _huang_long(root):
-    h, s, l = loss_at(root, 'huang4'), loss_at(root, 'sinusoidal'), loss_at(root, 'learned')
-    dh, ds = h[1024] - h[128], s[1024] - s[128]
-    past = 'cannot run 1024 tokens (512 rows)' if l.get(1024) is None else f'{l[1024] - l[128]:+.3f}'
-    return (f'loss from 128 to 1,024 tokens (trained at 128): huang4 {dh:+.3f}, sinusoidal {ds:+.3f}; learned {past}',
+    n, long, dh = _longer(root, 'huang4')
+    ds, dl = _longer(root, 'sinusoidal')[2], _longer(root, 'learned')[2]
+    past = f'cannot run {long} tokens' if dl is None else f'{dl:+.3f}'
+    return (f'loss from {n} to {long:,} tokens (trained at {n}): huang4 {dh:+.3f}, sinusoidal {ds:+.3f}; learned {past}',
             'holds' if dh < ds else 'does not hold')
 
 def _huang_dropin(root):
     p, h = (_json(root, 'minilm', r, 'summary.json')['test']['accuracy'] for r in ('plain', 'huang4'))
     d = h['mean'] - p['mean']
-    return (f"real MiniLM on sentiment, 3 seeds: {p['mean']:.4f} ± {p['std']:.4f} plain, {h['mean']:.4f} ± {h['std']:.4f} with the "
-            f"zero-initialised method 4 ({_pts(d)}); at lr 5e-5 for one epoch the added tables stay near zero",
-            'holds' if d > (p['std'] or 0) else 'does not hold')
+    return (f"real MiniLM on sentiment, 3 seeds: {p['mean']:.4f} ± {p['std']:.4f} plain, {h['mean']:.4f} ± "
+            f"{h['std']:.4f} with the zero-initialised method 4 ({_pts(d)}); at lr 5e-5 for one epoch the added tables "
+            f"stay near zero", 'holds' if d > (p['std'] or 0) else 'does not hold')
+
 
 # %% ../nbs/25_claims.ipynb #08a3aa96
 def _vit(root, run): return _json(root, 'vit', run, 'summary.json')
@@ -191,16 +274,17 @@ def _vit_bicubic(root):
 
 # %% ../nbs/25_claims.ipynb #e57eea6f
 def _alibi_long(root):
-    a, r = loss_at(root, 'alibi'), loss_at(root, 'rope')
-    return (f'loss from 128 to 1,024 tokens (trained at 128): alibi {a[128]:.3f} → {a[1024]:.3f}, rope {r[128]:.3f} → {r[1024]:.3f}',
-            'holds' if a[1024] - a[128] < 0.05 and a[1024] - a[128] < r[1024] - r[128] else 'does not hold')
+    n, long, da = _longer(root, 'alibi')
+    dr = _longer(root, 'rope')[2]
+    return (f'loss change from {n} to {long:,} tokens (trained at {n}): alibi {da:+.3f}, rope {dr:+.3f}',
+            'holds' if da < 0.05 and da < dr else 'does not hold')
 
 def _beats_bow(root):
     m = _json(root, 'minilm', 'plain', 'summary.json')
     bow, acc = m['baselines']['bow']['accuracy'], m['test']['accuracy']['mean']
     ref = Path(root, 'compare', 'reference', 'results.json')
     pes = _json(root, 'compare', 'reference', 'results.json')['encodings'] if ref.is_file() else []
-    if ref_acc := {pe: d for pe in pes if (d := downstream(root, pe))}:   # the reference study: mean over seeds
+    if ref_acc := {pe: d for pe in pes if (d := downstream(root, pe, study='reference'))}:   # the reference study: mean over seeds
         pe = max(ref_acc, key=lambda n: ref_acc[n]['mean'])
         ours, where = (ref_acc[pe]['mean'], pe), f"reference compare, best of {len(ref_acc)} encodings, mean of {ref_acc[pe]['n']} seeds ± {ref_acc[pe]['std']:.4f}"
     else:
