@@ -124,7 +124,7 @@ def _bound(s: str) -> float:   # '0.5', '4', '2**32'
     return float(base) ** float(exp or 1)
 
 def obeys(v, rule) -> bool:
-    "Whether `v` keeps `rule`: a tuple of allowed values, '≥ a', '> a', or an interval 'in [a, b)' (any brackets)."
+    "Whether `v` keeps `rule`: a tuple of allowed values, '≥ a', '> a', or an interval 'in [a, b)'."
     if isinstance(rule, tuple):
         return v in rule
     if rule.startswith('in '):
@@ -138,17 +138,19 @@ def check_rules(cfg):
     for name, rule in cfg.rules.items():
         v = getattr(cfg, name)
         if not obeys(v, rule):
-            raise ValueError(f'{name} must be {f"one of {rule}" if isinstance(rule, tuple) else rule}; got {v!r}')
+            what = f'one of {rule}' if isinstance(rule, tuple) else rule
+            raise ValueError(f'{name} must be {what}; got {v!r}')
 
 # %% ../nbs/11a_loop.ipynb #70706373
 def make_config(cls, presets: dict, preset: str, overrides: dict, what: str, keep_none: tuple = ()):
-    "`cls` from `presets[preset]` and `overrides` (`None`: not given, except for `keep_none`), names, types, rules checked."
+    "`cls` from `presets[preset]` and `overrides` (`None`: not given, except for `keep_none`), checked."
     if preset not in presets:
         raise ValueError(f'unknown preset {preset!r}; valid: {", ".join(presets)}')
     names = sorted(f.name for f in fields(cls))
     if bad := sorted(set(overrides) - set(names)):
         raise ValueError(f'unknown {what} option(s) {bad}; valid: {names}')
-    cfg = cls(**{**presets[preset], **{k: v for k, v in overrides.items() if v is not None or k in keep_none}})
+    given = {k: v for k, v in overrides.items() if v is not None or k in keep_none}
+    cfg = cls(**{**presets[preset], **given})
     check_field_types(cfg)    # types first: `steps='10'` names the option, not a comparison deep inside
     check_rules(cfg)
     return cfg

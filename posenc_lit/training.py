@@ -23,7 +23,7 @@ __all__ = ['PRESETS', 'TrainConfig', 'model_config', 'make_train_config', 'micro
 # %% ../nbs/12_training.ipynb #6eb4edc2
 @dataclass(kw_only=True)
 class TrainConfig(RunConfig):
-    "Everything a pretraining run depends on (and `RunConfig`'s options); saved as `config.json` in the run directory."
+    "Everything a pretraining run depends on (and `RunConfig`'s options); saved as the run's `config.json`."
     pe: str = 'learned'             # position encoding (see `posenc_lit encodings`)
     pe_kwargs: dict = field(default_factory=dict)
     data: str = 'default'           # corpus: 'default' (embedded), a local folder, or a hub dataset name
@@ -39,7 +39,7 @@ class TrainConfig(RunConfig):
     max_position_embeddings: int = 512   # rows of a learned position table
     emd_steps: int = 0              # Enhanced Mask Decoder passes for the MLM head (DeBERTa: 2); 0 = off
     eval_every: int = 250           # steps between evaluations (and at the end)
-    eval_blocks: int = 512          # validation blocks evaluated (a fixed subset; 0 or more than there are: all)
+    eval_blocks: int = 512          # validation blocks evaluated (a fixed subset; 0 or too many: all)
     save_every: int = 500           # steps between checkpoints (and at the end)
     rules: ClassVar[dict] = RunConfig.rules | {
         'seq_len': '≥ 1', 'grad_accum': '≥ 1', 'steps': '≥ 1', 'eval_every': '≥ 1', 'save_every': '≥ 1',
@@ -72,7 +72,7 @@ def make_train_config(preset: str = 'quick', **overrides) -> TrainConfig:
     get_encoding(cfg.pe)
     if not cfg.data.strip():
         raise ValueError("data must not be empty: 'default', a local folder, or a hub dataset name")
-    model_config(cfg, len(SPECIAL_TOKENS) + 1)   # the model's options too (heads, encoding), before any data is read
+    model_config(cfg, len(SPECIAL_TOKENS) + 1)   # the model's options, before any data is read
     return cfg
 
 # %% ../nbs/12_training.ipynb #0cd7dade
@@ -225,8 +225,8 @@ def pretrain(cfg: TrainConfig,          # what to train (see `PRESETS`, `make_tr
     d = _setup(cfg, acc.num_processes)
     loop = _mlm_loop(cfg, out, acc, d, *_model(cfg, acc, d))
     if cfg.eval_blocks > len(d['ev_in']) and acc.is_main_process:   # stderr: stdout carries the summary
-        print(f"note: eval_blocks={cfg.eval_blocks} is more than the {len(d['ev_in'])} validation blocks: all "
-              'are evaluated', file=sys.stderr)
+        print(f"note: eval_blocks={cfg.eval_blocks} is more than the {len(d['ev_in'])} validation blocks: "
+              'all are evaluated', file=sys.stderr)
     replace_if_asked(acc, out, overwrite)
     with SignalStop() as stop:
         state = _start(cfg, out, acc, state)
