@@ -57,7 +57,8 @@ def _refuse(what): raise CheckpointError(f'{what}: posenc_lit cannot load this c
 
 _HF_INTS = ('vocab_size', 'hidden_size', 'num_hidden_layers', 'num_attention_heads', 'intermediate_size', 'max_position_embeddings')
 _HF_OPTIONAL = {'type_vocab_size': int, 'pad_token_id': int, 'max_relative_positions': int, 'position_buckets': int,
-                'hidden_dropout_prob': float, 'attention_probs_dropout_prob': float, 'layer_norm_eps': float, 'initializer_range': float}
+                'hidden_dropout_prob': float, 'attention_probs_dropout_prob': float, 'layer_norm_eps': float, 'initializer_range': float,
+                'conv_kernel_size': int, 'conv_groups': int}
 _HF_NULLABLE = ('pad_token_id', 'max_relative_positions', 'position_buckets')   # null means "none" in transformers too
 
 def _check_hf_fields(hf: dict):  # the numbers we read: required ones present, every one an int (not a bool) or a finite number
@@ -80,7 +81,7 @@ def _common_config(hf: dict) -> dict:
 
 # %% ../nbs/14_hf.ipynb #2e97aafd
 def _deberta_pe(hf: dict) -> dict:
-    for key, ok in (('conv_kernel_size', lambda v: not v), ('embedding_size', lambda v: v in (None, hf['hidden_size'])),
+    for key, ok in (('embedding_size', lambda v: v in (None, hf['hidden_size'])),
                     ('attention_head_size', lambda v: v in (None, hf['hidden_size'] // hf['num_attention_heads']))):
         if not ok(hf.get(key)): _refuse(f'{key}={hf[key]!r}')
     rel, absolute = hf.get('relative_attention', False), hf.get('position_biased_input', True)
@@ -99,6 +100,12 @@ def _deberta_pe(hf: dict) -> dict:
     kw = {'k': k if k >= 1 else hf['max_position_embeddings'], 'position_buckets': max(hf.get('position_buckets') or -1, 0),
           'pos_att_type': types, 'share_att_key': bool(hf.get('share_att_key', False)), 'norm_rel_ebd': 'layer_norm' in norm}
     return {'pe': 'deberta', 'pe_kwargs': kw}
+
+def _deberta_conv(hf: dict) -> dict:  # xlarge's convolution beside the first layer; ModelConfig checks its values
+    k = hf.get('conv_kernel_size') or 0
+    if k <= 0:                        # transformers builds no ConvLayer either
+        return {}
+    return {'conv_kernel_size': k, 'conv_groups': hf.get('conv_groups', 1), 'conv_act': hf.get('conv_act', 'tanh')}
 
 # %% ../nbs/14_hf.ipynb #e1f52a93
 def hf_to_config(hf: dict, # the parsed `config.json`
@@ -119,6 +126,7 @@ def _hf_to_config(hf):
         cfg['pe'] = 'learned'
     else:
         cfg.update(_deberta_pe(hf), type_vocab_size=hf.get('type_vocab_size', 0), layer_norm_eps=hf.get('layer_norm_eps', 1e-7))
+        cfg.update(_deberta_conv(hf))
     try: return ModelConfig(**cfg)
     except (TypeError, ValueError) as e: raise CheckpointError(f'does not make a valid ModelConfig: {e}') from None
 
@@ -144,6 +152,8 @@ _BODY = [  # (ours, BERT, DeBERTa-v2) as regular expressions with the same group
     (rf'pe\.rel_norm\.{_W}', None, rf'encoder\.LayerNorm\.{_W}'),
     (rf'pe\.pos_key_proj\.(?P<l>\d+)\.{_W}', None, rf'{_LAYER}attention\.self\.pos_key_proj\.{_W}'),
     (rf'pe\.pos_query_proj\.(?P<l>\d+)\.{_W}', None, rf'{_LAYER}attention\.self\.pos_query_proj\.{_W}'),
+    (rf'conv\.conv\.{_W}', None, rf'encoder\.conv\.conv\.{_W}'),
+    (rf'conv\.ln\.{_W}', None, rf'encoder\.conv\.LayerNorm\.{_W}'),
     (rf'layers\.(?P<l>\d+)\.attn\.q_proj\.{_W}', rf'{_LAYER}attention\.self\.query\.{_W}', rf'{_LAYER}attention\.self\.query_proj\.{_W}'),
     (rf'layers\.(?P<l>\d+)\.attn\.k_proj\.{_W}', rf'{_LAYER}attention\.self\.key\.{_W}', rf'{_LAYER}attention\.self\.key_proj\.{_W}'),
     (rf'layers\.(?P<l>\d+)\.attn\.v_proj\.{_W}', rf'{_LAYER}attention\.self\.value\.{_W}', rf'{_LAYER}attention\.self\.value_proj\.{_W}'),

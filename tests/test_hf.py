@@ -171,6 +171,53 @@ def test_deberta_v2_mlm_logits_match(tmp_path, legacy):
     assert diffs(out[real], ref[real], f'DeBERTa-v2 MLM logits, legacy={legacy}') <= TOL
 
 
+CONV = {  # DeBERTa-v2 xlarge's convolution beside the first layer: transformers' default tanh, xlarge's GELU, groups
+    'tanh': {'conv_kernel_size': 3},
+    'gelu': {'conv_kernel_size': 3, 'conv_act': 'gelu', 'position_buckets': 8, 'share_att_key': True, 'norm_rel_ebd': 'layer_norm'},
+    'k5-groups': {'conv_kernel_size': 5, 'conv_groups': 4, 'type_vocab_size': 2},
+}
+
+
+@pytest.mark.parametrize('name', list(CONV))
+def test_deberta_v2_conv_matches_transformers(tmp_path, name):
+    "A DeBERTa-v2 with `conv_kernel_size` (random weights, fixed seed) loads with its convolution: the same hidden states, padded batch."
+    torch.manual_seed(0)
+    theirs = randomize(DebertaV2Model(deberta_config(**CONV[name])))
+    assert theirs.encoder.conv is not None
+    theirs.save_pretrained(tmp_path)
+    ours = from_hf(tmp_path)
+    assert ours.conv is not None and ours.cfg.conv_act == CONV[name].get('conv_act', 'tanh')
+    ids, mask = padded_ids(60)                                                   # rows of 40, 31 and 9 real tokens
+    tt = torch.randint(0, 2, ids.shape) if theirs.config.type_vocab_size else None
+    real = mask.bool()
+    with torch.no_grad():
+        ref = theirs(ids, attention_mask=mask, token_type_ids=tt).last_hidden_state
+        out = ours(ids, attention_mask=mask, token_type_ids=tt)['hidden_states']
+        assert diffs(out[real], ref[real], f'DeBERTa-v2 with the convolution, {name} {CONV[name]}') <= TOL
+        ours.conv = None                                                         # the check can fail: without it
+        assert (ours(ids, attention_mask=mask, token_type_ids=tt)['hidden_states'] - ref)[real].abs().max() > 0.1
+
+
+def test_tokenizer_output_runs_a_model_without_segments(minilm, tmp_path):
+    "`model(**tokenizer(texts))`: the tokenizer's all-zero token_type_ids on a model without segment embeddings, as in transformers."
+    torch.manual_seed(0)
+    theirs = randomize(DebertaV2Model(deberta_config(vocab_size=30522)))        # type_vocab_size=0, MiniLM's vocabulary size
+    theirs.save_pretrained(tmp_path)
+    ours = from_hf(tmp_path)
+    batch = AutoTokenizer.from_pretrained(minilm)(real_texts()[:4], padding=True, return_tensors='pt')
+    assert set(batch) == {'input_ids', 'token_type_ids', 'attention_mask'} and not batch['token_type_ids'].any()
+    real = batch['attention_mask'].bool()
+    with torch.no_grad():
+        out = ours(**batch)['hidden_states']
+        assert torch.equal(out, ours(batch['input_ids'], attention_mask=batch['attention_mask'])['hidden_states'])
+        ref = theirs(**batch).last_hidden_state
+    assert diffs(out[real], ref[real], 'DeBERTa-v2 (no segments) on a tokenizer batch') <= TOL
+    two = {**batch, 'token_type_ids': batch['token_type_ids'].clone()}
+    two['token_type_ids'][0, 3:] = 1                                             # a second segment: the model has no table for it
+    with pytest.raises(ValueError, match=r'segment ids 0\.\.1 but the model has no segment embeddings \(type_vocab_size=0\)'):
+        ours(**two)
+
+
 def bert_mlm(tmp_path, save='safetensors'):
     torch.manual_seed(0)
     theirs = randomize(BertForMaskedLM(BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -248,7 +295,10 @@ def test_untied_decoder_and_position_ids(tmp_path):
     ({'model_type': 'roberta'}, "model_type='roberta' (supported: bert, deberta-v2)"),
     ({'hidden_act': 'gelu_new'}, "hidden_act='gelu_new'"),
     ({'position_biased_input': True}, 'relative_attention and position_biased_input together'),
-    ({'conv_kernel_size': 3}, 'conv_kernel_size=3'),
+    ({'conv_kernel_size': 2}, 'conv_kernel_size must be 0 (no convolution) or odd'),
+    ({'conv_kernel_size': 3, 'conv_act': 'relu'}, 'conv_act must be one of'),
+    ({'conv_kernel_size': 3, 'conv_groups': 5}, 'conv_groups must be a positive divisor of d_model=32'),
+    ({'conv_kernel_size': '3'}, "conv_kernel_size must be an integer; got '3'"),
     ({'embedding_size': 16}, 'embedding_size=16'),
     ({'pos_att_type': 'c2p|p2p'}, "pos_att_type='c2p|p2p'"),
     ({'relative_attention': False, 'position_biased_input': True}, 'without relative_attention'),
