@@ -315,13 +315,22 @@ CLAIMS = [
 ]
 
 # %% ../nbs/25_claims.ipynb #684f1c68
+def _under(f, root) -> str:
+    "The path `f` relative to the results folder `root` (as given or resolved), for a message that reads the same anywhere."
+    for base in (Path(root), Path(root).resolve()):
+        try:
+            return str(Path(f).relative_to(base))
+        except ValueError:
+            pass
+    return str(f)
+
 def claims(root='results') -> list[dict]:
     "One row per entry of `CLAIMS`: paper, claim, what we measured (from the JSON under `root`) and the verdict; a missing result gives 'not measured yet'."
     if not Path(root).is_dir(): raise FileNotFoundError(f'no results folder {root}: pass the folder the tools write into (results/)')
     rows = []
     for paper, claim, measure in CLAIMS:
         try: ours, verdict = measure(Path(root))
-        except FileNotFoundError as e: ours, verdict = f'no committed result ({Path(e.filename).relative_to(Path(root).resolve()) if Path(e.filename).is_absolute() else e.filename})', 'not measured yet'
+        except FileNotFoundError as e: ours, verdict = f'no committed result ({_under(e.filename, root)})', 'not measured yet'
         except (ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
             raise ValueError(f'claim "{claim}" ({paper}): the results under {root} are not as the tools write them: {type(e).__name__}: {e}') from None
         assert verdict in VERDICTS, verdict
