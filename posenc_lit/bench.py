@@ -22,9 +22,9 @@ from .alibi import ALiBi
 from .rope import RoPE
 
 # %% auto #0
-__all__ = ['TARGETS', 'TARGET_SIZE', 'RESULTS', 'allocator', 'peak_memory', 'time_interleaved', 'Case', 'core_attention',
-           'naive_attention', 'term_cases', 'hf_cases', 'model_throughput', 'bench', 'bench_ratios', 'bench_targets',
-           'format_bench', 'plot_bench', 'load_bench', 'write_bench']
+__all__ = ['TARGETS', 'TARGET_SIZE', 'BENCH_METRICS', 'RESULTS', 'allocator', 'peak_memory', 'time_interleaved', 'Case',
+           'core_attention', 'naive_attention', 'term_cases', 'hf_cases', 'model_throughput', 'bench', 'bench_ratios',
+           'bench_targets', 'format_bench', 'plot_bench', 'load_bench', 'write_bench']
 
 # %% ../nbs/24_bench.ipynb #204e5a59
 def allocator() -> str:
@@ -396,26 +396,56 @@ def format_bench(res: dict) -> str:
     return '\n'.join(lines)
 
 # %% ../nbs/24_bench.ipynb #548c72aa
-def plot_bench(res: dict, axes=None):
-    "Time and peak extra memory of each core-level case against L (log-log): ours solid, compiled dotted, naive dashed, floor black."
-    if axes is None: _, axes = plt.subplots(1, 2, figsize=(14, 4.8), layout='tight')
-    styles, cases = {'ours': '-', 'compiled': ':', 'naive': '--', 'sdpa': '-'}, []
-    for r in res['rows']:
-        if r['case'] not in cases and r['case'] not in ('deberta', 't5-module'): cases.append(r['case'])
-    for i, case in enumerate(cases):
-        for v, ls in styles.items():
-            rs = sorted((r for r in res['rows'] if r['case'] == case and r['variant'] == v), key=lambda r: r['L'])
-            if not rs: continue
-            kw = dict(ls=ls, color='k' if case == 'floor' else f'C{i}', label=f'{case} {v}' if v != 'sdpa' else 'floor (SDPA)')
-            axes[0].plot([r['L'] for r in rs], [r['time_s'] * 1e3 / r['b'] for r in rs], **kw)
-            axes[1].plot([r['L'] for r in rs], [r['peak_bytes'] / 2**20 / r['b'] for r in rs], **kw)
+BENCH_METRICS = {'time': ('time per sequence (ms)', lambda r: r['time_s'] * 1e3 / r['b']),
+                 'memory': ('peak extra memory per sequence (MiB)',
+                            lambda r: r['peak_bytes'] / 2**20 / r['b'])}
+_VARIANT_STYLE = {'ours': dict(ls='-', color='C0', marker='o'),
+                  'compiled': dict(ls=':', color='C1', marker='s'),
+                  'naive': dict(ls='--', color='C3', marker='^'),
+                  'sdpa-mask': dict(ls='-.', color='C2', marker='v')}
+
+def _bench_series(res, case, variant, key):
+    "(L, value) of one case and variant of `res`, sorted by L."
+    rs = [r for r in res['rows'] if r['case'] == case and r['variant'] == variant]
+    rs = sorted(rs, key=lambda r: r['L'])
+    return [r['L'] for r in rs], [key(r) for r in rs]
+
+def plot_bench(res: dict,            # a run of `bench` (or `load_bench`)
+               metric: str = 'time', # 'time' (ms per sequence) or 'memory' (peak extra MiB per sequence)
+               ncols: int = 4):      # panels per row
+    "A figure of small multiples: a log-log panel per core-level case, `metric` against L, the floor in each."
+    if metric not in BENCH_METRICS:
+        raise ValueError(f'metric must be one of {sorted(BENCH_METRICS)}, not {metric!r}')
+    label, key = BENCH_METRICS[metric]
+    skip = ('floor', 'deberta', 't5-module')   # the floor is in every panel; DeBERTa and T5 modules: vs HF
+    cases = list(dict.fromkeys(r['case'] for r in res['rows'] if r['case'] not in skip))
+    nrows = -(-(len(cases) + 1) // ncols)                        # one more panel for the legend
+    fig, axs = plt.subplots(nrows, ncols, figsize=(2.6 * ncols, 2.3 * nrows + 0.5), sharex=True, sharey=True,
+                            squeeze=False, layout='constrained')
+    floor = _bench_series(res, 'floor', 'sdpa', key)
+    for ax, case in zip(axs.flat, cases):
+        ax.plot(*floor, color='0.55', lw=2.5, label='floor: fused SDPA, no position term')
+        for v, style in _VARIANT_STYLE.items():
+            Ls, ys = _bench_series(res, case, v, key)
+            if Ls:
+                ax.plot(Ls, ys, ms=3.5, label=v, **style)
+        ax.set_title(case, fontsize=10)
     Ls = sorted({r['L'] for r in res['rows']})
-    for ax, what in zip(axes, ('time per sequence (ms): step time / b', 'peak extra memory per sequence (MiB)')):
-        ax.set(xscale='log', yscale='log', xlabel='sequence length L', ylabel=what)
-        ax.set_xticks(Ls, [str(L) for L in Ls]); ax.minorticks_off()
-    axes[1].legend(fontsize=7, ncol=2, loc='upper left', bbox_to_anchor=(1.02, 1.0))
-    axes[0].figure.suptitle(_header(res).split(';')[0] + ' (DeBERTa and T5 against transformers: in the table)', fontsize=9)
-    return axes
+    for ax in axs.flat:
+        ax.set(xscale='log', yscale='log')
+        ax.set_xticks(Ls, [str(L) for L in Ls])
+        ax.minorticks_off()
+    for ax in axs[-1]:
+        ax.set_xlabel('sequence length L')
+    for ax in axs[:, 0]:
+        ax.set_ylabel(label)
+    handles = {h.get_label(): h for ax in axs.flat for h in ax.get_lines()}
+    for ax in axs.flat[len(cases):]:
+        ax.axis('off')
+    axs.flat[len(cases)].legend(handles.values(), handles.keys(), loc='center', fontsize=8, frameon=False)
+    fig.suptitle(f"{label}, forward+backward: {_header(res).split(';')[0]}", fontsize=9)
+    return fig
+
 
 # %% ../nbs/24_bench.ipynb #7695fda0
 RESULTS = Path(__file__).resolve().parent.parent / 'results' / 'bench' if '__file__' in globals() else Path('../results/bench')
@@ -427,10 +457,13 @@ def load_bench(folder=None) -> dict | None:
 
 # %% ../nbs/24_bench.ipynb #1603d323
 def write_bench(res: dict, out) -> Path:
-    "Write `bench.json`, `bench.md` (the table of `format_bench`) and `bench.png` (`plot_bench`) to `out`; returns the folder."
+    "Write `bench.json`, `bench.md` (`format_bench`), `bench.png` and `bench_memory.png` (`plot_bench`)."
     out = Path(out); out.mkdir(parents=True, exist_ok=True)
     write_json(out / 'bench.json', res, indent=1)
     atomic_write(out / 'bench.md', lambda t: Path(t).write_text(format_bench(res) + '\n'))
-    fig, axes = plt.subplots(1, 2, figsize=(14, 4.8)); plot_bench(res, axes); fig.tight_layout()
-    atomic_write(out / 'bench.png', lambda t: fig.savefig(t, dpi=100, format='png')); plt.close(fig)
+    for metric, name in (('time', 'bench.png'), ('memory', 'bench_memory.png')):
+        fig = plot_bench(res, metric)
+        atomic_write(out / name, lambda t: fig.savefig(t, dpi=100, format='png'))
+        plt.close(fig)
     return out
+

@@ -26,7 +26,7 @@ def quick(tmp_path_factory):
 
 def test_quick_run_writes_every_variant(quick):
     out, p = quick
-    assert {f.name for f in out.iterdir()} >= {'bench.json', 'bench.md', 'bench.png'}
+    assert {f.name for f in out.iterdir()} >= {'bench.json', 'bench.md', 'bench.png', 'bench_memory.png'}
     res = json.loads((out / 'bench.json').read_text())
     assert res['env']['allocator'] and res['config']['lengths'] == [32, 64] and res['config']['flush_denormal'] is True
     assert 'subnormals flushed to zero' in format_bench(res).splitlines()[0]
