@@ -401,3 +401,171 @@ def test_screenshots(visits):
         png = f['shot'].read_bytes()
         assert png[:8] == b'\x89PNG\r\n\x1a\n' and len(png) > 20_000, f"{f['shot']}: not a real screenshot"
         assert f['sidebar'] and f['sidebarBox'][0] > 100, f'{page}: no sidebar in the screenshot'
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Reading surface (issue 28): the implementation beside its equation, code that fits the column, readable search
+# results, equation numbers a phone can reach. These pages are read at 1400 px (and 390 px for the phone).
+
+READ_PAGES = ('03_relative.html', '05_tupe.html', '06_deberta.html')   # the relative, TUPE and DeBERTa pages
+SHOWN_WIDTH = 92   # characters per line of the shown (`#| exports`) source: what the column holds without wrapping
+
+CODE_BLOCKS = r'''(async () => {
+  await document.fonts.ready;
+  const main = document.querySelector('main');
+  const visible = e => { const r = e.getBoundingClientRect(); return r.width > 0 && r.height > 0 && e.offsetParent !== null
+                         && getComputedStyle(e).visibility !== 'hidden'; };
+  const blocks = [...main.querySelectorAll('pre')].map(p => {
+    const keep = p.style.whiteSpace, code = p.querySelector('code');
+    const keepCode = code ? code.style.whiteSpace : null;
+    const wrapped = p.scrollWidth > p.clientWidth + 1;
+    // the same block unwrapped: does its longest line fit the column as it is?
+    p.style.whiteSpace = 'pre'; if (code) code.style.whiteSpace = 'pre';
+    const unwrapped = p.scrollWidth > p.clientWidth + 1;
+    p.style.whiteSpace = keep; if (code) code.style.whiteSpace = keepCode;
+    return {text: p.textContent, visible: visible(p), overflows: wrapped, overflowsUnwrapped: unwrapped,
+            sw: p.scrollWidth, cw: p.clientWidth};
+  });
+  return {width: innerWidth, column: main.clientWidth, blocks};
+})()'''
+
+# WCAG 2 contrast of an element's text against what is painted behind it (alpha composited over the ancestors)
+CONTRAST = r'''
+function rgba(s) { const m = s.match(/[\d.]+/g) || [0, 0, 0, 0]; return m.map(Number).concat([1]).slice(0, 4); }
+function over(top, under) { const a = top[3]; return [0, 1, 2].map(i => top[i] * a + under[i] * (1 - a)).concat([1]); }
+function background(e) {
+  const layers = [];
+  for (; e; e = e.parentElement) { const c = rgba(getComputedStyle(e).backgroundColor); if (c[3] > 0) layers.push(c); if (c[3] >= 1) break; }
+  return layers.reverse().reduce((under, top) => over(top, under), [255, 255, 255, 1]);
+}
+function lum(c) { const f = v => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; };
+                  return 0.2126 * f(c[0]) + 0.7152 * f(c[1]) + 0.0722 * f(c[2]); }
+function contrast(e) {
+  const bg = background(e), fg = over(rgba(getComputedStyle(e).color), bg);
+  const [a, b] = [lum(fg), lum(bg)].sort((x, y) => y - x);
+  return (a + 0.05) / (b + 0.05);
+}'''
+
+SEARCH = CONTRAST + r'''
+(async () => {
+  const input = document.querySelector('.smalldocs-search input, #quarto-search input');
+  if (!input) return {error: 'no search box'};
+  input.focus(); input.value = 'relative';
+  input.dispatchEvent(new Event('input', {bubbles: true}));
+  for (let t = 0; t < 50 && !document.querySelector('.search-result'); t++) await new Promise(r => setTimeout(r, 100));
+  const parts = [...document.querySelectorAll('.search-result-title, .search-result-section, .search-result-text, .search-result mark')];
+  const out = parts.filter(e => e.textContent.trim()).map(e => ({part: e.className || e.tagName.toLowerCase(),
+                                                                 text: e.textContent.trim().slice(0, 40), ratio: contrast(e)}));
+  input.value = ''; input.dispatchEvent(new Event('input', {bubbles: true})); input.blur();
+  return {results: document.querySelectorAll('.search-result').length, parts: out};
+})()'''
+
+PHONE = r'''(async () => {
+  await document.fonts.ready;
+  const out = [];
+  for (const m of document.querySelectorAll('main span.math.display')) {
+    // the text of an equation number, "(eq. 4)" or "(4)", is inside the rendered maths
+    const nums = [...m.querySelectorAll('.katex-html *')].filter(e => !e.children.length && /^\((?:eq\.\s*)?[\d.–\-]+\)$/.test(e.textContent.trim())
+                                                                    || e.classList.contains('tag'));
+    if (!nums.length) continue;
+    const num = nums[nums.length - 1].getBoundingClientRect();
+    // the nearest box that scrolls sideways, if any; and any ancestor that cuts content off without scrolling
+    let scroller = null, clipped = null;
+    for (let e = nums[nums.length - 1].parentElement; e && e !== document.body; e = e.parentElement) {
+      const ox = getComputedStyle(e).overflowX, r = e.getBoundingClientRect();
+      if (!scroller && /auto|scroll/.test(ox)) scroller = e;
+      if (!scroller && /hidden|clip/.test(ox) && num.right > r.right + 1) clipped = e.tagName.toLowerCase() + '.' + e.className;
+    }
+    const reach = scroller ? scroller.getBoundingClientRect().left - scroller.scrollLeft + scroller.scrollWidth : innerWidth;
+    out.push({text: nums[nums.length - 1].textContent.trim(), right: num.right, reach, clipped,
+              inWindow: num.right <= innerWidth + 1 || !!scroller});
+  }
+  return {width: innerWidth, pageWidth: document.documentElement.scrollWidth, numbers: out};
+})()'''
+
+
+def _visit(cdp, sid, url, script, width):
+    cdp.call('Emulation.setDeviceMetricsOverride', sid, width=width, height=1000, deviceScaleFactor=1, mobile=width < 600)
+    try:
+        cdp.call('Page.navigate', sid, url=url)
+        cdp.wait_for('Page.loadEventFired', sid, timeout=60)
+        cdp.events.clear()
+        return cdp.evaluate(sid, script)
+    finally:
+        cdp.call('Emulation.setDeviceMetricsOverride', sid, width=1280, height=1000, deviceScaleFactor=1, mobile=False)
+
+
+@pytest.fixture(scope='session')
+def code_blocks(site, server, browser):
+    "{page: its code blocks at 1400 px} for the relative, TUPE and DeBERTa pages."
+    cdp, sid = browser
+    return {p: _visit(cdp, sid, f'{server}/{p}', CODE_BLOCKS, 1400) for p in READ_PAGES}
+
+
+def _shown_cells(page):
+    "Source lines of the `#| exports` cells of the notebook of `page`, without the directive, as nbdev shows them."
+    nb = json.loads((NBS / page.replace('.html', '.ipynb')).read_text(encoding='utf-8'))
+    cells = [''.join(c['source']) for c in nb['cells'] if c['cell_type'] == 'code']
+    return [[l for l in c.splitlines()[1:]] for c in cells if c.splitlines()[:1] == ['#| exports']]
+
+
+def _body_lines(lines):
+    "Lines of a cell's function bodies: the `return` lines and other statements after a `def` line (not its signature)."
+    out = []
+    for l in lines:
+        code = l.split('  #')[0].rstrip()
+        if re.match(r'\s+return\b\s*\S', code) and len(code.strip()) > 12: out.append(code.strip())
+    return out
+
+
+def test_implementation_on_the_page(code_blocks):
+    "On the relative, TUPE and DeBERTa pages the exported implementation is shown: the body of each exported function (its `return` lines), in a visible code block, not only its signature."
+    for page, found in code_blocks.items():
+        shown = _shown_cells(page)
+        assert len(shown) >= 3, f'{page}: only {len(shown)} `#| exports` cells: the implementation is not on the page'
+        texts = [b['text'] for b in found['blocks'] if b['visible']]
+        want = [l for cell in shown for l in _body_lines(cell)]
+        assert len(want) >= 5, f'{page}: only {want} body lines to look for'
+        missing = [l for l in want if not any(l in t for t in texts)]
+        assert not missing, f'{page}: lines of the implementation not in any visible code block: {missing[:8]}'
+    deberta = ' '.join(b['text'] for b in code_blocks['06_deberta.html']['blocks'] if b['visible'])
+    assert '(rel.long() + k).clamp(0, 2 * k - 1)' in deberta, "DeBERTa's δ(i,j) (eq. 3) is not on its page"
+
+
+def test_code_fits_the_column(code_blocks):
+    "At 1400 px no code block on the relative, TUPE and DeBERTa pages scrolls sideways, and the shown implementation fits without wrapping a line."
+    for page, found in code_blocks.items():
+        assert found['width'] == 1400 and found['column'] > 600, f"{page}: the text column is {found['column']} px at 1400 px"
+        wide = [f"{b['sw']} > {b['cw']} px: {b['text'][:80]!r}" for b in found['blocks'] if b['overflows']]
+        assert not wide, f'{page}: {len(wide)} of {len(found["blocks"])} code blocks overflow the column:\n' + '\n'.join(wide[:10])
+        long_src = [f'{len(l)}: {l}' for cell in _shown_cells(page) for l in cell if len(l) > SHOWN_WIDTH]
+        assert not long_src, f'{page}: shown source lines over {SHOWN_WIDTH} characters:\n' + '\n'.join(long_src[:10])
+        impl = [b for b in found['blocks'] if b['visible'] and any(l in b['text'] for c in _shown_cells(page) for l in _body_lines(c))]
+        wrapped = [b['text'][:80] for b in impl if b['overflowsUnwrapped']]
+        assert impl and not wrapped, f'{page}: implementation blocks that only fit by wrapping: {wrapped[:5]}'
+
+
+def test_search_snippets_readable(site, server, browser):
+    "Search results (titles, sections, snippets, highlighted words) have text contrast ≥ 4.5:1 against their background (WCAG AA)."
+    cdp, sid = browser
+    found = _visit(cdp, sid, f'{server}/06_deberta.html', SEARCH, 1400)
+    assert 'error' not in found, found
+    assert found['results'] > 0 and found['parts'], f'searching "relative" gave no results: {found}'
+    kinds = {p['part'] for p in found['parts']}
+    assert {'search-result-title', 'search-result-text'} <= kinds, f'search results lack titles or snippets: {kinds}'
+    low = [f"{p['part']} {p['text']!r}: {p['ratio']:.2f}:1" for p in found['parts'] if p['ratio'] < 4.5]
+    assert not low, 'search result text below 4.5:1 contrast:\n' + '\n'.join(low[:10])
+
+
+def test_phone_width_keeps_equation_numbers(site, server, browser):
+    "At 390 px the page does not scroll sideways, and every equation number is on screen or in its equation's own sideways-scrolling box, never cut off."
+    cdp, sid = browser
+    checked = 0
+    for page in READ_PAGES:
+        found = _visit(cdp, sid, f'{server}/{page}', PHONE, 390)
+        assert found['pageWidth'] <= found['width'] + 1, f"{page}: the page is {found['pageWidth']} px wide at 390 px"
+        for n in found['numbers']:
+            checked += 1
+            assert not n['clipped'], f"{page}: equation number {n['text']} is cut off by {n['clipped']}"
+            assert n['inWindow'] and n['right'] <= n['reach'] + 1, f"{page}: equation number {n['text']} cannot be reached: {n}"
+    assert checked >= 3, f'only {checked} numbered equations found on {READ_PAGES}'
