@@ -4,22 +4,21 @@
 
 # %% ../nbs/18_vit_train.ipynb #75837a4b
 from __future__ import annotations
-import copy, json, math, os, sys, time
-from dataclasses import dataclass, field, asdict, fields
+import copy, time
+from dataclasses import dataclass, field, asdict
 from pathlib import Path
+from typing import ClassVar
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 from accelerate import Accelerator
-from accelerate.state import AcceleratorState
 from accelerate.utils import set_seed
-from .core import atomic_write, is_int, is_real, memory_check
-from .model import CheckpointError, check_field_types, count_parameters
+from .core import is_real, memory_check
+from .model import CheckpointError, count_parameters
 from .loop import *
 from .training import micro_batch, step_generator
 from .vision import *
-from .vit import (INTERPOLATIONS, ViT, ViTConfig, get_vision_encoding, load_vit, reinit_pos_embed_,
-                            resize_pos_embed_, save_vit, vision_encodings)
+from .vit import (ViT, ViTConfig, get_vision_encoding, load_vit, reinit_pos_embed_, resize_pos_embed_,
+                            save_vit, vision_encodings)
 
 # %% auto #0
 __all__ = ['EVAL_MODES', 'VIT_PRESETS', 'MAX_PATCHES', 'VitTrainConfig', 'vit_config', 'make_vit_config', 'vit_no_decay',
@@ -28,45 +27,45 @@ __all__ = ['EVAL_MODES', 'VIT_PRESETS', 'MAX_PATCHES', 'VitTrainConfig', 'vit_co
 # %% ../nbs/18_vit_train.ipynb #adb82fe5
 EVAL_MODES = ('bicubic', 'bilinear', 'none')   # interpolate the table on the fly (two methods), or re-initialise it
 
-@dataclass
-class VitTrainConfig:
-    "Everything a ViT training run depends on; saved as `config.json` in the run directory."
+@dataclass(kw_only=True)
+class VitTrainConfig(RunConfig):
+    "Everything a ViT training run depends on (and `RunConfig`'s options); saved as the run's `config.json`."
     pe: str = 'learned'             # vision position encoding (see `vision_encodings()`)
     pe_kwargs: dict = field(default_factory=dict)
-    data: str = 'default'           # image source (`load_images`); 'auto': the full Fashion-MNIST if it is here, else 'default'
-    image_size: list = field(default_factory=lambda: [28, 28])  # training resolution [H, W]; other image sizes are resized to it
-    patch_size: int = 4
-    in_chans: int = 1
-    d_model: int = 64
-    n_layers: int = 4
-    n_heads: int = 4
-    d_ff: int = 128
-    dropout: float = 0.0
+    data: str = 'default'           # image source (`load_images`); 'auto': the full Fashion-MNIST if here
+    image_size: list = field(default_factory=lambda: [28, 28])  # training resolution [H, W]
+    patch_size: int = 4             # P: a P×P patch is one token
+    in_chans: int = 1               # channels of an image
+    d_model: int = 64               # D, the width of the model
+    n_layers: int = 4               # encoder layers
+    n_heads: int = 4                # h; the head width is D / h
+    d_ff: int = 128                 # width of the MLP blocks
+    dropout: float = 0.0            # on embeddings, attention weights and sublayer outputs
     pool: str = 'cls'               # 'cls' | 'gap'
-    stem: str = 'patch'             # 'patch' (one linear map per P×P patch) | 'hybrid' (a small ResNet stem of total stride P)
-    interpolate: str | None = 'bicubic'   # how the model interpolates a learned table for another grid; None: never change the grid
+    stem: str = 'patch'             # 'patch' (a linear map per P×P patch) | 'hybrid' (a ResNet of stride P)
+    interpolate: str | None = 'bicubic'   # how a learned table is interpolated for another grid; None: never
     batch_size: int = 128           # images per process per step
-    steps: int = 1000
-    lr: float = 2e-3
+    steps: int = 1000               # optimizer steps of the training phase
     warmup: float = 0.05            # fraction of steps with linear warm-up
     schedule: str = 'cosine'        # decay after warm-up, to 0: 'cosine' or 'linear'
     weight_decay: float = 0.05
-    max_grad_norm: float = 1.0
-    label_smoothing: float = 0.0
+    label_smoothing: float = 0.0    # of the cross-entropy targets
     augment: bool = False           # random crops (padding 2) and horizontal flips
     val_every: int = 10             # 1 in `val_every` training images of each class is validation (0: none)
     eval_every: int = 250           # steps between validation evaluations (and at the end)
-    log_every: int = 25             # steps between training-loss records
     save_every: int = 250           # steps between checkpoints (and at the end)
     eval_sizes: list = field(default_factory=lambda: [[28, 28], [56, 56], [28, 56]])  # test resolutions [H, W]
     eval_modes: list = field(default_factory=lambda: list(EVAL_MODES))
     finetune_res: list | None = None   # [H, W] for a short fine-tune after training; None: none
     finetune_steps: int = 0
     finetune_lr: float = 5e-4
-    finetune_init: list | None = None     # one fine-tune per entry, each from the trained model, its table 'bicubic', 'bilinear' or 'none' (re-initialised); None: one, with `interpolate`
+    finetune_init: list | None = None  # one fine-tune per entry from the trained model, its table 'bicubic',
+                                       # 'bilinear' or 'none' (re-initialised); None: one, with `interpolate`
     finetune_eval_sizes: list | None = None  # test resolutions after a fine-tune; None: `eval_sizes`
-    seed: int = 0
-    mixed_precision: str = 'no'     # 'no', 'bf16' (CPU or GPU), 'fp16' (GPU)
+    rules: ClassVar[dict] = RunConfig.rules | {
+        'steps': '≥ 1', 'eval_every': '≥ 1', 'save_every': '≥ 1', 'finetune_steps': '≥ 0', 'val_every': '≥ 0',
+        'finetune_lr': '> 0', 'label_smoothing': 'in [0, 1)', 'schedule': ('cosine', 'linear'),
+        'stem': ('patch', 'hybrid')}
 
 # %% ../nbs/18_vit_train.ipynb #f73fb0db
 VIT_PRESETS = {
@@ -124,48 +123,42 @@ def _check_sizes(cfg: VitTrainConfig):
 
 # %% ../nbs/18_vit_train.ipynb #b6daa999
 def make_vit_config(preset: str = 'quick', **overrides) -> VitTrainConfig:
-    "`VitTrainConfig` from a preset (`VIT_PRESETS`) with explicit overrides (`None` values are ignored, except for `interpolate`)."
-    if preset not in VIT_PRESETS: raise ValueError(f'unknown preset {preset!r}; valid: {", ".join(VIT_PRESETS)}')
-    names = {f.name for f in fields(VitTrainConfig)}
-    bad = sorted(set(overrides) - names)
-    if bad: raise ValueError(f'unknown ViT training option(s) {bad}; valid: {sorted(names)}')
-    cfg = VitTrainConfig(**{**VIT_PRESETS[preset], **{k: v for k, v in overrides.items() if v is not None or k == 'interpolate'}})
-    check_field_types(cfg)
+    "`VitTrainConfig` from a preset (`VIT_PRESETS`) and overrides (`None` is ignored, except `interpolate`)."
+    cfg = make_config(VitTrainConfig, VIT_PRESETS, preset, overrides, 'ViT training', ('interpolate',))
     cfg.image_size = list(parse_size(cfg.image_size))
     cfg.eval_sizes = _sizes(cfg.eval_sizes, 'eval_sizes')
-    if cfg.finetune_eval_sizes is not None: cfg.finetune_eval_sizes = _sizes(cfg.finetune_eval_sizes, 'finetune_eval_sizes')
-    if cfg.finetune_res is not None: cfg.finetune_res = list(parse_size(cfg.finetune_res))
+    if cfg.finetune_eval_sizes is not None:
+        cfg.finetune_eval_sizes = _sizes(cfg.finetune_eval_sizes, 'finetune_eval_sizes')
+    if cfg.finetune_res is not None:
+        cfg.finetune_res = list(parse_size(cfg.finetune_res))
     _check_options(cfg)
-    if is_int(cfg.patch_size) and cfg.patch_size > 0: _check_patch_count('image_size', cfg.image_size, cfg.patch_size)   # before any table is built
+    if cfg.patch_size > 0:
+        _check_patch_count('image_size', cfg.image_size, cfg.patch_size)   # before any table is built
     vit_config(cfg)                    # the model's own checks: encoding, heads, image size against the patch size, ...
     _check_sizes(cfg)
     return cfg
 
 # %% ../nbs/18_vit_train.ipynb #e939f890
 def _check_options(cfg: VitTrainConfig):
-    if cfg.pe not in vision_encodings(): raise ValueError(f'unknown vision position encoding {cfg.pe!r}; valid: {", ".join(vision_encodings())}')
-    if not cfg.data.strip(): raise ValueError("data must not be empty: 'default', 'auto', 'fashion-mnist-full', 'mnist', a folder or a hub name")
-    if not cfg.eval_sizes: raise ValueError('eval_sizes must name at least one size, e.g. [[28, 28]]')
-    if not cfg.eval_modes or set(cfg.eval_modes) - set(EVAL_MODES): raise ValueError(f'eval_modes must be some of {EVAL_MODES}; got {cfg.eval_modes}')
-    if cfg.schedule not in ('cosine', 'linear'): raise ValueError(f"schedule must be 'cosine' or 'linear'; got {cfg.schedule!r}")
-    if cfg.mixed_precision not in ('no', 'bf16', 'fp16'): raise ValueError(f"mixed_precision must be 'no', 'bf16' or 'fp16'; got {cfg.mixed_precision!r}")
-    for f in ('batch_size', 'steps', 'eval_every', 'log_every', 'save_every'):
-        if getattr(cfg, f) < 1: raise ValueError(f'{f} must be ≥ 1; got {getattr(cfg, f)}')
-    for f in ('finetune_steps', 'val_every'):
-        if getattr(cfg, f) < 0: raise ValueError(f'{f} must be ≥ 0; got {getattr(cfg, f)}')
+    "What the rules of `VitTrainConfig` cannot say: names, non-empty lists, options that go together."
+    if cfg.pe not in vision_encodings():
+        raise ValueError(f'unknown vision position encoding {cfg.pe!r}; valid: '
+                         f'{", ".join(vision_encodings())}')
+    if not cfg.data.strip():
+        raise ValueError("data must not be empty: 'default', 'auto', 'fashion-mnist-full', 'mnist', a folder "
+                         'or a hub name')
+    if not cfg.eval_sizes:
+        raise ValueError('eval_sizes must name at least one size, e.g. [[28, 28]]')
+    if not cfg.eval_modes or set(cfg.eval_modes) - set(EVAL_MODES):
+        raise ValueError(f'eval_modes must be some of {EVAL_MODES}; got {cfg.eval_modes}')
     if (cfg.finetune_res is None) != (cfg.finetune_steps == 0):
-        raise ValueError(f'finetune_res and finetune_steps go together (--finetune-res 56 --finetune-steps 200); got {cfg.finetune_res} and {cfg.finetune_steps}')
-    if cfg.finetune_init is not None:
-        if not cfg.finetune_res: raise ValueError('finetune_init needs a fine-tune: add --finetune-res and --finetune-steps')
-        if not cfg.finetune_init or set(cfg.finetune_init) - set(EVAL_MODES) or len(set(cfg.finetune_init)) < len(cfg.finetune_init):
-            raise ValueError(f'finetune_init must be distinct entries of {EVAL_MODES}; got {cfg.finetune_init}')
-    if cfg.stem not in ('patch', 'hybrid'): raise ValueError(f"stem must be 'patch' or 'hybrid'; got {cfg.stem!r}")
-    for f in ('lr', 'finetune_lr', 'max_grad_norm'):
-        if not getattr(cfg, f) > 0: raise ValueError(f'{f} must be > 0; got {getattr(cfg, f)}')
-    if not 0 <= cfg.warmup <= 1: raise ValueError(f'warmup is a fraction of the steps, in [0, 1]; got {cfg.warmup}')
-    if not 0 <= cfg.label_smoothing < 1: raise ValueError(f'label_smoothing must be in [0, 1); got {cfg.label_smoothing}')
-    if cfg.weight_decay < 0: raise ValueError(f'weight_decay must be ≥ 0; got {cfg.weight_decay}')
-    if not 0 <= cfg.seed < 2**32: raise ValueError(f'seed must be in [0, 2**32); got {cfg.seed}')
+        raise ValueError('finetune_res and finetune_steps go together (--finetune-res 56 --finetune-steps '
+                         f'200); got {cfg.finetune_res} and {cfg.finetune_steps}')
+    init = cfg.finetune_init
+    if init is not None and not cfg.finetune_res:
+        raise ValueError('finetune_init needs a fine-tune: add --finetune-res and --finetune-steps')
+    if init is not None and (not init or set(init) - set(EVAL_MODES) or len(set(init)) < len(init)):
+        raise ValueError(f'finetune_init must be distinct entries of {EVAL_MODES}; got {init}')
 
 # %% ../nbs/18_vit_train.ipynb #0ea45f63
 def vit_no_decay(name: str) -> bool:
@@ -173,25 +166,18 @@ def vit_no_decay(name: str) -> bool:
     return name.startswith('pe.') or name == 'cls_token'
 
 # %% ../nbs/18_vit_train.ipynb #d90f2123
-@torch.no_grad()
 def evaluate_images(model, images: torch.Tensor, labels: torch.Tensor, # uint8 `(n, H, W)`, int64 `(n,)`
                     mean: float, std: float, size=None,                 # standardisation; `(H', W')` to resize to
                     batch_size: int = 256, accelerator=None) -> dict:
     "Cross-entropy `loss`, `accuracy` and the number of `images`; sharded over processes if `accelerator`."
-    rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
-    was = model.training
-    model.eval()
-    dev = next(model.parameters()).device
-    sums = torch.zeros(3, dtype=torch.float64)                           # loss sum, correct, count
-    for s in range(rank * batch_size, len(images), batch_size * world):
-        x, y = to_float(images[s:s + batch_size], mean, std, size).to(dev), labels[s:s + batch_size].to(dev)
-        logits = model(x).float()                                        # (b, n_classes)
+    def sums_of(s, e, dev):                                             # loss sum, correct, count
+        x, y = to_float(images[s:e], mean, std, size).to(dev), labels[s:e].to(dev)
+        logits = model(x).float()                                       # (b, n_classes)
         loss, correct = F.cross_entropy(logits, y, reduction='sum'), (logits.argmax(-1) == y).sum()
-        sums += torch.tensor([loss.item(), correct.item(), len(y)], dtype=torch.float64)
-    if accelerator is not None and world > 1:
-        sums = accelerator.gather_for_metrics(sums[None].to(dev)).sum(0).cpu()   # (processes, 3) → (3,)
-    model.train(was)
-    return {'loss': (sums[0] / sums[2]).item(), 'accuracy': (sums[1] / sums[2]).item(), 'images': int(sums[2])}
+        return torch.tensor([loss.item(), correct.item(), len(y)], dtype=torch.float64)
+    sums = eval_sums(model, len(images), batch_size, sums_of, accelerator=accelerator)
+    loss, accuracy = (sums[:2] / sums[2]).tolist()
+    return {'loss': loss, 'accuracy': accuracy, 'images': int(sums[2])}
 
 # %% ../nbs/18_vit_train.ipynb #495f49ce
 def model_for(model: ViT, size, mode: str) -> ViT:
@@ -390,7 +376,7 @@ def _train(cfg: VitTrainConfig, out: Path, acc: Accelerator, model, d: dict, sta
         sig = fit(acc, _phase_loop(cfg, out, acc, d, phase, state, (model, opt, sched)), state, out, stop_at, stop,
                   d['bar'])
         if state['step'] < last:
-            return {'stopped_at_step': state['step'], 'steps': total, **({'signal': sig} if sig else {})}
+            return stopped(state, total, sig)
         state['results'][name] = _phase_results(cfg, acc, model, d, phase, state.pop('val_end', None))
         if name == 'train' and cfg.finetune_init and acc.is_main_process:
             save_vit(acc.unwrap_model(model), out / 'trained_model')
@@ -400,8 +386,7 @@ def _train(cfg: VitTrainConfig, out: Path, acc: Accelerator, model, d: dict, sta
 # %% ../nbs/18_vit_train.ipynb #42722ab7
 def _finish(cfg: VitTrainConfig, out: Path, acc: Accelerator, model, d: dict, state: dict) -> dict:
     "The summary of a finished run, from its phase results and records; written to `out/summary.json`."
-    r, info, recs = state['results'], d['info'], read_metrics(out / 'metrics.jsonl', state['step'])
-    tr = [x for x in recs if x['split'] == 'train']
+    r, info = state['results'], d['info']
     m = acc.unwrap_model(model)
     how = 'not applicable: the encoding has no table; every mode is the same model'
     if m.pe.table_grid is not None:
@@ -414,7 +399,7 @@ def _finish(cfg: VitTrainConfig, out: Path, acc: Accelerator, model, d: dict, st
                'val_accuracy': (r['train']['validation'] or {}).get('accuracy'), 'eval': r['train']['eval'],
                'interpolation': how, 'parameters': count_parameters(m), 'processes': acc.num_processes,
                'wall_s': time.time() - d['t_start'],
-               'train_images_per_s': sum(x['images_per_s'] for x in tr) / max(1, len(tr))}
+               'train_images_per_s': train_mean(out, state['step'], 'images_per_s')}
     if info['note']:
         summary['data_note'] = info['note']
     ft = lambda f: {'image_size': f['image_size'], 'steps': cfg.finetune_steps, 'test_accuracy': f['test']['accuracy'],
@@ -423,10 +408,7 @@ def _finish(cfg: VitTrainConfig, out: Path, acc: Accelerator, model, d: dict, st
         summary['finetune'] = ft(r['finetune'])
     if cfg.finetune_init:
         summary['finetunes'] = {n.removeprefix('finetune-'): ft(r[n]) for n in _finetune_names(cfg)}
-    if acc.is_main_process:
-        save_json(out / 'summary.json', summary)
-    acc.wait_for_everyone()
-    return summary
+    return end_run(acc, out, summary)
 
 # %% ../nbs/18_vit_train.ipynb #876e4d30
 def _start_model(cfg: VitTrainConfig, out: Path, acc: Accelerator, info: dict, state: dict | None):
@@ -448,25 +430,17 @@ def train_vit(cfg: VitTrainConfig,       # what to train (see `VIT_PRESETS`, `ma
              ) -> dict:  # the summary (`out/summary.json`); stopped: `{'stopped_at_step', 'steps'}` (+ `'signal'`)
     "Train a `ViT` on `cfg.data`; evaluate it at every `cfg.eval_sizes` × `cfg.eval_modes`; `accelerate launch` too."
     check_creatable_dir(out)
-    out = Path(out)
-    if cfg.mixed_precision == 'fp16' and not torch.cuda.is_available():
-        raise ValueError("mixed_precision='fp16' needs a CUDA GPU; on CPU use 'bf16' or 'no'")
-    AcceleratorState._reset_state(reset_partial_state=False)
-    acc = Accelerator(mixed_precision=cfg.mixed_precision, cpu=not torch.cuda.is_available())
+    out, acc = Path(out), accelerator(cfg.mixed_precision)
     state = _prepare_vit_run_dir(out, cfg, resume, overwrite)
-    if state is not None and state['step'] >= total_steps(cfg) and (out / 'summary.json').is_file():
-        return json.loads((out / 'summary.json').read_text())           # finished: left as it is
+    if (done := done_summary(out, state, total_steps(cfg))) is not None:
+        return done                                                    # finished: left as it is
     data, info = _setup(cfg, acc.num_processes)
     model, restore = _start_model(cfg, out, acc, info, state)
-    if overwrite and acc.is_main_process and out.exists() and any(out.iterdir()):
-        replace_run_dir(out)
-    acc.wait_for_everyone()
+    replace_if_asked(acc, out, overwrite)
     state = state or {'step': 0, 'results': {}, 'elapsed': 0.0}
     d = {'data': data, 'info': info, 'restore': restore, 't_start': time.time() - state['elapsed']}
-    if acc.is_main_process:
-        out.mkdir(parents=True, exist_ok=True)
-        save_json(out / 'config.json', asdict(cfg))
-        restart_metrics(out, state['step'])                           # drop records after the checkpoint's step
-    with SignalStop() as stop, tqdm(total=total_steps(cfg), initial=state['step'], desc=f'vit {cfg.pe}',
-                                    disable=not (acc.is_main_process and progress), dynamic_ncols=True) as d['bar']:
+    begin_run(acc, out, asdict(cfg), state['step'])          # the records after the checkpoint's are dropped
+    bar = progress_bar(acc, total_steps(cfg), f'vit {cfg.pe}', progress, state['step'])
+    with SignalStop() as stop, bar:
+        d['bar'] = bar
         return _train(cfg, out, acc, model, d, state, stop_at, stop)
