@@ -282,8 +282,9 @@ def _add_compare(sub):
                                    'per stage on stderr; at the end the results table on stdout, OUT/results.json (one record per '
                                    'encoding × task × seed) and OUT/figures/. Finished stages are skipped: rerun the same command to '
                                    'resume an interrupted study.')
-    p.add_argument('--preset', default='quick', help='quick: every encoding, a D=64 model for 100 steps, sentiment with one seed, three '
-                   'small ViTs (under 10 minutes on 2 idle cores); reference: the reference presets, three tasks × three seeds, '
+    p.add_argument('--preset', default='quick', help='quick: the position probes of every encoding (about 6 minutes), then '
+                   'every encoding as a D=64 model for 100 steps, sentiment with one seed, three small ViTs (about 15 minutes '
+                   'in all on 2 idle cores); reference: the reference presets, three tasks × three seeds, '
                    'lengths to 1024, every vision encoding (many hours; resumes) (default: quick)')
     p.add_argument('--out', type=_path, required=True, help='output folder (the same folder resumes the study)')
     p.add_argument('--encodings', nargs='+', default=None, help='language encodings (default: every registered one, see `posenc_lit encodings`; the list '
