@@ -29,10 +29,13 @@ def sinusoidal_table(pos: torch.Tensor,  # positions, integer or float, any shap
                     ) -> torch.Tensor:   # `(..., D)`
     "Sinusoidal position embeddings of Vaswani et al. 2017, §3.5, for arbitrary positions (no maximum length); `ValueError` for a bad `D`, `base` or `layout`."
     _check_sinusoidal(D, base, layout)
-    inv_freq = base ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)      # (D/2,)  omega_i
-    angle = pos.to(torch.float64)[..., None] * inv_freq.to(pos.device)         # (..., D/2)  radians
-    pe = torch.stack([angle.sin(), angle.cos()], -1)                           # (..., D/2, 2)
-    pe = pe.flatten(-2) if layout == 'interleave' else pe.transpose(-1, -2).flatten(-2)  # (..., D)
+    # (D/2,)  omega_i
+    inv_freq = base ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
+    # (..., D/2)  radians
+    angle = pos.to(torch.float64)[..., None] * inv_freq.to(pos.device)
+    pe = torch.stack([angle.sin(), angle.cos()], -1)                     # (..., D/2, 2)
+    # (..., D)
+    pe = pe.flatten(-2) if layout == 'interleave' else pe.transpose(-1, -2).flatten(-2)
     return pe.to(dtype)
 
 # %% ../nbs/02_absolute.ipynb #13d35bbd
@@ -41,7 +44,8 @@ class SinusoidalEncoding(PositionEncoding):
     kind = 'absolute'
     def __init__(self, d_model: int, base: float = 10000.0, layout: str = 'interleave', scale_words: bool = True):
         super().__init__()
-        _check_sinusoidal(d_model, base, layout)                 # refused when built, not at the first forward
+        # refused when built, not at the first forward
+        _check_sinusoidal(d_model, base, layout)
         self.d_model, self.base, self.layout = d_model, base, layout
         self.word_scale = math.sqrt(d_model) if scale_words else 1.0
     def embed(self, pos): # `(b|1, n)` integer positions
@@ -56,13 +60,15 @@ class LearnedEncoding(PositionEncoding):
         super().__init__()
         if max_len < 1: raise ValueError(f'max_len must be ≥ 1; got {max_len}')
         self.max_len = max_len
-        self.weight = nn.Parameter(torch.randn(max_len, d_model) * init_std)   # (L_max, D)
+        # (L_max, D)
+        self.weight = nn.Parameter(torch.randn(max_len, d_model) * init_std)
     def embed(self, pos): # `(b|1, n)` integer positions, each in `[0, max_len)`
         "`(b|1, n, D)` rows of the table; `PositionRangeError` (a `ValueError`) naming the table size for positions outside it."
-        if not is_tracing():                  # traced: no data-dependent check (see `is_tracing`)
+        if not is_tracing():        # traced: no data-dependent check (see `is_tracing`)
             check_positions(pos, self.max_len, 'the learned position table',
                             ', or an encoding without a maximum length (sinusoidal, none, t5, or shaw/huang4 with clip=true)')
-        return self.weight[pos.long()]                        # a uint8 index would select rows as a boolean mask
+        # a uint8 index would select rows as a boolean mask
+        return self.weight[pos.long()]
 
 # %% ../nbs/02_absolute.ipynb #a1588e7c
 @register_encoding('learned', 'absolute', 'learned absolute position table added to the input (BERT)',
@@ -89,14 +95,15 @@ def four_terms(w: torch.Tensor,   # word (+segment) embeddings before the sum, `
     p = p.expand_as(w)
     if ln is not None:
         x = w + p
-        sigma = (x.var(-1, unbiased=False, keepdim=True) + ln.eps).sqrt()                   # (b, n, 1)
-        w_t = ln.weight * (w - w.mean(-1, keepdim=True)) / sigma + ln.bias                 # (b, n, D)
-        p_t = ln.weight * (p - p.mean(-1, keepdim=True)) / sigma                           # (b, n, D)
+        sigma = (x.var(-1, unbiased=False, keepdim=True) + ln.eps).sqrt()    # (b, n, 1)
+        w_t = ln.weight * (w - w.mean(-1, keepdim=True)) / sigma + ln.bias   # (b, n, D)
+        p_t = ln.weight * (p - p.mean(-1, keepdim=True)) / sigma             # (b, n, D)
     else: w_t, p_t = w, p
     d = w.shape[-1] // n_heads
     scale = d ** -0.5 if scale is None else scale
     def heads(t): return t.view(*t.shape[:2], n_heads, d).transpose(1, 2)                   # (b, h, n, d)
-    qw, kw = heads(q_proj(w_t)), heads(k_proj(w_t))                                          # word side, with biases
-    qp, kp = heads(p_t @ q_proj.weight.T), heads(p_t @ k_proj.weight.T)                      # position side, no bias
+    qw, kw = heads(q_proj(w_t)), heads(k_proj(w_t))             # word side, with biases
+    # position side, no bias
+    qp, kp = heads(p_t @ q_proj.weight.T), heads(p_t @ k_proj.weight.T)
     return {'word-word': qw @ kw.transpose(-1, -2) * scale, 'word-pos': qw @ kp.transpose(-1, -2) * scale,
             'pos-word': qp @ kw.transpose(-1, -2) * scale, 'pos-pos': qp @ kp.transpose(-1, -2) * scale}

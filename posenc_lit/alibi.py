@@ -20,17 +20,19 @@ def alibi_slopes(n_heads: int,  # h ≥ 1
     "ALiBi's fixed head slopes (Press et al. 2022, §3; head counts that are not powers of two as in the authors' code); `ValueError` for `n_heads` < 1."
     if not is_int(n_heads) or n_heads < 1:
         raise ValueError(f'n_heads must be an integer ≥ 1; got {n_heads!r}')
-    P = 1 << (n_heads.bit_length() - 1)                                   # the largest power of two ≤ h
-    exps = [8 * k / P for k in range(1, P + 1)]                            # 2^(-8k/P), k = 1 … P
-    exps += [8 * k / (2 * P) for k in range(1, 2 * (n_heads - P), 2)]      # 2P-head sequence, odd k: between those
-    return torch.tensor([2.0 ** -e for e in exps], dtype=torch.float32, device=device)   # (h,)
+    P = 1 << (n_heads.bit_length() - 1)                   # the largest power of two ≤ h
+    exps = [8 * k / P for k in range(1, P + 1)]                   # 2^(-8k/P), k = 1 … P
+    # 2P-head sequence, odd k: between those
+    exps += [8 * k / (2 * P) for k in range(1, 2 * (n_heads - P), 2)]
+    # (h,)
+    return torch.tensor([2.0 ** -e for e in exps], dtype=torch.float32, device=device)
 
 # %% ../nbs/08_alibi.ipynb #f2ca63d9
 def alibi_bias(q_pos: torch.Tensor,   # integer query positions `(i,)` or `(b, i)`
                k_pos: torch.Tensor,   # integer key positions `(j,)` or `(b, j)`
-               slopes: torch.Tensor,  # m `(h,)` from `alibi_slopes`
+               slopes: torch.Tensor,  # m `(h,)` from alibi_slopes
                bidirectional: bool = True,  # True: -m|j-i| (our encoder); False: the paper's causal -m(i-j), 0 for keys after the query
-              ) -> torch.Tensor:      # `(b|1, h, i, j)` in the dtype of `slopes`, logit units (≤ 0)
+              ) -> torch.Tensor:      # `(b|1, h, i, j)` in the dtype of slopes, logit units (≤ 0)
     "ALiBi's bias $-m_h\\,|j-i|$, or the causal $-m_h\\max(i-j, 0)$ (Press et al. 2022, §3); `ValueError`/`TypeError` for bad arguments."
     if not isinstance(bidirectional, bool): raise ValueError(f'bidirectional must be true or false; got {bidirectional!r}')
     if not isinstance(slopes, torch.Tensor) or slopes.ndim != 1 or not slopes.dtype.is_floating_point:
@@ -40,19 +42,21 @@ def alibi_bias(q_pos: torch.Tensor,   # integer query positions `(i,)` or `(b, i
     return _alibi_bias(q_pos, k_pos, slopes, bidirectional)
 
 def _alibi_bias(q_pos, k_pos, slopes, bidirectional):  # `alibi_bias` without the checks of the slopes (data-dependent)
-    rel = rel_pos(q_pos, k_pos)                                         # (…, i, j): j - i, int64
-    dist = rel.abs() if bidirectional else (-rel).clamp(min=0)          # |j - i|, or i - j for keys before the query
+    rel = rel_pos(q_pos, k_pos)                                # (…, i, j): j - i, int64
+    # |j - i|, or i - j for keys before the query
+    dist = rel.abs() if bidirectional else (-rel).clamp(min=0)
     dist = dist if dist.ndim == 3 else dist[None]                       # (b|1, i, j)
-    return slopes[:, None, None] * (-dist[:, None]).to(slopes.dtype)    # (b|1, h, i, j); negated as integers: no -0.0
+    # (b|1, h, i, j); negated as integers: no -0.0
+    return slopes[:, None, None] * (-dist[:, None]).to(slopes.dtype)
 
 # %% ../nbs/08_alibi.ipynb #929d7a54
 class ALiBi(PositionEncoding):
     "ALiBi (Press et al. 2022): a fixed bias $-m_h|j-i|$ per head (or the paper's causal form) added to the logits of every layer."
     kind = 'score'
-    def __init__(self, n_heads: int,              # h: one slope per head, from `alibi_slopes`
+    def __init__(self, n_heads: int,        # h: one slope per head, from `alibi_slopes`
                  bidirectional: bool = True):     # True: symmetric -m|j-i| (our encoder); False: the paper's causal form
         super().__init__()
-        alibi_slopes(n_heads)                                            # validates n_heads
+        alibi_slopes(n_heads)                                        # validates n_heads
         if not isinstance(bidirectional, bool): raise ValueError(f'bidirectional must be true or false; got {bidirectional!r}')
         self.n_heads, self.bidirectional = n_heads, bidirectional
 
@@ -65,9 +69,11 @@ class ALiBiContext(Context):
 @patch
 def prepare(self: ALiBi, q_pos, k_pos) -> ALiBiContext:  # integer positions `(b|1, i)`, `(b|1, j)` (or 1-D)
     "Per-forward context with `alibi_bias` `(b|1, h, i, j)`, float32, shared by all layers."
-    dev = q_pos.device if isinstance(q_pos, torch.Tensor) else None      # a list is refused by `rel_pos`, naming it
+    # a list is refused by `rel_pos`, naming it
+    dev = q_pos.device if isinstance(q_pos, torch.Tensor) else None
     slopes = alibi_slopes(self.n_heads, dev)
-    if is_tracing(): return ALiBiContext(q_pos, k_pos, _alibi_bias(q_pos, k_pos, slopes, self.bidirectional))  # valid slopes
+    # valid slopes
+    if is_tracing(): return ALiBiContext(q_pos, k_pos, _alibi_bias(q_pos, k_pos, slopes, self.bidirectional))
     return ALiBiContext(q_pos, k_pos, alibi_bias(q_pos, k_pos, slopes, self.bidirectional))
 
 @patch

@@ -50,7 +50,8 @@ def _check_attend_inputs(q, k, v, score_terms, mask):
 # %% ../nbs/01_attention.ipynb #4eacdacb
 def causal_mask(i: int, j: int, device=None) -> torch.Tensor:
     "Bool `(1, 1, i, j)`: query `a` may attend key `c` iff `c ≤ a + j - i` (the queries are the last `i` of the `j` keys: a KV cache)."
-    a = torch.arange(i, device=device)[:, None] + (j - i)      # (i, 1): each query's own index among the keys
+    # (i, 1): each query's own index among the keys
+    a = torch.arange(i, device=device)[:, None] + (j - i)
     return (torch.arange(j, device=device)[None] <= a)[None, None]   # (1, 1, i, j)
 
 def _with_causal(mask, causal, i, j, device):
@@ -61,18 +62,22 @@ def _with_causal(mask, causal, i, j, device):
 def scores(q, k, score_terms=(), mask=None, scale=None, causal=False):
     "The pre-softmax logits `s·q·kᵀ + Σ terms`, `-inf` where masked, `(b, h, i, j)` in float32 (float64 for float64 `q`)."
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    acc = torch.promote_types(q.dtype, torch.float32)          # fp16/bf16 inputs: sum and softmax in float32
-    if q.dtype == torch.float16: q, k = q.float(), k.float()   # s·q·kᵀ may pass fp16's 65,504; bf16 has float32's range
+    # fp16/bf16 inputs: sum and softmax in float32
+    acc = torch.promote_types(q.dtype, torch.float32)
+    # s·q·kᵀ may pass fp16's 65,504; bf16 has float32's range
+    if q.dtype == torch.float16: q, k = q.float(), k.float()
     logits = ((q * scale) @ k.transpose(-1, -2)).to(acc)       # (b, h, i, j)
-    for t in score_terms: logits = logits.add_(t.to(q.dtype).to(acc))  # (b, h, i, j), in place: no new full tensor per term;
-                                                               # terms follow q's dtype, as on the fast path
+    # (b, h, i, j), in place: no new full tensor per term; terms follow q's dtype, as on the fast path
+    for t in score_terms: logits = logits.add_(t.to(q.dtype).to(acc))
     mask = _with_causal(mask, causal, q.shape[2], k.shape[2], q.device)
     if mask is not None: logits = logits.masked_fill_(~mask, float('-inf'))
     return logits
 
 def _softmax_rows(logits):  # softmax over j (in place on `logits`) and the rows with no finite logit, `(b, h, i, 1)`
-    dead = logits.amax(-1, keepdim=True) == float('-inf')      # such a row would give NaN; its caller zeroes it
-    return logits.masked_fill_(dead, 0.0).softmax(-1), dead    # 0, not -inf: finite values and gradients there
+    # such a row would give NaN; its caller zeroes it
+    dead = logits.amax(-1, keepdim=True) == float('-inf')
+    # 0, not -inf: finite values and gradients there
+    return logits.masked_fill_(dead, 0.0).softmax(-1), dead
 
 def _manual(q, k, v, score_terms, mask, scale, dropout_p, value_terms, want_probs):
     probs, dead = _softmax_rows(scores(q, k, score_terms, mask, scale))
@@ -80,7 +85,8 @@ def _manual(q, k, v, score_terms, mask, scale, dropout_p, value_terms, want_prob
     p = F.dropout(probs, dropout_p) if dropout_p > 0 else probs
     out = p @ v                                                # (b, h, i, d_v)
     for f in value_terms: out = out + f(p)                     # (b, h, i, d_v)
-    out = out.masked_fill(dead, 0.0)                           # a row that -inf terms empty gives 0, as on the fast path
+    # a row that -inf terms empty gives 0, as on the fast path
+    out = out.masked_fill(dead, 0.0)
     return out, probs.masked_fill(dead, 0.0) if want_probs else None
 
 def attend_manual(q, k, v, score_terms=(), mask=None, scale=None, dropout_p=0.0, value_terms=()):
@@ -102,10 +108,11 @@ def attend_fast(q, k, v, score_terms=(), mask=None, scale=None, dropout_p=0.0):
                                    or mask is None and not score_terms and not is_tracing() and bool(q.isnan().any())):  # NaN: above
         return _attend_math(q, k, v, score_terms, mask, scale, dropout_p)
     bias = None
-    for t in score_terms: bias = t if bias is None else bias + t          # (b|1, h|1, i, j)
+    for t in score_terms: bias = t if bias is None else bias + t      # (b|1, h|1, i, j)
     if bias is None: return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
     if mask is not None: bias = torch.where(mask, bias, torch.tensor(float('-inf'), dtype=bias.dtype, device=bias.device))
-    live = bias.amax(-1, keepdim=True) > float('-inf')                    # (b|1, h|1, i, 1): a row -inf terms leave empty → 0
+    # (b|1, h|1, i, 1): a row -inf terms leave empty → 0
+    live = bias.amax(-1, keepdim=True) > float('-inf')
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), dropout_p=dropout_p, scale=scale)
     return out.masked_fill(~live, 0.0)
 
@@ -121,14 +128,14 @@ def attend_compiled(q, k, v, score_terms=(), mask=None, scale=None, dropout_p=0.
 def attend(q: torch.Tensor, # queries `(b, h, i, d)`, float, d ≥ 1
            k: torch.Tensor, # keys `(b, h, j, d)`, float
            v: torch.Tensor, # values `(b, h, j, d_v)`, float
-           score_terms=(),  # float tensors broadcastable to `(b, h, i, j)`, in logit units, summed onto `scale·q·kᵀ` (forbid keys with `mask`)
-           mask: torch.Tensor | None = None, # bool, broadcastable to `(b, h, i, j)`, `True` = may attend
-           scale: float | None = None,  # content scale `s`, a finite number; default `1/sqrt(d)`
+           score_terms=(),  # float tensors broadcastable to `(b, h, i, j)`, in logit units, summed onto `scale·q·kᵀ` (forbid keys with mask)
+           mask: torch.Tensor | None = None, # bool, broadcastable to `(b, h, i, j)`, True = may attend
+           scale: float | None = None,  # content scale s, a finite number; default `1/sqrt(d)`
            dropout_p: float = 0.0,      # dropout on the attention probabilities (pass 0 in eval)
            return_probs: bool = False,  # also return the probabilities `(b, h, i, j)` (uses the manual path)
-           fast: bool | str = True,     # True: `F.scaled_dot_product_attention` when possible; False: manual; 'compiled': `attend_compiled`
+           fast: bool | str = True,     # True: `F.scaled_dot_product_attention` when possible; False: manual; 'compiled': attend_compiled
            value_terms=(),  # callables `probs (b, h, i, j) -> (b, h, i, d_v)` added to the output (Shaw's $a^V$); manual path
-           causal: bool = False,        # also forbid keys after the query (`causal_mask`: queries are the last i of the j keys)
+           causal: bool = False,        # also forbid keys after the query (causal_mask: queries are the last i of the j keys)
           ):
     "Attention with position score terms: `softmax(scale·q·kᵀ + Σ terms, masked)·v`; rows with no allowed key give 0; `ValueError` for bad input."
     _check_attend_inputs(q, k, v, score_terms, mask)
@@ -140,10 +147,12 @@ def attend(q: torch.Tensor, # queries `(b, h, i, d)`, float, d ≥ 1
     mask = _with_causal(mask, causal, q.shape[2], k.shape[2], q.device)
     valid = None
     if mask is not None:
-        valid = mask.any(-1, keepdim=True)                   # (b|1, h|1, i|1, 1): row has an allowed key
-        used = mask.any(-2, keepdim=True).transpose(-1, -2)  # (b|1, h|1, j, 1): some query may attend the key
-        k, v = k.masked_fill(~used, 0.0), v.masked_fill(~used, 0.0)   # padding's NaN must not reach other rows (0·NaN)
-        mask = mask | ~valid                                  # fully masked rows attend everywhere, then are zeroed
+        valid = mask.any(-1, keepdim=True)  # (b|1, h|1, i|1, 1): row has an allowed key
+        # (b|1, h|1, j, 1): some query may attend the key
+        used = mask.any(-2, keepdim=True).transpose(-1, -2)
+        # padding's NaN must not reach other rows (0·NaN)
+        k, v = k.masked_fill(~used, 0.0), v.masked_fill(~used, 0.0)
+        mask = mask | ~valid      # fully masked rows attend everywhere, then are zeroed
     if return_probs or value_terms or not fast:
         out, probs = attend_manual(q, k, v, score_terms, mask, scale, dropout_p, value_terms)
     else:
@@ -259,7 +268,7 @@ def _content_scale(pe, q):  # the head dimension as a Python int: under tracing 
 def position_attention(pe: PositionEncoding,
                        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, # `(b, h, i, d)`, `(b, h, j, d)`, `(b, h, j, d_v)`
                        ctx: Context,                 # `pe.prepare(q_pos, k_pos)`
-                       layer=None,                   # the layer address: index, `LayerRef`, or None (see `as_layer`)
+                       layer=None,                   # the layer address: index, LayerRef, or None (see as_layer)
                        mask: torch.Tensor | None = None, # bool, broadcastable to `(b, h, i, j)`, True = may attend
                        dropout_p: float = 0.0, return_probs: bool = False, fast: bool | str = True,
                        causal: bool = False):        # forbid keys after each query (queries = the last i keys)
@@ -303,8 +312,8 @@ def _qkv(self: MultiHeadAttention, x, kv, pe, ctx, cache):
 def forward(self: MultiHeadAttention,
             x: torch.Tensor,             # queries' hidden states `(b, i, D)`
             mask: torch.Tensor | None = None, # bool, broadcastable to `(b, h, i, j)`, True = may attend (j counts cached keys)
-            pe: PositionEncoding | None = None, ctx: Context | None = None, # the encoding and its `prepare` context
-            kv: torch.Tensor | None = None,   # keys' hidden states `(b, j, D)` (default: `x`, self-attention)
+            pe: PositionEncoding | None = None, ctx: Context | None = None, # the encoding and its prepare context
+            kv: torch.Tensor | None = None,   # keys' hidden states `(b, j, D)` (default: x, self-attention)
             return_probs: bool = False, fast: bool = True,
             causal: bool = False,             # forbid keys after each query
             cache: KVCache | None = None):    # this layer's cache: earlier keys and values, extended by this call's
@@ -314,7 +323,8 @@ def forward(self: MultiHeadAttention,
     res = position_attention(pe, q, k, v, ctx, self.layer_ref, mask, self.dropout if self.training else 0.0,
                              return_probs, fast, causal)
     out, probs = res if return_probs else (res, None)
-    out = self.o_proj(out.transpose(1, 2).reshape(x.shape[0], x.shape[1], self.d_model))  # (b, i, D)
+    # (b, i, D)
+    out = self.o_proj(out.transpose(1, 2).reshape(x.shape[0], x.shape[1], self.d_model))
     return (out, probs) if return_probs else out
 
 @patch

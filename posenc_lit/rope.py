@@ -55,12 +55,13 @@ def rope_inv_freq(rotary_dim: int,        # d_r: the number of rotated dimension
     return _check_freqs(_theta(rotary_dim, base, device), f'base={base!r}')
 
 def _theta(rotary_dim, base, device):
-    two_i = torch.arange(0, rotary_dim, 2, device=device).to(torch.float32)    # 2i, exact in float32
-    return 1.0 / base ** (two_i / rotary_dim)                                    # (d_r/2,)
+    # 2i, exact in float32
+    two_i = torch.arange(0, rotary_dim, 2, device=device).to(torch.float32)
+    return 1.0 / base ** (two_i / rotary_dim)                                 # (d_r/2,)
 
 # %% ../nbs/07_rope.ipynb #199d4896
 def rope_cos_sin(pos: torch.Tensor,       # integer token positions `(n,)` or `(b, n)`, 0-based
-                 inv_freq: torch.Tensor,  # θ `(d_r/2,)` (its dtype is the angles' dtype: float32 from `rope_inv_freq`)
+                 inv_freq: torch.Tensor,  # θ `(d_r/2,)` (its dtype is the angles' dtype: float32 from rope_inv_freq)
                 ) -> tuple:               # `(cos, sin)`, each `(…, n, d_r/2)`
     "Cosines and sines of the rotation angles $m\\theta_i$ (radians) of each position $m$; `TypeError` for non-integer positions."
     if not is_int_tensor(pos):
@@ -101,26 +102,28 @@ def _pairs(x, r, pairing):  # the two members of each pair among the first r dim
 
 # %% ../nbs/07_rope.ipynb #a37a0b3e
 def apply_rope(x: torch.Tensor,    # queries or keys `(…, n, d)`, float
-               cos: torch.Tensor, sin: torch.Tensor,  # from `rope_cos_sin`, broadcastable to `(…, n, d_r/2)`, d_r ≤ d
-               pairing: str = 'half',  # which dimensions pair up: 'half' or 'interleaved' (see `PAIRINGS`)
-              ) -> torch.Tensor:       # `x` with its first d_r dimensions rotated pair by pair; same shape and dtype
+               cos: torch.Tensor, sin: torch.Tensor,  # from rope_cos_sin, broadcastable to `(…, n, d_r/2)`, d_r ≤ d
+               pairing: str = 'half',  # which dimensions pair up: 'half' or 'interleaved' (see PAIRINGS)
+              ) -> torch.Tensor:       # x with its first d_r dimensions rotated pair by pair; same shape and dtype
     "Rotate each pair of the first $d_r$ dimensions of `x` by its angle (Su et al. 2021, §3.2); the other $d - d_r$ pass unchanged."
     _check_pairing(pairing); r = _check_rope_args(x, cos, sin)
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     x1, x2 = _pairs(x, r, pairing)
-    y1, y2 = x1 * cos - x2 * sin, x1 * sin + x2 * cos                       # (…, n, d_r/2) each
-    rot = torch.cat([y1, y2], -1) if pairing == 'half' else torch.stack([y1, y2], -1).flatten(-2)   # (…, n, d_r)
+    y1, y2 = x1 * cos - x2 * sin, x1 * sin + x2 * cos               # (…, n, d_r/2) each
+    # (…, n, d_r)
+    rot = torch.cat([y1, y2], -1) if pairing == 'half' else torch.stack([y1, y2], -1).flatten(-2)
     return torch.cat([rot, x[..., r:]], -1)                                 # (…, n, d)
 
 # %% ../nbs/07_rope.ipynb #fa18bbf7
-def pairing_permutation(rotary_dim: int,          # d_r: the number of rotated dimensions, even
+def pairing_permutation(rotary_dim: int,   # d_r: the number of rotated dimensions, even
                         d_head: int | None = None,  # d ≥ d_r, the head dimension (default d_r)
-                        src: str = 'interleaved', dst: str = 'half',  # pairings (see `PAIRINGS`)
+                        src: str = 'interleaved', dst: str = 'half',  # pairings (see PAIRINGS)
                        ) -> torch.Tensor:         # int64 index `(d,)`: `x_dst = x_src[..., idx]`; dimensions ≥ d_r stay put
     "The permutation of head dimensions (or of each head's q/k projection rows) that turns `src`-paired vectors into `dst`-paired ones."
     d_head = rotary_dim if d_head is None else d_head
     _check_rotary_dim(rotary_dim, d_head); _check_pairing(src); _check_pairing(dst)
-    to_half = torch.cat([torch.arange(0, rotary_dim, 2), torch.arange(1, rotary_dim, 2)])   # first members, then second members
+    # first members, then second members
+    to_half = torch.cat([torch.arange(0, rotary_dim, 2), torch.arange(1, rotary_dim, 2)])
     idx = {('interleaved', 'half'): to_half, ('half', 'interleaved'): to_half.argsort()}.get((src, dst), torch.arange(rotary_dim))
     return torch.cat([idx, torch.arange(rotary_dim, d_head)])
 
@@ -144,7 +147,7 @@ def _check_scaling(scaling, factor, rotary_dim):
 # %% ../nbs/07_rope.ipynb #82a8cf64
 def rope_frequencies(rotary_dim: int,         # d_r, even
                      base: float = 10000.0,   # b
-                     scaling: str = 'none',   # 'none', 'linear' (position interpolation) or 'ntk' (see `SCALINGS`)
+                     scaling: str = 'none',   # 'none', 'linear' (position interpolation) or 'ntk' (see SCALINGS)
                      factor: float = 1.0,     # s = L'/L ≥ 1
                      device=None,
                     ) -> torch.Tensor:        # θ `(d_r/2,)`, float32, radians per token
@@ -152,8 +155,9 @@ def rope_frequencies(rotary_dim: int,         # d_r, even
     _check_rotary_dim(rotary_dim); _check_base(base); _check_scaling(scaling, factor, rotary_dim)
     what = f'base={base!r}, scaling={scaling!r}, factor={factor!r}'
     if scaling == 'ntk':
-        try: base = base * factor ** (rotary_dim / (rotary_dim - 2))            # b' = b·s^(d_r/(d_r-2))
-        except OverflowError: base = math.inf                                     # then θ_i = 0, refused below
+        # b' = b·s^(d_r/(d_r-2))
+        try: base = base * factor ** (rotary_dim / (rotary_dim - 2))
+        except OverflowError: base = math.inf              # then θ_i = 0, refused below
     inv_freq = _theta(rotary_dim, base, device)
     return _check_freqs(inv_freq / factor if scaling == 'linear' else inv_freq, what)
 
@@ -164,15 +168,16 @@ class RoPE(PositionEncoding):
     def __init__(self, d_head: int,                # d: per-head dimension of q and k
                  rotary_dim: int | None = None,    # d_r ≤ d rotated dimensions, even; None = all of d (partial rotary: GPT-NeoX)
                  base: float = 10000.0,            # b in θ_i = b^(-2i/d_r)
-                 pairing: str = 'half',            # 'half' (GPT-NeoX, HF LLaMA) or 'interleaved' (the paper), see `PAIRINGS`
-                 scaling: str = 'none',            # 'none', 'linear' (position interpolation) or 'ntk', see `SCALINGS`
+                 pairing: str = 'half',            # 'half' (GPT-NeoX, HF LLaMA) or 'interleaved' (the paper), see PAIRINGS
+                 scaling: str = 'none',            # 'none', 'linear' (position interpolation) or 'ntk', see SCALINGS
                  factor: float = 1.0):             # s = L'/L ≥ 1 for the scaling
         super().__init__()
         if not is_int(d_head) or d_head < 1: raise ValueError(f'd_head must be an integer ≥ 1; got {d_head!r}')
         self.d_head, self.rotary_dim = d_head, _check_rotary_dim(rotary_dim, d_head)
         _check_base(base); _check_pairing(pairing); _check_scaling(scaling, factor, self.rotary_dim)
         self.base, self.pairing, self.scaling, self.factor = base, pairing, scaling, factor
-        self.inv_freq()   # frequencies that leave float32 fail here, not in the first forward
+        # frequencies that leave float32 fail here, not in the first forward
+        self.inv_freq()
 
 # %% ../nbs/07_rope.ipynb #a6f50eae
 @patch
@@ -183,8 +188,9 @@ def inv_freq(self: RoPE, device=None) -> torch.Tensor:
 @dataclass(eq=False)
 class RoPEContext(Context):
     "Context of `RoPE`: float32 cosines and sines of the queries' and keys' angles, made once per forward by `prepare`."
-    rope_same: bool           # the queries and keys have the same positions (one set of angles)
-    rope: dict                # `{torch.float32: ((cos, sin) of the queries, (cos, sin) of the keys)}`, each `(b|1, 1, n, d_r/2)`
+    rope_same: bool   # the queries and keys have the same positions (one set of angles)
+    # `{torch.float32: ((cos, sin) of the queries, (cos, sin) of the keys)}`, each `(b|1, 1, n, d_r/2)`
+    rope: dict
 
 @patch
 def prepare(self: RoPE, q_pos, k_pos) -> RoPEContext:  # integer positions `(b|1, i)`, `(b|1, j)` (or 1-D)
@@ -201,15 +207,18 @@ def prepare(self: RoPE, q_pos, k_pos) -> RoPEContext:  # integer positions `(b|1
 @patch
 def _angles(self: RoPE, q_pos, k_pos, same, acc):  # ((cos, sin) of the queries, of the keys), each (b|1, 1, n, d_r/2), in `acc`
     inv_freq = self.inv_freq(q_pos.device).to(acc)
-    cs_q = tuple(t[:, None] for t in rope_cos_sin(q_pos, inv_freq))                                   # (b|1, 1, i, d_r/2)
-    return cs_q, cs_q if same else tuple(t[:, None] for t in rope_cos_sin(k_pos, inv_freq))          # (b|1, 1, j, d_r/2)
+    # (b|1, 1, i, d_r/2)
+    cs_q = tuple(t[:, None] for t in rope_cos_sin(q_pos, inv_freq))
+    # (b|1, 1, j, d_r/2)
+    return cs_q, cs_q if same else tuple(t[:, None] for t in rope_cos_sin(k_pos, inv_freq))
 
 @patch
 def cos_sin(self: RoPE, ctx: RoPEContext, dtype: torch.dtype) -> tuple:  # `prepare`'s context; the dtype of q
     "`((cos, sin) of the queries, (cos, sin) of the keys)`, each `(b|1, 1, n, d_r/2)`: float32 from `prepare` (float64 for float64 q, made here)."
-    acc = torch.promote_types(dtype, torch.float32)                        # never below float32
+    acc = torch.promote_types(dtype, torch.float32)                # never below float32
     if acc in ctx.rope: return ctx.rope[acc]
-    return self._angles(ctx.q_pos, ctx.k_pos, ctx.rope_same, acc)          # a float64 layer: float64 angles, not stored
+    # a float64 layer: float64 angles, not stored
+    return self._angles(ctx.q_pos, ctx.k_pos, ctx.rope_same, acc)
 
 @patch
 def transform_qk(self: RoPE, q, k, ctx: RoPEContext, layer=None):  # q `(b, h, i, d)`, k `(b, h, j, d)`

@@ -31,10 +31,10 @@ def _check_buckets(bidirectional, num_buckets, max_distance):
     return max_exact
 
 # %% ../nbs/04_t5.ipynb #e208d806
-def t5_bucket(rel: torch.Tensor,           # relative distances j - i, integer, any shape
+def t5_bucket(rel: torch.Tensor,          # relative distances j - i, integer, any shape
               bidirectional: bool = True,  # encoder (True) or causal decoder (False) buckets
               num_buckets: int = 32,
-              max_distance: int = 128,     # distances ≥ max_distance share the last bucket
+              max_distance: int = 128,  # distances ≥ max_distance share the last bucket
              ) -> torch.Tensor:            # bucket ids in `[0, num_buckets)`, int64, shape of `rel`
     "T5's relative-position bucket of each distance $j-i$ (Raffel et al. 2020, §2.1; HF `T5Attention._relative_position_bucket`)."
     max_exact = _check_buckets(bidirectional, num_buckets, max_distance)
@@ -44,7 +44,8 @@ def t5_bucket(rel: torch.Tensor,           # relative distances j - i, integer, 
     rel = rel.long()
     if bidirectional:
         num_buckets //= 2
-        offset = (rel > 0).long() * num_buckets       # keys after the query use the upper half
+        # keys after the query use the upper half
+        offset = (rel > 0).long() * num_buckets
         n = rel.abs()
     else:
         offset, n = torch.zeros_like(rel), (-rel).clamp(min=0)
@@ -71,13 +72,16 @@ class T5RelativeBias(PositionEncoding):
         if not is_real(init_std) or not 0 <= init_std < math.inf:
             raise ValueError(f'init_std must be a finite number ≥ 0; got {init_std!r}')
         self.num_buckets, self.max_distance, self.bidirectional, self.scale_content = num_buckets, max_distance, bidirectional, scale_content
-        self.weight = nn.Parameter(torch.randn(num_buckets, n_heads) * init_std)    # (num_buckets, h)
+        # (num_buckets, h)
+        self.weight = nn.Parameter(torch.randn(num_buckets, n_heads) * init_std)
 
     def bias(self, q_pos, k_pos) -> torch.Tensor:  # integer positions `(b|1, i)`, `(b|1, j)`
         "The bias `(b|1, h, i, j)` in logit units."
-        bucket = t5_bucket(rel_pos(q_pos, k_pos), self.bidirectional, self.num_buckets, self.max_distance)  # (b|1, i, j)
+        # (b|1, i, j)
+        bucket = t5_bucket(rel_pos(q_pos, k_pos), self.bidirectional, self.num_buckets, self.max_distance)
         # index_select: its backward is index_add_; weight[bucket] backs through a sort-based index_put_ (L=1024, h=12: 38 ms against 273 ms)
-        b = self.weight.t().index_select(1, bucket.reshape(-1)).view(self.weight.shape[1], *bucket.shape)      # (h, b|1, i, j) or (h, i, j)
+        # (h, b|1, i, j) or (h, i, j)
+        b = self.weight.t().index_select(1, bucket.reshape(-1)).view(self.weight.shape[1], *bucket.shape)
         return b.transpose(0, 1) if bucket.ndim == 3 else b[None]
 
     def prepare(self, q_pos, k_pos) -> T5Context: return T5Context(q_pos, k_pos, self.bias(q_pos, k_pos))

@@ -34,7 +34,7 @@ class PatchEmbed(nn.Conv2d):
         self.reduction = patch_size   # pixels per token along each side
 
 # %% ../nbs/09_vit.ipynb #c3516c06
-def grid_positions(grid: tuple,                # (gh, gw): patches per column and per row
+def grid_positions(grid: tuple,               # (gh, gw): patches per column and per row
                    num_prefix_tokens: int = 1, # tokens before the patches ([CLS]); each gets position (0, 0)
                    device=None,
                   ) -> torch.Tensor:           # `(n, 2)` int64 (row, col), n = num_prefix_tokens + gh·gw
@@ -59,12 +59,12 @@ def _check_mode(mode, name='mode'):
 
 # %% ../nbs/09_vit.ipynb #d919b2aa
 def interpolate_pos_embed(pos_embed: torch.Tensor, # `(n, D)` or `(1, n, D)` float: prefix rows, then gh·gw patch rows in reading order
-                          old_grid: tuple,        # (gh, gw) of `pos_embed`
+                          old_grid: tuple,        # (gh, gw) of pos_embed
                           new_grid: tuple,        # (gh', gw') wanted
                           num_prefix_tokens: int = 1,  # rows kept as they are ([CLS]); 0 for a table of patches only
                           mode: str = 'bicubic',  # 'bicubic' (timm, Hugging Face, DeiT) or 'bilinear'
                           antialias: bool = False,  # low-pass filter when shrinking (timm's default; Hugging Face: off)
-                         ) -> torch.Tensor:       # `(n', D)` or `(1, n', D)`, n' = num_prefix_tokens + gh'·gw', dtype of `pos_embed`
+                         ) -> torch.Tensor:       # `(n', D)` or `(1, n', D)`, n' = num_prefix_tokens + gh'·gw', dtype of pos_embed
     "The table resampled to `new_grid` by 2D interpolation of the patch rows (ViT §3.2); prefix rows unchanged. `ValueError` for bad shapes or mode."
     old_grid, new_grid = _check_grid(old_grid, 'old_grid'), _check_grid(new_grid, 'new_grid')
     _check_mode(mode)
@@ -79,9 +79,11 @@ def interpolate_pos_embed(pos_embed: torch.Tensor, # `(n, D)` or `(1, n, D)` flo
                          f'= {num_prefix_tokens + old_grid[0] * old_grid[1]}: check the grid and the number of prefix tokens')
     t = t.reshape(n, D)
     acc = torch.promote_types(t.dtype, torch.float32)
-    img = t[num_prefix_tokens:].to(acc).T.reshape(1, D, *old_grid)                                   # (1, D, gh, gw)
-    img = F.interpolate(img, size=new_grid, mode=mode, align_corners=False, antialias=antialias)    # (1, D, gh', gw')
-    out = torch.cat([t[:num_prefix_tokens], img.reshape(D, -1).T.to(t.dtype)])                     # (n', D)
+    img = t[num_prefix_tokens:].to(acc).T.reshape(1, D, *old_grid)      # (1, D, gh, gw)
+    # (1, D, gh', gw')
+    img = F.interpolate(img, size=new_grid, mode=mode, align_corners=False, antialias=antialias)
+    # (n', D)
+    out = torch.cat([t[:num_prefix_tokens], img.reshape(D, -1).T.to(t.dtype)])
     return out if pos_embed.ndim == 2 else out[None]
 
 # %% ../nbs/09_vit.ipynb #c08ba703
@@ -114,7 +116,8 @@ class LearnedPosEmbed(VisionEncoding):
         if not is_real(init_std) or not init_std >= 0:
             raise ValueError(f'init_std (a standard deviation) must be a number ≥ 0; got {init_std!r}')
         self.init_std, self.table_grid = init_std, _check_grid(grid, 'grid')
-        self.weight = nn.Parameter(torch.randn(1, num_prefix_tokens + grid[0] * grid[1], d_model) * init_std)  # (1, n, D)
+        # (1, n, D)
+        self.weight = nn.Parameter(torch.randn(1, num_prefix_tokens + grid[0] * grid[1], d_model) * init_std)
     def embed_grid(self, grid, mode=None, antialias=False):
         "The table for `grid`: as it is for `table_grid`, else interpolated with `mode`; `ValueError` if that is None."
         if tuple(grid) == self.table_grid: return self.weight
@@ -150,9 +153,12 @@ class Learned2d(VisionEncoding):
     def reinit_(self, grid):
         "Fresh normal(`init_std`) tables for `grid`, prefix rows included; returns `self`."
         self.table_grid, p, std = _check_grid(grid, 'grid'), self.num_prefix_tokens, self.init_std
-        self.prefix = nn.Parameter(torch.randn(p, self.d_model) * std) if p else None   # (p, D)
-        self.rows = nn.Parameter(torch.randn(grid[0], self.d_model // 2) * std)        # (gh, D/2): Y-axis
-        self.cols = nn.Parameter(torch.randn(grid[1], self.d_model // 2) * std)        # (gw, D/2): X-axis
+        # (p, D)
+        self.prefix = nn.Parameter(torch.randn(p, self.d_model) * std) if p else None
+        # (gh, D/2): Y-axis
+        self.rows = nn.Parameter(torch.randn(grid[0], self.d_model // 2) * std)
+        # (gw, D/2): X-axis
+        self.cols = nn.Parameter(torch.randn(grid[1], self.d_model // 2) * std)
         return self
 
 # %% ../nbs/09_vit.ipynb #b16a5009
@@ -170,9 +176,10 @@ def axis_tables(self: Learned2d, grid, mode=None, antialias=False):
 def embed_grid(self: Learned2d, grid, mode=None, antialias=False):
     "`(1, n, D)`: the prefix rows, then `[cols[c] | rows[r]]` for each patch."
     rows, cols = self.axis_tables(grid, mode, antialias)
-    rc = grid_positions(grid, 0, rows.device)                                               # (N, 2)
-    patches = torch.cat([cols[rc[:, 1]], rows[rc[:, 0]]], -1)                              # (N, D)
-    return (patches if self.prefix is None else torch.cat([self.prefix, patches]))[None]   # (1, n, D)
+    rc = grid_positions(grid, 0, rows.device)                                   # (N, 2)
+    patches = torch.cat([cols[rc[:, 1]], rows[rc[:, 0]]], -1)                   # (N, D)
+    # (1, n, D)
+    return (patches if self.prefix is None else torch.cat([self.prefix, patches]))[None]
 
 @patch
 def resize_(self: Learned2d, grid, mode='bicubic', antialias=False):
@@ -190,10 +197,11 @@ def sincos_2d_table(grid: tuple,          # (gh, gw)
                    ) -> torch.Tensor:     # `(n, D)` float32
     "MAE's 2D sin-cos table: `[sincos(col) | sincos(row)]` per patch, each Vaswani's §3.5 at width D/2 (`[sin | cos]`); zeros for prefix tokens."
     if d_model % 4: raise ValueError(f'sincos2d needs d_model divisible by 4 (sin and cos of the row and of the column); got {d_model}')
-    rc = grid_positions(grid, 0)                                                         # (N, 2)
+    rc = grid_positions(grid, 0)                                                # (N, 2)
     emb = torch.cat([sinusoidal_table(rc[:, 1], d_model // 2, base, 'concat'),
-                     sinusoidal_table(rc[:, 0], d_model // 2, base, 'concat')], -1)        # (N, D)
-    return torch.cat([emb.new_zeros(num_prefix_tokens, d_model), emb])                   # (n, D)
+                     # (N, D)
+                     sinusoidal_table(rc[:, 0], d_model // 2, base, 'concat')], -1)
+    return torch.cat([emb.new_zeros(num_prefix_tokens, d_model), emb])          # (n, D)
 
 class SinCos2d(VisionEncoding):
     "Fixed 2D sin-cos vectors added to the tokens (MAE); any grid, nothing learned."
@@ -201,22 +209,24 @@ class SinCos2d(VisionEncoding):
     def __init__(self, d_model: int, num_prefix_tokens: int = 1, base: float = 10000.0):
         super().__init__(num_prefix_tokens)
         self.d_model, self.base = d_model, base
-        sincos_2d_table((1, 1), d_model, 0, base)             # a bad d_model fails here, not in the first forward
+        # a bad d_model fails here, not in the first forward
+        sincos_2d_table((1, 1), d_model, 0, base)
     def embed_grid(self, grid, mode=None, antialias=False):
-        return sincos_2d_table(grid, self.d_model, self.num_prefix_tokens, self.base)[None]   # (1, n, D)
+        # (1, n, D)
+        return sincos_2d_table(grid, self.d_model, self.num_prefix_tokens, self.base)[None]
 
 # %% ../nbs/09_vit.ipynb #fc382f9b
 def apply_rope_2d(x: torch.Tensor,          # queries or keys `(…, n, d)`, float, d a multiple of 4
-                  rc: torch.Tensor,         # `(n, 2)` integer (row, col) of each token (`grid_positions`)
+                  rc: torch.Tensor,         # `(n, 2)` integer (row, col) of each token (grid_positions)
                   inv_freq: torch.Tensor,   # θ `(d/4,)` from `rope_inv_freq(d // 2, base)`
                   pairing: str = 'half',    # pairing within each half, see `posenc_lit.rope.PAIRINGS`
-                 ) -> torch.Tensor:         # `x` rotated: dims `[0, d/2)` by the column, `[d/2, d)` by the row
+                 ) -> torch.Tensor:         # x rotated: dims `[0, d/2)` by the column, `[d/2, d)` by the row
     "Axial 2D RoPE (RoPE-ViT): the first half of the dimensions rotated by column·θ, the second half by row·θ; `ValueError` if d ≠ 4·len(θ)."
     if not (isinstance(x, torch.Tensor) and isinstance(inv_freq, torch.Tensor) and x.ndim >= 1 and inv_freq.ndim == 1 and x.shape[-1] == 4 * len(inv_freq)):
         raise ValueError(f'2D RoPE rotates d = 4·len(inv_freq) dimensions (two axes, pairs); got x of shape '
                          f'{tuple(getattr(x, "shape", ()))} and inv_freq of shape {tuple(getattr(inv_freq, "shape", ()))}: use rope_inv_freq(d // 2, base)')
     h = x.shape[-1] // 2
-    cos_c, sin_c = rope_cos_sin(rc[:, 1], inv_freq)                          # (n, d/4) each
+    cos_c, sin_c = rope_cos_sin(rc[:, 1], inv_freq)                      # (n, d/4) each
     cos_r, sin_r = rope_cos_sin(rc[:, 0], inv_freq)
     return torch.cat([apply_rope(x[..., :h], cos_c, sin_c, pairing), apply_rope(x[..., h:], cos_r, sin_r, pairing)], -1)
 
@@ -231,7 +241,7 @@ class RoPE2d(VisionEncoding):
         if pairing not in PAIRINGS: raise ValueError(f'pairing must be one of {list(PAIRINGS)}; got {pairing!r}')
         self.d_head, self.base, self.pairing = d_head, base, pairing
         rope_inv_freq(d_head // 2, base)                        # a bad base fails here
-    def transform_qk(self, q, k, ctx, attn):                    # q `(b, h, i, d)`, k `(b, h, j, d)`
+    def transform_qk(self, q, k, ctx, attn):        # q `(b, h, i, d)`, k `(b, h, j, d)`
         if ctx.get('rc') is None: raise ValueError('rope2d needs the token grid: make the context with pe.prepare(pos, pos, grid=(gh, gw))')
         inv_freq = rope_inv_freq(self.d_head // 2, self.base, q.device).to(torch.promote_types(q.dtype, torch.float32))
         return apply_rope_2d(q, ctx['rc'], inv_freq, self.pairing), apply_rope_2d(k, ctx['rc'], inv_freq, self.pairing)
@@ -245,17 +255,22 @@ class RelBias2d(VisionEncoding):
         if not is_int(n_heads) or n_heads < 1: raise ValueError(f'n_heads must be an integer ≥ 1; got {n_heads!r}')
         if not is_int(max_distance) or max_distance < 0: raise ValueError(f'max_distance must be an integer ≥ 0; got {max_distance!r}')
         self.k = max_distance
-        self.table = nn.Parameter(torch.zeros(n_heads, 2 * max_distance + 1, 2 * max_distance + 1))   # (h, 2k+1, 2k+1)
-        self.prefix_bias = nn.Parameter(torch.zeros(3, n_heads)) if num_prefix_tokens else None   # [CLS]→patch, patch→[CLS], [CLS]→[CLS]
+        # (h, 2k+1, 2k+1)
+        self.table = nn.Parameter(torch.zeros(n_heads, 2 * max_distance + 1, 2 * max_distance + 1))
+        # [CLS]→patch, patch→[CLS], [CLS]→[CLS]
+        self.prefix_bias = nn.Parameter(torch.zeros(3, n_heads)) if num_prefix_tokens else None
     def bias(self, grid) -> torch.Tensor:
         "The bias `(1, h, n, n)` for `grid`."
         rc, k, p = grid_positions(grid, 0, self.table.device), self.k, self.num_prefix_tokens
-        d_row, d_col = (rel_pos(rc[:, a], rc[:, a]).clamp(-k, k) + k for a in (0, 1))     # (i, j) each: j - i, clipped, + k
-        b = self.table[:, d_row, d_col]                                                    # (h, N, N)
+        # (i, j) each: j - i, clipped, + k
+        d_row, d_col = (rel_pos(rc[:, a], rc[:, a]).clamp(-k, k) + k for a in (0, 1))
+        b = self.table[:, d_row, d_col]                                      # (h, N, N)
         if p:
-            pb = self.prefix_bias[:, :, None, None]                                        # (3, h, 1, 1)
-            top = torch.cat([pb[2].expand(-1, p, p), pb[0].expand(-1, p, b.shape[-1])], -1)   # (h, p, n)
-            b = torch.cat([top, torch.cat([pb[1].expand(-1, b.shape[-1], p), b], -1)], -2)    # (h, n, n)
+            pb = self.prefix_bias[:, :, None, None]                       # (3, h, 1, 1)
+            # (h, p, n)
+            top = torch.cat([pb[2].expand(-1, p, p), pb[0].expand(-1, p, b.shape[-1])], -1)
+            # (h, n, n)
+            b = torch.cat([top, torch.cat([pb[1].expand(-1, b.shape[-1], p), b], -1)], -2)
         return b[None]
     def prepare(self, q_pos, k_pos, grid=None):
         if grid is None: raise ValueError('rel2d needs the token grid: make the context with pe.prepare(pos, pos, grid=(gh, gw))')
@@ -344,7 +359,7 @@ class ViTConfig:
     n_heads: int = 4
     d_ff: int = 128
     dropout: float = 0.0
-    pe: str = 'learned'                 # see `vision_encodings()`
+    pe: str = 'learned'                 # see vision_encodings()
     pe_kwargs: dict = field(default_factory=dict)
     pool: str = 'cls'                   # 'cls' | 'gap'
     stem: str = 'patch'                 # 'patch' | 'hybrid'
