@@ -128,3 +128,53 @@ def test_api_entries(site):
             if anchor not in ids[page]: missing.append(f'{module}.{name} ({pages[page]}#{anchor})')
     assert n > 100, f'only {n} exported functions and classes found in posenc_lit/_modidx.py'
     assert not missing, f'exported symbols without an API entry: {missing}'
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Figures: a number, a caption and alt text, at a size that reads (issue 28)
+
+# Notebooks whose figures do not yet all have a label, caption and alt text at a readable size. Each is an
+# expected failure (strict): when a notebook is fixed its test passes, which fails here -- then take it off the list.
+FIG_PENDING = {'01_attention', '02_absolute', '04_t5', '07_rope', '08_alibi', '09_vit', '14_hf', '19c_study',
+               '19_compare', '19b_regime', '20_pretraining', '21_lengths', '22_locality'}
+MIN_FIG_PX = (400, 150)   # width, height of a committed PNG output
+
+
+def png_size(b64):
+    "(width, height) of a base64 PNG, read from its IHDR chunk."
+    import base64, struct
+    head = base64.b64decode(b64[:64])
+    assert head[:8] == b'\x89PNG\r\n\x1a\n', 'not a PNG'
+    return struct.unpack('>II', head[16:24])
+
+
+def figure_problems(nb):
+    "What each figure cell of notebook `nb` lacks: `label: fig-...`, `fig-cap`, `fig-alt`, a readable size."
+    problems = []
+    for i, c in enumerate(json.loads(nb.read_text(encoding='utf-8'))['cells']):
+        pngs = [''.join(o['data']['image/png']) for o in c.get('outputs', []) if 'image/png' in o.get('data', {})]
+        if c['cell_type'] != 'code' or not pngs: continue
+        opts = dict(re.findall(r'^#\|\s*([\w-]+)\s*:\s*(.*?)\s*$', ''.join(c['source']), re.M))
+        where = f"{nb.name} cell {i} ({c.get('id')})"
+        if not opts.get('label', '').startswith('fig-'): problems.append(f'{where}: no `#| label: fig-...` (the figure number)')
+        for key in ('fig-cap', 'fig-alt'):
+            if not opts.get(key, '').strip('"\' '): problems.append(f'{where}: no `#| {key}:`')
+        for w, h in map(png_size, pngs):
+            if w < MIN_FIG_PX[0] or h < MIN_FIG_PX[1]:
+                problems.append(f'{where}: a {w}×{h} px figure (at least {MIN_FIG_PX[0]}×{MIN_FIG_PX[1]})')
+    return problems
+
+
+def test_png_size():
+    import base64, struct, zlib
+    raw = b'\x89PNG\r\n\x1a\n' + struct.pack('>I', 13) + b'IHDR' + struct.pack('>IIBBBBB', 640, 200, 8, 2, 0, 0, 0)
+    assert png_size(base64.b64encode(raw + struct.pack('>I', zlib.crc32(raw[12:]))).decode()) == (640, 200)
+
+
+@pytest.mark.parametrize('nb', notebooks(), ids=lambda nb: nb.stem)
+def test_figures_have_number_caption_alt(nb, request):
+    "Every figure a notebook shows has a label (`fig-...`: Quarto numbers it), a caption, alt text and a readable size."
+    if nb.stem in FIG_PENDING:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=f'{nb.stem} is in FIG_PENDING; fixed? remove it there'))
+    problems = figure_problems(nb)
+    assert not problems, '\n'.join(problems)
