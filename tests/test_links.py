@@ -132,6 +132,17 @@ def test_drop_repo_links():
     assert pp.drop_repo_links(page, git) == '<code>x.md</code> <a href="https://arxiv.org/abs/1">paper</a>'
 
 
+def test_number_figures():
+    "tools/docs_postprocess.py numbers the captions of `fig-` cells in page order, as Quarto does; other cells not."
+    pp = tool('docs_postprocess')
+    page = ('<div class="cell" id="fig-a"><figure><figcaption>A</figcaption></figure></div>'
+            '<div class="cell" id="cell-3"><figcaption>plain</figcaption></div>'
+            '<div class="cell" id="fig-b"><figcaption>B</figcaption><figcaption>C</figcaption></div>')
+    text, n = pp.number_figures(page)
+    assert n == 2
+    assert re.findall(r'<figcaption>([^<]*)</figcaption>', text) == ['Figure 1: A', 'plain', 'Figure 2 a: B', 'Figure 2 b: C']
+
+
 def page_ids(page, cache={}):
     if page not in cache:
         cache[page] = set(re.findall(r'\bid="([^"]+)"', page.read_text(encoding='utf-8')))
@@ -159,6 +170,20 @@ def test_site_links_resolve(site):
                 bad.append(f'{where}: {ref}: no element with id {u.fragment!r}')
     assert n > 1000, f'only {n} local links checked'
     assert not bad, f'{len(bad)} links that do not resolve:\n  ' + '\n  '.join(bad[:40])
+
+
+def test_site_figures_numbered(site):
+    "Every figure cell (`#| label: fig-...`) of the site has a caption that starts with its number."
+    seen, bad = 0, []
+    for page in sorted(site.rglob('*.html')):
+        text = page.read_text(encoding='utf-8')
+        for m in re.finditer(r'<div\b[^>]*\bid="(fig-[^"]+)"', text):
+            cap = re.search(r'<figcaption>(.*?)</figcaption>', text[m.end():], re.S)
+            seen += 1
+            if not cap or not re.match(r'Figure \d+( [a-z])?: \S', cap.group(1)):
+                bad.append(f'{page.name}#{m.group(1)}: {cap.group(1)[:60] if cap else "no caption"}')
+    assert seen >= 10, f'only {seen} figure cells found in the site'
+    assert not bad, 'figures without a numbered caption:\n  ' + '\n  '.join(bad)
 
 
 def test_version_on_every_page(site):

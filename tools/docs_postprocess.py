@@ -14,6 +14,8 @@
    nbdev's "source" link of each API entry and the navbar's repository icon are dropped, the "Report an issue"
    action too, and any other link into the repository keeps its text without the link. (A Quarto build published
    with a public repository, .github/workflows/deploy.yaml, keeps them: there they resolve.)
+6. Figures are numbered as Quarto numbers them: a cell labelled `fig-...` (`#| label: fig-...`) is the page's
+   next figure, and its caption starts "Figure N: " (N a, N b, ... when the cell shows several pictures).
 """
 import configparser, json, posixpath, re, shutil, sys
 from pathlib import Path
@@ -62,6 +64,30 @@ def unwrap_private_links():
     return n
 
 
+FIG_CELL = re.compile(r'<div\b[^>]*\bid="(fig-[^"]+)"[^>]*>')
+NEXT_CELL = re.compile(r'<div\b[^>]*\bclass="cell\b')
+
+
+def number_figures(text):
+    "`text` with the captions of its `fig-` cells numbered in page order, as Quarto's cross-references do."
+    out, pos, n = [], 0, 0
+    for m in FIG_CELL.finditer(text):
+        if m.start() < pos:
+            continue
+        nxt = NEXT_CELL.search(text, m.end())
+        end = nxt.start() if nxt else len(text)
+        cell = text[m.start():end]
+        caps = cell.count('<figcaption>')
+        if not caps:
+            continue
+        n += 1
+        letters = iter('abcdefghijklmnopqrstuvwxyz')
+        tag = lambda _: f'<figcaption>Figure {n}{" " + next(letters) if caps > 1 else ""}: '
+        out.append(text[pos:m.start()] + re.sub('<figcaption>', tag, cell))
+        pos = end
+    return ''.join(out) + text[pos:], n
+
+
 def drop_repo_links(text, git):
     "`text` without links into the repository `git`: source links, icon and issue action dropped, others unwrapped."
     g = re.escape(git.rstrip('/'))
@@ -82,7 +108,7 @@ def main():
     names = quarto_names()
     names[''] = 'index.html'                                   # the site's root: its home page
     links = re.compile(re.escape(host) + r'/([^"\'#?\s]+\.html|(?=["\'#]))') if host else None
-    n_math = n_links = n_repo = 0
+    n_math = n_links = n_repo = n_figs = 0
     for page in SITE.rglob('*.html'):
         text = orig = page.read_text(encoding='utf-8')
         here = page.parent.relative_to(SITE).as_posix() or '.'
@@ -97,6 +123,8 @@ def main():
             new = drop_repo_links(text, git)
             n_repo += new != text
             text = new
+        text, k = number_figures(text)
+        n_figs += k
         if text != orig: page.write_text(text, encoding='utf-8')
     n_private = unwrap_private_links()
     n_css = 0
@@ -110,7 +138,7 @@ def main():
               for m in rx.finditer(re.sub(r'data:[^"\'\s)]*', '', p.read_text(encoding='utf-8')))]
     if remote: sys.exit('the site still loads from outside itself:\n  ' + '\n  '.join(remote[:20]))
     print(f'   {n_math} page(s) with maths load site_libs/katex/; doc links made local in {n_links} page(s); '
-          f'links into the repository dropped from {n_repo} page(s); '
+          f'links into the repository dropped from {n_repo} page(s); {n_figs} figure(s) numbered; '
           f'{n_private} link(s) to private names without an entry unwrapped; remote font imports dropped from {n_css} stylesheet(s)')
 
 
