@@ -4,11 +4,13 @@
 
 # %% ../nbs/15_tasks.ipynb #7c0eb2b2
 from __future__ import annotations
-import collections, csv, gzip, hashlib, io, json, math, os, re, string, tarfile
+import collections, csv, gzip, hashlib, io, json, math, os, re, string, tarfile, warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 import numpy as np
+from scipy import stats
+from sklearn import metrics as skm
 import datasets
 from .data import _quiet
 
@@ -37,45 +39,41 @@ def _pair(pred, ref, dtype=None) -> tuple[np.ndarray, np.ndarray]:
 
 def accuracy(pred, ref) -> float:
     "Fraction of `pred` equal to `ref` (1-d arrays of class ids)."
-    pred, ref = _pair(pred, ref)
-    return float((pred == ref).mean())
+    p, r = _pair(pred, ref)
+    return float(skm.accuracy_score(r, p))
 
 def f1(pred, ref, positive: int = 1) -> float:
-    "Binary F1 of class `positive`: 2·TP / (2·TP + FP + FN); 0 when there is no positive at all."
+    "Binary F1 of class `positive` (every other class negative): 2·TP / (2·TP + FP + FN); 0 when there is no positive."
     p, r = (x == positive for x in _pair(pred, ref))
-    tp, fp, fn = (p & r).sum(), (p & ~r).sum(), (~p & r).sum()
-    return float(2 * tp / (2 * tp + fp + fn)) if tp + fp + fn else 0.0
+    return float(skm.f1_score(r, p, zero_division=0.0))
 
 def matthews(pred, ref) -> float:
-    "Matthews correlation of binary predictions (CoLA's metric); 0 when a margin of the table is empty."
+    "Matthews correlation of binary predictions (class 1 against the rest; CoLA's metric); 0 for an empty margin."
     p, r = (x == 1 for x in _pair(pred, ref))
-    tp, tn, fp, fn = (float(x.sum()) for x in (p & r, ~p & ~r, p & ~r, ~p & r))
-    den = math.sqrt((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn))
-    return (tp * tn - fp * fn) / den if den else 0.0
+    with warnings.catch_warnings():            # one class on both sides: MCC 0, and sklearn warns of its table
+        warnings.simplefilter('ignore', UserWarning)
+        return float(skm.matthews_corrcoef(r, p))
 
 # %% ../nbs/15_tasks.ipynb #fdefc026
-def pearson(pred, ref) -> float:
-    "Pearson's r; NaN if either side is constant (a correlation is undefined)."
+def _correlation(f, pred, ref) -> float:
+    "`f(x, y).statistic`; NaN if either side is constant (the correlation is undefined; scipy would warn)."
     x, y = _pair(pred, ref, np.float64)
-    if np.ptp(x) == 0 or np.ptp(y) == 0: return float('nan')   # tested on the values: x - x.mean() of a constant need not be 0
-    x, y = x - x.mean(), y - y.mean()
-    return float((x * y).sum() / math.sqrt((x * x).sum() * (y * y).sum()))
+    if np.ptp(x) == 0 or np.ptp(y) == 0:   # on the values: x - x.mean() of a constant need not be 0
+        return float('nan')
+    return float(f(x, y).statistic)
 
-def _ranks(x) -> np.ndarray:   # 1-based ranks, ties get the mean of their ranks
-    x = np.asarray(x, np.float64)
-    _, inv, counts = np.unique(x, return_inverse=True, return_counts=True)
-    ends = np.cumsum(counts)
-    return ((ends - counts + 1 + ends) / 2)[inv]
+def pearson(pred, ref) -> float:
+    "Pearson's r (`scipy.stats.pearsonr`); NaN if either side is constant."
+    return _correlation(stats.pearsonr, pred, ref)
 
 def spearman(pred, ref) -> float:
-    "Spearman's rho: Pearson's r of the ranks, ties averaged."
-    pred, ref = _pair(pred, ref, np.float64)
-    return pearson(_ranks(pred), _ranks(ref))
+    "Spearman's rho, Pearson's r of the ranks with ties averaged (`scipy.stats.spearmanr`); NaN for a constant side."
+    return _correlation(stats.spearmanr, pred, ref)
 
 def mse(pred, ref) -> float:
     "Mean squared error."
     p, r = _pair(pred, ref, np.float64)
-    return float(((p - r) ** 2).mean())
+    return float(skm.mean_squared_error(r, p))
 
 # %% ../nbs/15_tasks.ipynb #c5d5b11f
 def normalize_answer(s: str) -> str:
