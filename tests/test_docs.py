@@ -135,8 +135,7 @@ def test_api_entries(site):
 
 # Notebooks whose figures do not yet all have a label, caption and alt text at a readable size. Each is an
 # expected failure (strict): when a notebook is fixed its test passes, which fails here -- then take it off the list.
-FIG_PENDING = {'01_attention', '02_absolute', '04_t5', '07_rope', '08_alibi', '09_vit', '14_hf', '19c_study',
-               '19_compare', '19b_regime', '20_pretraining', '21_lengths', '22_locality'}
+FIG_PENDING = {'14_hf', '19_compare', '19b_regime', '19c_study', '20_pretraining', '21_lengths', '22_locality'}
 MIN_FIG_PX = (400, 150)   # width, height of a committed PNG output
 
 
