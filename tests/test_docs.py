@@ -177,3 +177,16 @@ def test_figures_have_number_caption_alt(nb, request):
         request.applymarker(pytest.mark.xfail(strict=True, reason=f'{nb.stem} is in FIG_PENDING; fixed? remove it there'))
     problems = figure_problems(nb)
     assert not problems, '\n'.join(problems)
+
+
+def test_readme_sample_is_the_committed_quick_run():
+    "The main job's output shown in nbs/index.ipynb (so in README.md) is `format_results` of the committed quick run."
+    from posenc_lit.compare import format_results
+    res = json.loads((ROOT / 'results' / 'compare' / 'quick' / 'results.json').read_text(encoding='utf-8'))
+    if not res.get('finished'): pytest.skip('results/compare/quick/results.json is a run in progress')
+    cells = json.loads((NBS / 'index.ipynb').read_text(encoding='utf-8'))['cells']
+    cell = next(c for c in cells if 'print(format_results(quick))' in ''.join(c['source']))
+    printed = ''.join(''.join(o['text']) for o in cell.get('outputs', []) if o.get('name') == 'stdout')
+    assert printed.rstrip('\n') == format_results(res).rstrip('\n'), \
+        ('nbs/index.ipynb shows another run than results/compare/quick/results.json: re-execute it '
+         '(cd nbs && jupyter nbconvert --to notebook --execute --inplace index.ipynb), then python tools/make_readme.py')
