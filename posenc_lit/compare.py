@@ -4,7 +4,7 @@
 
 # %% ../nbs/19_compare.ipynb #d7847fd3
 from __future__ import annotations
-import contextlib, copy, json, os, platform, socket, subprocess, sys, time
+import contextlib, copy, json, math, os, platform, socket, subprocess, sys, time
 from dataclasses import asdict
 from pathlib import Path
 import torch
@@ -20,7 +20,8 @@ from .vit_train import make_vit_config, train_vit
 from .probes import PROBES, make_probe_config, run_probe, new_probe_results, format_probe_table, plot_probes
 
 # %% auto #0
-__all__ = ['COMPARE_PRESETS', 'ABLATIONS', 'compare_plan', 'pretrained_runs', 'environment', 'compare', 'format_results',
+__all__ = ['COMPARE_PRESETS', 'ABLATIONS', 'WORSE', 'WORSE_LEGEND', 'FAMILIES', 'compare_plan', 'pretrained_runs', 'environment',
+           'compare', 'format_results', 'markdown_table', 'probes_markdown', 'results_markdown', 'encoding_families',
            'plot_pretraining', 'plot_task', 'plot_lengths', 'plot_downstream', 'plot_vit', 'save_figures']
 
 # %% ../nbs/19_compare.ipynb #acd90be7
@@ -355,45 +356,82 @@ def compare(preset='quick',            # a name in `COMPARE_PRESETS`, or a dict 
     if figures: save_figures(res, out / 'figures')
     return res
 
+# %% ../nbs/19_compare.ipynb #45c75caa
+_LOWER_IS_BETTER = {'loss', 'mse'}   # metrics where less is better; every other one (accuracy, pearson, ...) is ↑
+WORSE = '⚠'                          # marks a value worse than its baseline
+WORSE_LEGEND = f'{WORSE} worse than its baseline: a task metric below bag-of-words or majority, a loss above the unigram loss'
+
+def _arrow(metric: str) -> str: return '↓' if metric in _LOWER_IS_BETTER else '↑'
+
+def _worse(v, base, metric: str) -> bool:
+    "Whether `v` is worse than `base` for `metric`; False where either is missing."
+    if v is None or base is None: return False
+    return v > base if metric in _LOWER_IS_BETTER else v < base
+
+def _task_baseline(results: dict, task: str):
+    "The better of the majority and bag-of-words scores on `task`'s main metric; None where neither is defined."
+    m, b = results['main_metrics'][task], results['baselines'].get(task, {})
+    vals = [v for k in ('majority', 'bow') if (v := b.get(k, {}).get(m)) is not None]
+    if not vals: return None
+    return min(vals) if m in _LOWER_IS_BETTER else max(vals)
+
+def _unigram(results: dict): return next((p['unigram_loss'] for p in results['pretrain'].values()), None)
+
+def _task_stats(results: dict, pe: str, task: str) -> dict | None:
+    "Mean ± std over seeds of `pe`'s main test metric on `task`; None without records."
+    v = [r['test'][r['main_metric']] for r in results['records'] if r['pe'] == pe and r['task'] == task]
+    return mean_std(v) if v else None
+
 # %% ../nbs/19_compare.ipynb #450fb1db
 def _pm(v: dict | None) -> str:
     if v is None: return '—'
     return f"{v['mean']:.4f}" + ('' if v['std'] is None else f" ± {v['std']:.4f}")
+
+def _mark(text: str, worse: bool) -> str:
+    "`text` and the mark of a value worse than its baseline (two spaces otherwise: the digits stay aligned)."
+    return f'{text} {WORSE}' if worse else f'{text}  '
 
 def _grid(rows: list) -> list:
     "Rows of cells as lines: the first column left-aligned, the others right-aligned."
     w = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
     return ['  '.join(c.ljust(w[0]) if k == 0 else c.rjust(w[k]) for k, c in enumerate(r)).rstrip() for r in rows]
 
+def _vit_sizes(results: dict) -> list: return list(dict.fromkeys(k for r in results['vit'] for k in r['eval']))
+def _vit_acc(r: dict, s: str):   # a learned table interpolated bicubically, where there is one
+    return r['eval'][s].get('bicubic', next(iter(r['eval'][s].values()))) if s in r['eval'] else None
+
 def _vit_rows(results: dict) -> list:
-    sizes = list(dict.fromkeys(k for r in results['vit'] for k in r['eval']))
-    rows = [['vit encoding', 'test accuracy'] + sizes]
+    sizes = _vit_sizes(results)
+    rows = [['vit encoding', 'test accuracy ↑'] + [f'{s} ↑' for s in sizes]]
     for r in results['vit']:
-        mode = lambda d: d.get('bicubic', next(iter(d.values())))      # the table interpolated bicubically, where there is one
-        rows.append([r['pe'], f"{r['test_accuracy']:.4f}"] + [f"{mode(r['eval'][s]):.4f}" if s in r['eval'] else '—' for s in sizes])
+        rows.append([r['pe'], f"{r['test_accuracy']:.4f}"] + ['—' if (a := _vit_acc(r, s)) is None else f'{a:.4f}' for s in sizes])
     return rows
 
 # %% ../nbs/19_compare.ipynb #05b77b09
 def _language_rows(results: dict) -> tuple[list, list]:
-    "Table rows (header first) for the language encodings and the baselines; the notes of lengths an encoding cannot run."
-    tasks, lengths, pre = results['tasks'], results['spec']['lengths'], results['pretrain']
-    rows, notes = [['encoding', 'pretrain loss'] + [f"{t} {results['main_metrics'][t]}" for t in tasks] + [f'loss@{n}' for n in lengths]], []
+    "Table rows (header first) for the language encodings and the baselines; notes: the lengths an encoding cannot run, the ⚠ legend."
+    tasks, lengths, pre, mm = results['tasks'], results['spec']['lengths'], results['pretrain'], results['main_metrics']
+    uni, floor = _unigram(results), {t: _task_baseline(results, t) for t in tasks}
+    rows = [['encoding', 'pretrain loss ↓'] + [f'{t} {mm[t]} {_arrow(mm[t])}' for t in tasks] + [f'loss@{n} ↓' for n in lengths]]
+    notes = []
     for pe in results['encodings']:
-        cells = [pe, f"{pre[pe]['eval_loss']:.4f}" if pe in pre else '—']
+        loss = pre.get(pe, {}).get('eval_loss')
+        cells = [pe, _mark('—' if loss is None else f'{loss:.4f}', _worse(loss, uni, 'loss'))]
         for t in tasks:
-            v = [r['test'][r['main_metric']] for r in results['records'] if r['pe'] == pe and r['task'] == t]
-            cells.append(_pm(mean_std(v) if v else None))
+            s = _task_stats(results, pe, t)
+            cells.append(_mark(_pm(s), _worse(s and s['mean'], floor[t], mm[t])))
         by_n = {r['length']: r for r in results['lengths'].get(pe, {}).get('results', [])}
         for n in lengths:
-            r = by_n.get(n)
-            cells.append('—' if r is None else f"{r['loss']:.4f}" if 'loss' in r else 'n/a')
-            if r is not None and 'error' in r: notes.append(f"n/a: {pe} cannot run {n} tokens: {r['error'].split(':')[0]}")
+            r = by_n.get(n) or {}
+            cells.append(_mark('—' if not r else f"{r['loss']:.4f}" if 'loss' in r else 'n/a', _worse(r.get('loss'), uni, 'loss')))
+            if 'error' in r: notes.append(f"n/a: {pe} cannot run {n} tokens: {r['error'].split(':')[0]}")
         rows.append(cells)
     for b, label in (('majority', 'majority'), ('bow', 'bag-of-words')):
-        vals = [(results['baselines'].get(t, {}).get(b, {}), results['main_metrics'][t]) for t in tasks]   # None: undefined (a constant's correlation)
-        rows.append([label, '—'] + ['—' if m not in v else 'n/a' if v[m] is None else f'{v[m]:.4f}' for v, m in vals] + ['—'] * len(lengths))
-    uni = next((p['unigram_loss'] for p in pre.values()), None)
-    rows.append(['unigram', '—' if uni is None else f'{uni:.4f}'] + ['—'] * (len(tasks) + len(lengths)))
+        vals = [(results['baselines'].get(t, {}).get(b, {}), mm[t]) for t in tasks]   # None: undefined (a constant's correlation)
+        rows.append([label, _mark('—', False)] + [_mark('—' if m not in v else 'n/a' if v[m] is None else f'{v[m]:.4f}', False) for v, m in vals]
+                    + [_mark('—', False)] * len(lengths))
+    rows.append(['unigram', _mark('—' if uni is None else f'{uni:.4f}', False)] + [_mark('—', False)] * (len(tasks) + len(lengths)))
+    if any(WORSE in c for r in rows for c in r): notes.append(WORSE_LEGEND)
     return rows, notes
 
 def _downstream(results: dict, task: str) -> dict | None:
@@ -406,7 +444,7 @@ def _downstream(results: dict, task: str) -> dict | None:
     return {'metric': m, 'train_len': recs[0]['max_len'], 'lengths': lengths, 'by_pe': out}
 
 def _downstream_rows(d: dict) -> list:
-    rows = [['encoding'] + [f"{d['metric']}@{n}" for n in d['lengths']]]
+    rows = [['encoding'] + [f"{d['metric']}@{n} {_arrow(d['metric'])}" for n in d['lengths']]]
     for pe, v in d['by_pe'].items(): rows.append([pe] + [('n/a' if v[n] is None else _pm(v[n])) if n in v else '—' for n in d['lengths']])
     return rows
 
@@ -417,7 +455,8 @@ def format_results(results: dict) -> str:
     seq = sorted({p['seq_len'] for p in pre.values()})
     head = [f"posenc_lit compare, preset {results['preset']}: {len(results['encodings'])} encodings, tasks {', '.join(results['tasks'])}, "
             f"{len(seeds)} seed(s); compute {results['compute_s'] / 60:.1f} min" + ('' if results['finished'] else ' (unfinished)'),
-            f"pretrain loss: masked-token loss on held-out text (nats); tasks: test metric, mean ± std over seeds; "
+            f"↑ higher is better, ↓ lower is better; pretrain loss: masked-token loss on held-out text (nats); tasks: test metric, "
+            f"{'one seed' if len(seeds) == 1 else 'mean ± std over seeds'}; "
             f"loss@n: masked-token loss on blocks of n tokens (trained on {', '.join(map(str, seq)) or '?'}), on the first "
             f"{results['spec']['length_tokens']:,} held-out tokens masked once for every n; pretrain loss is on the run's own evaluation "
             f"blocks (other text, other masks): compare each column across encodings, not the two columns with each other"]
@@ -427,14 +466,199 @@ def format_results(results: dict) -> str:
     for t in results['tasks']:
         if (d := _downstream(results, t)) is None: continue
         lines += ['', f"{t}, fine-tuned on examples cut to {d['train_len']} tokens; test {d['metric']} with the test examples cut to n tokens "
-                      f"(mean ± std over seeds; n/a: past what the encoding can take)"] + _grid(_downstream_rows(d))
+                      f"({'one seed' if len(seeds) == 1 else 'mean ± std over seeds'}; n/a: past what the encoding can take)"] + _grid(_downstream_rows(d))
     if results['vit']: lines += ['', 'ViT: test accuracy at the training size, then at each size (learned tables interpolated bicubically)'] + _grid(_vit_rows(results))
     return '\n'.join(lines)
 
+# %% ../nbs/19_compare.ipynb #20f764c3
+def _md_escape(s) -> str: return str(s).replace('|', r'\|')
+
+def markdown_table(header: list,          # the column titles
+                   rows: list,            # rows of cells: a str (shown as is, not ranked), a number, or (value, text[, note])
+                   better: list | None = None,  # per column '↑' (higher is better), '↓' or None (not ranked)
+                   fmt: str = '{:.3f}',   # how a bare number is shown
+                  ) -> str:               # a Markdown pipe table, the best value of each ranked column in bold
+    "A Markdown table with the direction in each ranked column's header and its best value in bold; `ValueError` for a ragged row or a bad direction."
+    better = list(better) if better is not None else [None] * len(header)
+    if len(better) != len(header) or any(b not in ('↑', '↓', None) for b in better):
+        raise ValueError(f"better must give '↑', '↓' or None for each of the {len(header)} columns; got {better!r}")
+    if bad := [k for k, r in enumerate(rows) if len(r) != len(header)]:
+        raise ValueError(f'row {bad[0]} has {len(rows[bad[0]])} cells; the header has {len(header)}')
+    def cell(c):
+        if isinstance(c, tuple): return (*c, '')[:3]
+        if isinstance(c, (int, float)) and not isinstance(c, bool) and math.isfinite(c): return c, fmt.format(c), ''
+        return None, str(c), ''
+    cells = [[cell(c) for c in r] for r in rows]
+    best = {}
+    for k, b in enumerate(better):
+        ranked = [(v, t) for v, t, _ in (r[k] for r in cells) if v is not None and b]
+        if ranked: best[k] = (max if b == '↑' else min)(ranked, key=lambda x: x[0])
+    def show(k, v, t, n):   # ties at the shown precision are bold too
+        top = k in best and v is not None and (v == best[k][0] or t == best[k][1])
+        return (f'**{_md_escape(t)}**' if top else _md_escape(t)) + (f' {n}' if n else '')
+    lines = ['| ' + ' | '.join(_md_escape(h) + (f' {b}' if b else '') for h, b in zip(header, better)) + ' |',
+             '|' + '|'.join([':---'] + ['---:'] * (len(header) - 1)) + '|']
+    lines += ['| ' + ' | '.join(show(k, *c) for k, c in enumerate(r)) + ' |' for r in cells]
+    return '\n'.join(lines)
+
+# %% ../nbs/19_compare.ipynb #cbc8d959
+_SUP = str.maketrans('0123456789', '⁰¹²³⁴⁵⁶⁷⁸⁹')
+
+class _Notes:
+    "Footnotes of a table: `mark(text)` gives the superscript number of `text` (one number per distinct text)."
+    def __init__(self): self.texts = {}
+    def mark(self, text: str) -> str: return str(self.texts.setdefault(text, len(self.texts) + 1)).translate(_SUP)
+    def lines(self) -> list: return [f"{str(k).translate(_SUP)} {t}" for t, k in self.texts.items()]
+
+def _seed_phrase(results: dict) -> str:
+    n = len(results['seeds'])
+    return 'one seed' if n == 1 else f'mean ± std of {n} seeds'
+
+def _table(caption: str, table: str, notes: list = ()) -> str:
+    "A caption (Quarto's `Table:` line), the table, and its notes as one paragraph of lines."
+    return '\n\n'.join([f'Table: {caption}', table] + (['  \n'.join(notes)] if notes else []))
+
+# %% ../nbs/19_compare.ipynb #fb3fd288
+def probes_markdown(res: dict,   # the results of `run_probes` (or the `probes` of a compare results.json)
+                   ) -> str:     # a `Table:` caption, the table, the notes
+    "The probe table in Markdown: accuracy per encoding, probe and length (best bold), the chance row, each n/a explained."
+    lengths, probes = res['lengths'], [p for p in res['probes'] if p in res['runs']]
+    names, notes = list(dict.fromkeys(e for p in probes for e in res['runs'][p])), _Notes()
+    rows = []
+    for e in names:
+        cells = [e]
+        for p in probes:
+            r = res['runs'][p].get(e)
+            for n in map(str, lengths):
+                if r is None: cells.append('—')
+                elif r['acc'][n] is None: cells.append('n/a' + notes.mark(f"{e}: {r['errors'].get(n, 'cannot run').split(':')[0]}"))
+                else: cells.append(r['acc'][n])
+        rows.append(cells)
+    rows.append(['*chance*'] + [f"*{res['chance'][p][str(n)]:.3f}*" for p in probes for n in lengths])
+    c = res['config']
+    cap = (f"Position probes: accuracy on fresh examples at the training length {c['length']} and at "
+           f"{', '.join(f'{f}×' for f in c['factors'][1:])} it ({c['steps']} steps, one seed; offset r={c['offset']}, index p={c['index']}). "
+           "Chance: the best a model without positions can do. Bold: the best of each column.")
+    return _table(cap, markdown_table(['encoding'] + [f'{p}@{n}' for p in probes for n in lengths], rows,
+                                      [None] + ['↑'] * (len(rows[0]) - 1)), notes.lines())
+
+# %% ../nbs/19_compare.ipynb #81472e3b
+def _md_encodings(results: dict) -> str:
+    "One row per encoding: pretraining loss, each task's main test metric, the loss at each length; ⚠ where worse than the baseline."
+    tasks, lengths, pre, mm = results['tasks'], results['spec']['lengths'], results['pretrain'], results['main_metrics']
+    uni, floor, notes = _unigram(results), {t: _task_baseline(results, t) for t in tasks}, _Notes()
+    loss_cell = lambda v: (v, f'{v:.3f}', WORSE if _worse(v, uni, 'loss') else '') if v is not None else '—'
+    rows = []
+    for pe in results['encodings']:
+        cells = [pe, loss_cell(pre.get(pe, {}).get('eval_loss'))]
+        for t in tasks:
+            s = _task_stats(results, pe, t)
+            cells.append('—' if s is None else (s['mean'], f"{s['mean']:.3f}" + ('' if s['std'] is None else f" ± {s['std']:.3f}"),
+                                                 WORSE if _worse(s['mean'], floor[t], mm[t]) else ''))
+        by_n = {r['length']: r for r in results['lengths'].get(pe, {}).get('results', [])}
+        for n in lengths:
+            r = by_n.get(n) or {}
+            cells.append(loss_cell(r['loss']) if 'loss' in r else 'n/a' + notes.mark(f"{pe}: {r['error'].split(':')[0]}") if 'error' in r else '—')
+        rows.append(cells)
+    seq = ', '.join(map(str, sorted({p['seq_len'] for p in pre.values()}))) or '?'
+    head = ['encoding', 'pretrain loss'] + [f'{t} {mm[t]} ({_seed_phrase(results)})' for t in tasks] + [f'loss@{n}' for n in lengths]
+    cap = (f"One row per encoding: masked-token loss on held-out text (nats), each task's main test metric "
+           f"({_seed_phrase(results)}), and the masked-token loss on blocks of n tokens (trained on {seq}). Bold: the best of each column.")
+    legend = [f'{WORSE} worse than its baseline: below bag-of-words or majority (Baselines table), or a loss above the unigram loss'
+              + ('' if uni is None else f' ({uni:.3f} nats)')] if any(WORSE in str(c) for r in rows for c in r) else []
+    return _table(cap, markdown_table(head, rows, [None, '↓'] + [_arrow(mm[t]) for t in tasks] + ['↓'] * len(lengths)), legend + notes.lines())
+
+# %% ../nbs/19_compare.ipynb #23b238ad
+def _md_downstream(results: dict, task: str, d: dict) -> str:
+    notes, m = _Notes(), d['metric']
+    rows = [[pe] + [('n/a' + notes.mark('past what the encoding can take') if v[n] is None else
+                     (v[n]['mean'], f"{v[n]['mean']:.3f}" + ('' if v[n]['std'] is None else f" ± {v[n]['std']:.3f}"))) if n in v else '—'
+                    for n in d['lengths']] for pe, v in d['by_pe'].items()]
+    cap = (f"{task}, fine-tuned on examples cut to {d['train_len']} tokens: test {m} with the test examples cut to n tokens "
+           f"({_seed_phrase(results)}). Bold: the best of each column.")
+    return _table(cap, markdown_table(['encoding'] + [f'{m}@{n}' for n in d['lengths']], rows, [None] + [_arrow(m)] * len(d['lengths'])),
+                  notes.lines())
+
+def _md_baselines(results: dict) -> str:
+    tasks, mm, b = results['tasks'], results['main_metrics'], results['baselines']
+    shown = lambda v: '—' if v is None else f'{v:.3f}'
+    rows = [[label] + [('—' if mm[t] not in b.get(t, {}).get(k, {}) else 'n/a¹' if b[t][k][mm[t]] is None else shown(b[t][k][mm[t]])) for t in tasks]
+            + ['—'] for k, label in (('majority', 'majority class'), ('bow', 'bag-of-words'))]
+    rows.append(['unigram'] + ['—'] * len(tasks) + [shown(_unigram(results))])
+    cap = ('Baselines: the majority class and bag-of-words, fitted on the training examples the fine-tuning uses; the unigram loss '
+           'predicts each masked token from the token frequencies.')
+    notes = ['¹ undefined: the correlation of a constant prediction'] if any('n/a¹' in c for r in rows for c in r) else []
+    head = ['baseline'] + [f'{t} {mm[t]} {_arrow(mm[t])}' for t in tasks] + ['masked-token loss ↓']
+    return _table(cap, markdown_table(head, rows), notes)
+
+def _md_vit(results: dict) -> str:
+    sizes = _vit_sizes(results)
+    rows = [[r['pe'], r['test_accuracy']] + ['—' if (a := _vit_acc(r, s)) is None else a for s in sizes] for r in results['vit']]
+    cap = 'ViT: test accuracy at the training size, then at each image size (learned tables interpolated bicubically; one run each).'
+    return _table(cap, markdown_table(['vit encoding', 'test accuracy'] + [f'accuracy@{s}' for s in sizes], rows, [None] + ['↑'] * (len(sizes) + 1)))
+
+# %% ../nbs/19_compare.ipynb #6a7efd44
+def results_markdown(results: dict,   # the content of a `compare` results.json
+                    ) -> str:         # Markdown: a summary line, then tables, each with a `Table:` caption
+    "The study's tables in Markdown: the position probes (where run), one row per encoding, the downstream lengths, the baselines, the ViT grid."
+    env = results.get('environment') or {}
+    parts = [f"Preset `{results['preset']}`: {len(results['encodings'])} encodings, tasks {', '.join(results['tasks'])}, "
+             f"{_seed_phrase(results)}; {results['compute_s'] / 60:.1f} min of compute"
+             + (f" on {env['cpu_count']} × {env['cpu']}" if env.get('cpu') else '')
+             + ('.' if results['finished'] else ' — **unfinished**: the tables hold the stages finished so far.')]
+    if (results.get('probes') or {}).get('runs'): parts.append(probes_markdown(results['probes']))
+    parts.append(_md_encodings(results))
+    parts += [_md_downstream(results, t, d) for t in results['tasks'] if (d := _downstream(results, t))]
+    if results['baselines']: parts.append(_md_baselines(results))
+    if results['vit']: parts.append(_md_vit(results))
+    return '\n\n'.join(parts)
+
+# %% ../nbs/19_compare.ipynb #dae60ce5
+FAMILIES = {'absolute': ('learned', 'sinusoidal', 'none'), 'relative': ('t5', 'shaw', 'huang4'), 'TUPE': ('tupe-a', 'tupe-r'),
+            'DeBERTa': ('deberta',), 'modern': ('rope', 'alibi')}
+
+def encoding_families(names) -> dict:
+    "{family: [names]} in the order of `FAMILIES` (then 'other' for unknown names); an ablation goes with its encoding; empty families left out."
+    out = {f: [] for f in [*FAMILIES, 'other']}
+    for n in names: out[next((f for f, members in FAMILIES.items() if _base(n) in members), 'other')].append(n)
+    return {f: v for f, v in out.items() if v}
+
+def _ylim(values, min_span: float, pad: float = 0.08) -> tuple:
+    "(low, high) around `values` with margins, at least `min_span` wide: a small difference stays small on the page."
+    v = [x for x in values if x is not None and math.isfinite(x)]
+    if not v: return (0.0, 1.0)
+    lo, hi = min(v), max(v)
+    if hi - lo < min_span: lo, hi = (lo + hi - min_span) / 2, (lo + hi + min_span) / 2
+    return lo - pad * (hi - lo), hi + pad * (hi - lo)
+
 # %% ../nbs/19_compare.ipynb #51d30abe
 def _colors(names) -> dict:
-    cmap = plt.get_cmap('tab20')
-    return {n: cmap(k % 20) for k, n in enumerate(names)}
+    cmap = plt.get_cmap('tab10')
+    return {n: cmap(k % 10) for k, n in enumerate(names)}
+
+def _panels(results: dict, title: str, ncols: int = 3, size=(3.3, 2.5)):
+    "A figure with a panel per family of the study's encodings: (fig, [(axis, family, names)]); spare panels hidden."
+    fams = encoding_families(results['encodings'])
+    ncols = min(ncols, len(fams))
+    nrows = math.ceil(len(fams) / ncols)
+    fig, axs = plt.subplots(nrows, ncols, figsize=(size[0] * ncols, size[1] * nrows + 0.5), sharex=True, sharey=True, squeeze=False)
+    for ax in axs.flat[len(fams):]: ax.axis('off')
+    for ax, f in zip(axs.flat, fams): ax.set_title(f, fontsize=10)
+    fig.suptitle(title, fontsize=10)
+    return fig, list(zip(axs.flat, fams, fams.values()))
+
+def _finish(fig, panels, xlabel: str, ylabel: str, ylim):
+    "Shared labels, y-range and legends (fontsize 8) of a figure of panels."
+    for ax, _, _ in panels:
+        ax.set_ylim(*ylim)
+        ax.tick_params(labelsize=8)
+        if ax.get_legend_handles_labels()[0]: ax.legend(fontsize=8, loc='best', framealpha=0.8)
+    ncols = sum(1 for a, _, _ in panels if a.get_subplotspec().is_first_row()) or 1
+    for k, (ax, _, _) in enumerate(panels):
+        if ax.get_subplotspec().is_first_col(): ax.set_ylabel(ylabel, fontsize=9)
+        if k >= len(panels) - ncols: ax.set_xlabel(xlabel, fontsize=9); ax.xaxis.set_tick_params(labelbottom=True)
+    fig.tight_layout()
+    return fig
 
 def _metrics(run) -> list:
     f = Path(run) / 'metrics.jsonl'
@@ -446,74 +670,101 @@ def _metrics(run) -> list:
     return recs
 
 # %% ../nbs/19_compare.ipynb #191697d2
-def plot_pretraining(results: dict, ax=None):
-    "Training loss (lines) and held-out loss (dots) of each encoding's pretraining run against the step, with the unigram baseline."
-    ax = ax or plt.subplots(figsize=(6, 3.5))[1]
-    c = _colors(results['encodings'])
-    for pe, p in results['pretrain'].items():
-        recs = _metrics(p['run'])
-        tr, ev = ([(r['step'], r['loss']) for r in recs if r['split'] == s] for s in ('train', 'eval'))
-        if tr: ax.plot(*zip(*tr), color=c[pe], lw=1, label=pe)
-        if ev: ax.plot(*zip(*ev), 'o', color=c[pe], ms=3)
-    uni = next((p['unigram_loss'] for p in results['pretrain'].values()), None)
-    if uni is not None: ax.axhline(uni, ls='--', color='gray', lw=1, label='unigram')
-    ax.set(xlabel='optimizer step', ylabel='masked-token loss (nats)', title='Pretraining')
-    ax.legend(fontsize=6, ncol=2); return ax.figure
+def plot_pretraining(results: dict):
+    "Training loss (lines) and held-out loss (dots) of each pretraining run against the step, a panel per family; the unigram loss dashed."
+    fig, panels = _panels(results, 'Pretraining: masked-token loss; lines: training, dots: held-out; dashed: unigram (one run per encoding)')
+    uni, seen = _unigram(results), [] if _unigram(results) is None else [_unigram(results)]
+    curves = {pe: _metrics(p['run']) for pe, p in results['pretrain'].items()}
+    for ax, fam, names in panels:
+        refs = [('none', 'grey')] if 'none' in curves and 'none' not in names else []
+        for pe, c in [*((n, _colors(names)[n]) for n in names), *refs]:
+            recs = curves.get(pe, [])
+            tr, ev = ([(r['step'], r['loss']) for r in recs if r['split'] == s] for s in ('train', 'eval'))
+            if tr: ax.plot(*zip(*tr), color=c, lw=1, label=pe if pe in names else 'none (reference)')
+            if ev: ax.plot(*zip(*ev), 'o', color=c, ms=3)
+            skip = max((r['step'] for r in recs), default=0) // 10   # the first tenth of a run falls from ln V: drawn, not scaled to
+            seen += [l for s, l in tr if s >= skip] + [l for _, l in ev]
+        if uni is not None: ax.axhline(uni, ls='--', color='k', lw=0.8)
+    return _finish(fig, panels, 'optimizer step', 'loss (nats)', _ylim(seen, min_span=0.5))
 
 # %% ../nbs/19_compare.ipynb #b2bc60f9
-def plot_task(results: dict, task: str, ax=None):
-    "The task's main test metric per encoding: bars at the mean over seeds, error bars ± one sample std; baselines as lines."
-    ax = ax or plt.subplots(figsize=(6, 3))[1]
-    m, pes = results['main_metrics'][task], results['encodings']
-    stats = [mean_std(v) if (v := [r['test'][m] for r in results['records'] if r['pe'] == pe and r['task'] == task]) else None for pe in pes]
-    x = range(len(pes))
-    ax.bar(x, [s['mean'] if s else 0 for s in stats], yerr=[(s['std'] or 0) if s else 0 for s in stats], capsize=3,
-           color=[_colors(pes)[pe] for pe in pes])
-    for b, ls in (('majority', ':'), ('bow', '--')):
+def plot_task(results: dict, task: str):
+    "The task's main test metric per encoding, grouped by family: dots at the mean over seeds, error bars ± one sample std (with more than one seed); baselines as lines."
+    m, fams = results['main_metrics'][task], encoding_families(results['encodings'])
+    fig, ax = plt.subplots(figsize=(max(4.5, 0.45 * len(results['encodings']) + 1.5), 3.2))
+    x, ticks, seen, one = 0, [], [], len(results['seeds']) == 1
+    for k, (fam, names) in enumerate(fams.items()):
+        c = plt.get_cmap('tab10')(k % 10)
+        for n in names:
+            s = _task_stats(results, n, task)
+            if s is not None:
+                ax.errorbar([x], [s['mean']], yerr=None if s['std'] is None else [s['std']], fmt='o', color=c, ms=5, capsize=3)
+                seen.append(s['mean'])
+            ticks.append((x, n)); x += 1
+        x += 0.6                                          # a gap between families
+    for b, ls, label in (('majority', ':', 'majority'), ('bow', '--', 'bag-of-words')):
         v = results['baselines'].get(task, {}).get(b, {}).get(m)
-        if v is not None: ax.axhline(v, ls=ls, color='k', lw=1, label=f'{b} {v:.3f}')
-    ax.set_xticks(list(x), pes, rotation=45, ha='right', fontsize=7)
-    ax.set(ylabel=f'test {m}', title=f'{task}: {len(results["seeds"])} seed(s)')
-    ax.legend(fontsize=7); return ax.figure
+        if v is not None: ax.axhline(v, ls=ls, color='k', lw=1, label=f'{label} {v:.3f}'); seen.append(v)
+    ax.set_xticks([t for t, _ in ticks], [n for _, n in ticks], rotation=45, ha='right', fontsize=8)
+    ax.set(ylabel=f'test {m} {_arrow(m)}', ylim=_ylim(seen, min_span=0.1),
+           title=f"{task}: test {m}, " + ('one seed' if one else f"mean ± std of {len(results['seeds'])} seeds") + ', colour: family')
+    ax.title.set_fontsize(10)
+    if ax.get_legend_handles_labels()[0]: ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
 
 # %% ../nbs/19_compare.ipynb #57ba8625
-def plot_lengths(results: dict, ax=None):
-    "Masked-token loss against the evaluation block length for each encoding; the training length dotted; missing points: the encoding cannot run there."
-    ax = ax or plt.subplots(figsize=(5, 3.5))[1]
-    c = _colors(results['encodings'])
-    for pe, r in results['lengths'].items():
-        pts = [(x['length'], x['loss']) for x in r['results'] if 'loss' in x]
-        if pts: ax.plot(*zip(*pts), 'o-', color=c[pe], ms=3, lw=1, label=pe)
-    for n in sorted({r['train_seq_len'] for r in results['lengths'].values()}): ax.axvline(n, ls=':', color='gray')
-    ax.set_xscale('log', base=2)
-    ax.set(xlabel='evaluation block length n (tokens)', ylabel='masked-token loss (nats)', title='Length generalization')
-    ax.legend(fontsize=6, ncol=2); return ax.figure
+def plot_lengths(results: dict):
+    "Masked-token loss against the evaluation block length, a panel per family; the training length dotted, the unigram loss dashed; a missing point: the encoding cannot run there."
+    fig, panels = _panels(results, 'Length generalization: masked-token loss on longer blocks; dotted: training length; dashed: unigram')
+    uni = _unigram(results)
+    pts = {pe: [(x['length'], x['loss']) for x in r['results'] if 'loss' in x] for pe, r in results['lengths'].items()}
+    seen = [l for p in pts.values() for _, l in p] + ([] if uni is None else [uni])
+    for ax, fam, names in panels:
+        refs = [('none', 'grey', 'none (reference)')] if pts.get('none') and 'none' not in names else []
+        for pe, c, label in [*((n, _colors(names)[n], n) for n in names), *refs]:
+            if pts.get(pe): ax.plot(*zip(*pts[pe]), 'o-', color=c, ms=3, lw=1.2, label=label)
+        for n in sorted({r['train_seq_len'] for r in results['lengths'].values()}): ax.axvline(n, ls=':', color='grey', lw=0.8)
+        if uni is not None: ax.axhline(uni, ls='--', color='k', lw=0.8)
+        ax.set_xscale('log', base=2)
+    return _finish(fig, panels, 'block length n (tokens)', 'loss (nats) ↓', _ylim(seen, min_span=0.5))
 
 # %% ../nbs/19_compare.ipynb #1ac3dca5
-def plot_downstream(results: dict, task: str, ax=None):
-    "The task's main test metric against the length the test examples are cut to, per encoding (mean ± std over seeds); the training cut dotted."
-    ax = ax or plt.subplots(figsize=(5, 3.5))[1]
-    d, c = _downstream(results, task), _colors(results['encodings'])
-    for pe, v in d['by_pe'].items():
-        pts = [(n, s['mean'], s['std'] or 0) for n, s in v.items() if s is not None]
-        if pts: ax.errorbar(*zip(*pts), fmt='o-', color=c[pe], ms=3, lw=1, capsize=2, label=pe)
-    ax.axvline(d['train_len'], ls=':', color='gray')
-    ax.set_xscale('log', base=2)
-    ax.set(xlabel='test examples cut to n tokens', ylabel=f"test {d['metric']}", title=f"{task}: fine-tuned at {d['train_len']} tokens")
-    ax.legend(fontsize=6, ncol=2); return ax.figure
+def plot_downstream(results: dict, task: str):
+    "The task's main test metric against the length the test examples are cut to, a panel per family (a band: ± one std, with more than one seed); the training cut dotted, bag-of-words dashed."
+    d, one = _downstream(results, task), len(results['seeds']) == 1
+    if d is None: raise ValueError(f'no {task!r} records scored at several lengths (eval_lengths): nothing to draw; plot_task draws the test score')
+    fig, panels = _panels(results, f"{task}: fine-tuned at {d['train_len']} tokens, scored on longer cuts; "
+                                   + ('one seed' if one else f"mean ± std of {len(results['seeds'])} seeds") + '; dashed: bag-of-words')
+    bow = results['baselines'].get(task, {}).get('bow', {}).get(d['metric'])
+    seen = [] if bow is None else [bow]
+    for ax, fam, names in panels:
+        for pe in names:
+            pts = [(n, s['mean'], s['std'] or 0) for n, s in d['by_pe'].get(pe, {}).items() if s is not None]
+            if not pts: continue
+            n, mu, sd = map(list, zip(*pts))
+            ax.plot(n, mu, 'o-', color=_colors(names)[pe], ms=3, lw=1.2, label=pe)
+            if not one: ax.fill_between(n, [a - b for a, b in zip(mu, sd)], [a + b for a, b in zip(mu, sd)], color=_colors(names)[pe], alpha=0.15, lw=0)
+            seen += [a - b for a, b in zip(mu, sd)] + [a + b for a, b in zip(mu, sd)]
+        ax.axvline(d['train_len'], ls=':', color='grey', lw=0.8)
+        if bow is not None: ax.axhline(bow, ls='--', color='k', lw=0.8)
+        ax.set_xscale('log', base=2)
+    return _finish(fig, panels, 'test examples cut to n tokens', f"test {d['metric']} {_arrow(d['metric'])}", _ylim(seen, min_span=0.1))
 
 # %% ../nbs/19_compare.ipynb #fa30fdba
-def plot_vit(results: dict, ax=None):
-    "Test accuracy of each vision encoding at each evaluation size (a learned table interpolated bicubically)."
-    ax = ax or plt.subplots(figsize=(5, 3))[1]
-    sizes = list(dict.fromkeys(k for r in results['vit'] for k in r['eval']))
-    w = 0.8 / max(1, len(results['vit']))
-    for k, r in enumerate(results['vit']):
-        acc = [r['eval'][s].get('bicubic', next(iter(r['eval'][s].values()))) if s in r['eval'] else 0 for s in sizes]
-        ax.bar([i + k * w for i in range(len(sizes))], acc, w, label=r['pe'])
-    ax.set_xticks([i + w * (len(results['vit']) - 1) / 2 for i in range(len(sizes))], sizes)
-    ax.set(xlabel='test image size', ylabel='test accuracy', title='ViT'); ax.legend(fontsize=7)
-    return ax.figure
+def plot_vit(results: dict):
+    "Test accuracy of each vision encoding at each evaluation size (a learned table interpolated bicubically); one run each."
+    sizes, runs = _vit_sizes(results), results['vit']
+    fig, ax = plt.subplots(figsize=(max(4.5, 1.2 * len(sizes) + 2), 3))
+    w, c = 0.8 / max(1, len(runs)), _colors([r['pe'] for r in runs])
+    for k, r in enumerate(runs):
+        ax.bar([i + k * w for i in range(len(sizes))], [_vit_acc(r, s) or 0 for s in sizes], w, label=r['pe'], color=c[r['pe']])
+    ax.set_xticks([i + w * (len(runs) - 1) / 2 for i in range(len(sizes))], sizes, fontsize=8)
+    ax.set(xlabel='test image size', ylabel='test accuracy ↑', ylim=(0, 1), title='ViT: test accuracy by image size (one run each)')
+    ax.title.set_fontsize(10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
 
 # %% ../nbs/19_compare.ipynb #ce989c8f
 def save_figures(results: dict, folder) -> list:
@@ -526,7 +777,7 @@ def save_figures(results: dict, folder) -> list:
     if (results.get('probes') or {}).get('runs'): figs['probes'] = lambda: plot_probes(results['probes'])
     paths = []
     for name, draw in figs.items():
-        fig = draw(); fig.tight_layout()
-        atomic_write(folder / f'{name}.png', lambda t: fig.savefig(t, dpi=100, format='png')); plt.close(fig)
+        fig = draw()
+        atomic_write(folder / f'{name}.png', lambda t: fig.savefig(t, dpi=110, format='png')); plt.close(fig)
         paths.append(folder / f'{name}.png')
     return paths

