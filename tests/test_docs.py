@@ -130,11 +130,12 @@ def test_api_entries(site):
     assert not missing, f'exported symbols without an API entry: {missing}'
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 # Figures: a number, a caption and alt text, at a size that reads (issue 28)
 
 # Notebooks whose figures do not yet all have a label, caption and alt text at a readable size. Each is an
-# expected failure (strict): when a notebook is fixed its test passes, which fails here -- then take it off the list.
+# expected failure (strict): when a notebook is fixed its test passes, which fails here -- then take it off
+# the list.
 FIG_PENDING = {'14_hf', '19b_regime', '19c_study', '20_pretraining'}
 MIN_FIG_PX = (400, 150)   # width, height of a committed PNG output
 
@@ -151,11 +152,13 @@ def figure_problems(nb):
     "What each figure cell of notebook `nb` lacks: `label: fig-...`, `fig-cap`, `fig-alt`, a readable size."
     problems = []
     for i, c in enumerate(json.loads(nb.read_text(encoding='utf-8'))['cells']):
-        pngs = [''.join(o['data']['image/png']) for o in c.get('outputs', []) if 'image/png' in o.get('data', {})]
+        outs = [o.get('data', {}) for o in c.get('outputs', [])]
+        pngs = [''.join(d['image/png']) for d in outs if 'image/png' in d]
         if c['cell_type'] != 'code' or not pngs: continue
         opts = dict(re.findall(r'^#\|\s*([\w-]+)\s*:\s*(.*?)\s*$', ''.join(c['source']), re.M))
         where = f"{nb.name} cell {i} ({c.get('id')})"
-        if not opts.get('label', '').startswith('fig-'): problems.append(f'{where}: no `#| label: fig-...` (the figure number)')
+        if not opts.get('label', '').startswith('fig-'):
+            problems.append(f'{where}: no `#| label: fig-...` (the figure number)')
         for key in ('fig-cap', 'fig-alt'):
             if not opts.get(key, '').strip('"\' '): problems.append(f'{where}: no `#| {key}:`')
         for w, h in map(png_size, pngs):
@@ -166,21 +169,23 @@ def figure_problems(nb):
 
 def test_png_size():
     import base64, struct, zlib
-    raw = b'\x89PNG\r\n\x1a\n' + struct.pack('>I', 13) + b'IHDR' + struct.pack('>IIBBBBB', 640, 200, 8, 2, 0, 0, 0)
+    ihdr = struct.pack('>IIBBBBB', 640, 200, 8, 2, 0, 0, 0)
+    raw = b'\x89PNG\r\n\x1a\n' + struct.pack('>I', 13) + b'IHDR' + ihdr
     assert png_size(base64.b64encode(raw + struct.pack('>I', zlib.crc32(raw[12:]))).decode()) == (640, 200)
 
 
 @pytest.mark.parametrize('nb', notebooks(), ids=lambda nb: nb.stem)
 def test_figures_have_number_caption_alt(nb, request):
-    "Every figure a notebook shows has a label (`fig-...`: Quarto numbers it), a caption, alt text and a readable size."
+    "Every figure of a notebook has a label (`fig-...`, its number), a caption, alt text, a readable size."
     if nb.stem in FIG_PENDING:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=f'{nb.stem} is in FIG_PENDING; fixed? remove it there'))
+        why = f'{nb.stem} is in FIG_PENDING; fixed? remove it there'
+        request.applymarker(pytest.mark.xfail(strict=True, reason=why))
     problems = figure_problems(nb)
     assert not problems, '\n'.join(problems)
 
 
 def test_readme_sample_is_the_committed_quick_run():
-    "The main job's output shown in nbs/index.ipynb (so in README.md) is `format_results` of the committed quick run."
+    "The main job's output in nbs/index.ipynb (and README.md) is `format_results` of the committed quick run."
     from posenc_lit.compare import format_results
     res = json.loads((ROOT / 'results' / 'compare' / 'quick' / 'results.json').read_text(encoding='utf-8'))
     if not res.get('finished'): pytest.skip('results/compare/quick/results.json is a run in progress')
@@ -189,4 +194,5 @@ def test_readme_sample_is_the_committed_quick_run():
     printed = ''.join(''.join(o['text']) for o in cell.get('outputs', []) if o.get('name') == 'stdout')
     assert printed.rstrip('\n') == format_results(res).rstrip('\n'), \
         ('nbs/index.ipynb shows another run than results/compare/quick/results.json: re-execute it '
-         '(cd nbs && jupyter nbconvert --to notebook --execute --inplace index.ipynb), then python tools/make_readme.py')
+         '(cd nbs && jupyter nbconvert --to notebook --execute --inplace index.ipynb), '
+         'then python tools/make_readme.py')

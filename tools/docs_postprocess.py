@@ -10,10 +10,10 @@
 4. The theme's CSS (bootswatch cosmo) imports its web font from Google Fonts: drop the import, so that no page
    asks the network for anything (the theme's font stack falls back to the system's sans-serif). Then check that
    no page, stylesheet or script of the site loads anything from outside it.
-5. Links into the project's repository (settings.ini `git_url`) lead nowhere while the repository is not public:
-   nbdev's "source" link of each API entry and the navbar's repository icon are dropped, the "Report an issue"
-   action too, and any other link into the repository keeps its text without the link. (A Quarto build published
-   with a public repository, .github/workflows/deploy.yaml, keeps them: there they resolve.)
+5. Links into the project's repository (settings.ini `git_url`) lead nowhere while it is not public: nbdev's
+   "source" link of each API entry and the navbar's repository icon are dropped, the "Report an issue" action
+   too, and any other link into the repository keeps its text without the link. (A Quarto build published with
+   a public repository, .github/workflows/deploy.yaml, keeps them: there they resolve.)
 6. Figures are numbered as Quarto numbers them: a cell labelled `fig-...` (`#| label: fig-...`) is the page's
    next figure, and its caption starts "Figure N: " (N a, N b, ... when the cell shows several pictures).
 """
@@ -26,7 +26,7 @@ SITE, PROC, KATEX = Path('_site'), Path('_proc'), Path('docs_assets/katex')
 CDN = re.compile(r'https?://cdn\.jsdelivr\.net/npm/katex@[^/"\']+/dist')
 CSS_IMPORT = re.compile(r'@import\s+url\(\s*["\']?(?:https?:)?//[^)]*\)\s*;?')   # a remote @import (the theme's web font)
 PRIVATE_LINK = re.compile(r'<a href="([^"#]*)#(_[^"]*)"[^>]*>(<code>[^<]*</code>)</a>')   # nbdev's link to `_name`
-SOURCE_LINK = r'<p><a href="{git}/blob/[^"]*"[^>]*>source</a></p>\n?'          # nbdev's show_doc "source" link
+SOURCE_LINK = r'<p><a href="{git}/blob/[^"]*"[^>]*>source</a></p>\n?'   # nbdev's show_doc "source" link
 REPO_ICON = r'<li class="nav-item[^"]*">\s*<a class="nav-link" href="{git}/?"[^>]*>.*?</a>\s*</li>'
 ISSUE_ACTION = r'<div class="action-links">\s*<a href="{git}/issues[^"]*"[^>]*>.*?</a>\s*</div>'
 REMOTE_LOAD = {'.html': re.compile(r'<(?:script|link|img|iframe|source)\b[^>]*\b(?:src|href)=["\'](?:https?:)?//[^"\']+', re.I),
@@ -65,7 +65,7 @@ def unwrap_private_links():
 
 
 FIG_CELL = re.compile(r'<div\b[^>]*\bid="(fig-[^"]+)"[^>]*>')
-NEXT_CELL = re.compile(r'<div\b[^>]*\bclass="cell\b')
+NEXT_CELL = re.compile(r'<div\b[^>]*\bclass="cell[" ]')   # a cell, not its cell-output
 
 
 def number_figures(text):
@@ -89,7 +89,7 @@ def number_figures(text):
 
 
 def drop_repo_links(text, git):
-    "`text` without links into the repository `git`: source links, icon and issue action dropped, others unwrapped."
+    "`text` without links into repository `git`: source links, icon, issue action dropped; others unwrapped."
     g = re.escape(git.rstrip('/'))
     for rx in (SOURCE_LINK, REPO_ICON, ISSUE_ACTION):
         text = re.sub(rx.format(git=g), '', text, flags=re.S)

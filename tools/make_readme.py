@@ -13,9 +13,9 @@ The Markdown itself is written by nbconvert's MarkdownExporter.
 
 Links are made to work from a checkout (and on a repository host), since the docs site is not published:
 a link to another notebook (`05_tupe.ipynb#eq`) becomes `nbs/05_tupe.ipynb`; a link to a page of the site
-(settings.ini `doc_host` + `doc_baseurl`, as nbdev's doc links and `posenc_lit.core.doc_url` write them) becomes
-the notebook of that page; a link into the repository (`git_url`/blob/`branch`/PATH) becomes PATH. Anchors are
-dropped: a notebook file has none. A link to a page that no notebook makes is an error.
+(settings.ini `doc_host` + `doc_baseurl`, as nbdev's doc links and `posenc_lit.core.doc_url` write them)
+becomes the notebook of that page; a link into the repository (`git_url`/blob/`branch`/PATH) becomes PATH.
+Anchors are dropped: a notebook file has none. A link to a page that no notebook makes is an error.
 """
 import argparse, configparser, copy, difflib, re, shutil, sys
 from pathlib import Path
@@ -43,7 +43,7 @@ def settings():
 
 
 def notebook_pages(nbs):
-    "{Quarto page name (`tupe.html`, nbdev's `output-file`) or notebook file name (`05_tupe.ipynb`): notebook path}."
+    "{Quarto page (`tupe.html`, nbdev's `output-file`) or notebook file (`05_tupe.ipynb`): notebook path}."
     pages = {}
     for nb in sorted(nbs.rglob('*.ipynb')):
         rel = nb.relative_to(nbs)
@@ -76,7 +76,8 @@ def relink(md, cfg, nbs):
         else:
             return m.group(0)
         if page not in pages:
-            raise ValueError(f'{url}: no notebook makes the page {page!r} (known: {", ".join(sorted(pages))})')
+            known = ', '.join(sorted(pages))
+            raise ValueError(f'{url}: no notebook makes the page {page!r} (known: {known})')
         return m.group(1) + pages[page] + m.group(3)
     return _re_link.sub(sub, md)
 
