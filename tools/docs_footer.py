@@ -5,8 +5,9 @@ A post-render script (nbs/_quarto.yml `project: post-render`), run by Quarto (`n
 workflow) and by smalldocs (`tools/build_docs.sh`) after the pages are written: every `.html` page under the
 output folder (`QUARTO_PROJECT_OUTPUT_DIR`, relative to the project folder, or the folder given as the first
 argument) gets a footer line `posenc_lit 0.1.0 · commit 1a2b3c4 · how to cite` before `</body>`. The version
-is settings.ini's `version`; the commit is `git rev-parse --short HEAD` at build time, with `-dirty` when the working tree has
-changes to tracked files, or `unknown` outside a git checkout. Running it again replaces the line it wrote.
+is settings.ini's `version`; the commit is `git rev-parse --short HEAD` at build time, with `-dirty` when the
+working tree has changes to tracked files, or `unknown` outside a git checkout. Running it again replaces the
+line it wrote.
 """
 
 import configparser, html, os, re, subprocess, sys
