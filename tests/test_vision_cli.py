@@ -4,7 +4,7 @@ run; a fine-tune at a higher resolution; bad input exits with status 2 and a mes
 import os
 os.environ.setdefault('HF_HUB_OFFLINE', '1'); os.environ.setdefault('HF_DATASETS_OFFLINE', '1')
 
-import json, signal, subprocess, sys, time
+import json, signal, subprocess, sys
 from pathlib import Path
 
 import numpy as np, pytest, torch
@@ -30,14 +30,12 @@ def _cli(*args):
 def run(tmp_path_factory):
     "One finished smoke run through the command line: 20 steps, evaluated at 28x28, 56x56 and 28x56."
     out = tmp_path_factory.mktemp('vit') / 'run'
-    t = time.time()
     assert main([*SMOKE, '--steps', '20', '--log-every', '2', '--eval-sizes', '28,56,28x56', '--out', str(out)]) == 0
-    return out, time.time() - t
+    return out
 
 
 def test_run_directory_and_summary(run, capsys):
-    out, seconds = run
-    assert seconds < 60, f'the smoke run took {seconds:.0f} s'
+    out = run
     assert sorted(p.name for p in out.iterdir()) == ['checkpoint', 'config.json', 'metrics.jsonl', 'summary.json']
     s = json.loads((out / 'summary.json').read_text())
     for k in ('test_accuracy', 'val_accuracy', 'steps', 'wall_s', 'train_images_per_s', 'parameters', 'eval'):
@@ -59,7 +57,7 @@ def test_run_directory_and_summary(run, capsys):
 
 
 def test_stop_and_resume_give_the_same_losses(run, tmp_path, capsys):
-    ref, _ = run
+    ref = run
     args = [*SMOKE, '--steps', '20', '--log-every', '2', '--eval-sizes', '28,56,28x56', '--out', str(tmp_path / 'r')]
     assert main([*args, '--stop-at', '10']) == 0
     assert 'stopped at step 10 of 20; continue with --resume' in capsys.readouterr().out
