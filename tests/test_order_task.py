@@ -3,6 +3,11 @@ original.
 
 Bag-of-words and an encoder without positions must be at chance by construction: each sentence gives the pair
 in both orders, with opposite labels and the same words; the splits are drawn per source sentence.
+
+The task is fine-tuned with a paired scorer (`posenc_lit.heads`, kind 'paired'): each text of a pair is scored
+alone by the same encoder and head, logits (s(y), s(x)). Tested here: the vectorized split of
+`[CLS] x [SEP] y [SEP]` equals running the two texts one at a time, swapping the texts swaps the logits, `none`
+ties (accuracy exactly 1/2), and a smoke fine-tune writes a summary and a model that loads and predicts the same.
 """
 import os
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
@@ -10,14 +15,17 @@ os.environ.setdefault('HF_DATASETS_OFFLINE', '1')  # before datasets is imported
 
 import collections, gzip, json
 
+import datasets
 import numpy as np
 import pytest
 import torch
 from sklearn.feature_extraction.text import CountVectorizer
 
 from posenc_lit.data import load_tokenizer
-from posenc_lit.finetune import EncoderForTask, collate, encode_texts
-from posenc_lit.model import Encoder, ModelConfig
+from posenc_lit.finetune import (EncoderForTask, collate, encode_texts, finetune, load_task_model, make_finetune_config,
+                                 predict, save_task_model, score)
+from posenc_lit.heads import _special, split_pairs
+from posenc_lit.model import Encoder, EncoderForMLM, ModelConfig, save_model
 from posenc_lit.tasks import (TASK_SPLITS, TASKS, TaskError, _texts, bow_baseline, get_task, load_order,
                               majority_baseline, read_rt_sentences, word_swap)
 
@@ -34,7 +42,7 @@ def as_set(d):
 
 def test_registered():
     spec = get_task('order')
-    assert 'order' in TASKS and spec.kind == 'classification' and spec.n_labels == 2
+    assert 'order' in TASKS and spec.kind == 'paired' and spec.n_labels == 2
     assert spec.main_metric == 'accuracy'
 
 
@@ -120,3 +128,109 @@ def test_no_positions_gives_both_orders_one_answer(order, pe, same):
         logits = model(ids, mask)['logits'].double()   # (32, 2)
     gap = (logits[0::2] - logits[1::2]).abs().max().item()
     assert (gap < 1e-4) == same, gap
+
+
+# ---------------------------------------------------------------- the paired scorer
+
+C, S, P = 1, 2, 0   # [CLS], [SEP], [PAD] of the toy vocabulary
+
+
+def toy_model(pe, vocab=50, special=(C, S, P)):
+    "A random 2-layer encoder (D = 32) with a paired head, in eval mode."
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=vocab, d_model=32, n_heads=2, n_layers=2, d_ff=64, pe=pe, max_position_embeddings=64)
+    return EncoderForTask(Encoder(cfg), 'paired', special=special).eval()
+
+
+@pytest.mark.parametrize('pe', ['learned', 'rope', 't5', 'deberta'])
+def test_paired_split_is_exact(pe):
+    "Each logit of a right-padded batch equals the score of its text run alone: `[CLS] t [SEP]`, no padding."
+    model = toy_model(pe)
+    g = torch.Generator().manual_seed(1)
+    text = lambda: torch.randint(5, 50, (int(torch.randint(1, 13, (1,), generator=g)),), generator=g).tolist()
+    xy = [(text(), text()) for _ in range(9)]
+    ids, am = collate([[C, *x, S, *y, S] for x, y in xy], pad_id=P)
+    assert not am.all()                                                   # the batch is padded
+    alone = lambda t: model.head(model.encoder(torch.tensor([[C, *t, S]]))['hidden_states'])[0, 0]
+    with torch.no_grad():
+        logits = model(ids, am)['logits']                                 # (9, 2) = (s(y), s(x))
+        ref = torch.stack([torch.stack([alone(y), alone(x)]) for x, y in xy])
+    assert logits.dtype == torch.float32 and logits.shape == (9, 2)
+    assert (logits - ref).abs().max().item() <= 1e-5
+
+
+def test_split_pairs_vectorized_and_checked():
+    ids = torch.tensor([[C, 5, 6, S, 7, S, P], [C, 8, S, 9, 10, 11, S]])
+    halves, mask = split_pairs(ids, ids != P, C, S, P)
+    assert halves.tolist() == [[C, 5, 6, S, P], [C, 8, S, P, P], [C, 7, S, P, P], [C, 9, 10, 11, S]]
+    assert torch.equal(mask, halves != P)
+    with pytest.raises(ValueError, match=r'row 1 is not one'):
+        split_pairs(ids[:, :6], None, C, S, P)                            # row 1 keeps one [SEP]
+    with pytest.raises(ValueError, match=r"pass special=\(cls, sep, pad\)"):
+        EncoderForTask(toy_model('learned').encoder, 'paired')
+
+
+@pytest.fixture(scope='module')
+def order_test(order):
+    return order['test'].select(range(64))
+
+
+def swapped(d):
+    return datasets.Dataset.from_dict({'text': d['text_pair'], 'text_pair': d['text'], 'label': [1 - y for y in d['label']]})
+
+
+@pytest.mark.parametrize('pe', ['learned', 'none'])
+def test_paired_antisymmetric(order_test, pe):
+    "Swapping text and text_pair swaps the two logits."
+    tok = load_tokenizer()
+    model = toy_model(pe, tok.get_vocab_size(), _special(tok))
+    with torch.no_grad():
+        a = model(*collate(encode_texts(order_test, tok)['input_ids']))['logits']
+        b = model(*collate(encode_texts(swapped(order_test), tok)['input_ids']))['logits']
+    assert (a - b.flip(-1)).abs().max().item() <= 1e-6
+
+
+@pytest.mark.parametrize('pe, tie', [('none', True), ('learned', False), ('rope', False)])
+def test_paired_none_ties_at_chance(order_test, pe, tie):
+    "Without positions s(x) = s(y) (the same tokens): a tie on every pair, accuracy exactly 1/2; with positions, not."
+    tok = load_tokenizer()
+    model = toy_model(pe, tok.get_vocab_size(), _special(tok))
+    data = encode_texts(order_test, tok)
+    with torch.no_grad():
+        logits = model(*collate(data['input_ids']))['logits'].double()
+    gap = (logits[:, 0] - logits[:, 1]).abs()
+    assert bool((gap <= 1e-5).all()) == tie, gap.max().item()
+    acc = score(model, data, get_task('order'))['accuracy']
+    assert np.mean(data['labels']) == 0.5
+    if tie:
+        assert acc == 0.5 and set(predict(model, data)) == {0}             # every pair a tie: class 0
+
+
+@pytest.fixture(scope='module')
+def tiny_checkpoint(tmp_path_factory):
+    "A random pretraining checkpoint: learned positions, a table of 128 rows (longer than the longest order pair)."
+    tok = load_tokenizer()
+    d = tmp_path_factory.mktemp('tiny')
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=tok.get_vocab_size(), d_model=32, n_heads=2, n_layers=1, d_ff=64, pe='learned',
+                      max_position_embeddings=128)
+    save_model(EncoderForMLM(cfg), d)
+    tok.save(str(d / 'tokenizer.json'))
+    return d
+
+
+def test_paired_finetune_end_to_end(tiny_checkpoint, tmp_path):
+    "Smoke fine-tune of `order` (4 steps): a summary; the saved paired model loads and predicts the same."
+    longest_pair = max(len(ids) for ids in encode_texts(load_order()['train'], load_tokenizer())['input_ids'])
+    assert longest_pair > 128                     # runs only because each text is run alone (check_length)
+    cfg = make_finetune_config('smoke', task='order', checkpoint=str(tiny_checkpoint), max_train=64)
+    s = finetune(cfg, tmp_path / 'ft', progress=False)
+    assert json.loads((tmp_path / 'ft' / 'summary.json').read_text())['test'] == s['test']
+    assert s['steps'] == 4 and 0 <= s['test']['accuracy'] <= 1 and s['examples']['train'] == 64
+    m, tok, info = load_task_model(tmp_path / 'ft')
+    assert m.kind == 'paired' and m.special == _special(tok) and info['special'] == list(_special(tok))
+    data = encode_texts(load_order()['test'], tok)
+    assert score(m, data, get_task('order'))['accuracy'] == s['test']['accuracy']
+    again = save_task_model(m, tmp_path / 'copy', tok, info)
+    m2, _, _ = load_task_model(again)
+    assert predict(m2, data) == predict(m, data)
