@@ -16,7 +16,7 @@ from .core import *
 from .model import *
 from .tasks import *
 from .heads import *
-from .heads import _context_mask, _is_hf_folder
+from .heads import _context_mask, _is_hf_folder, _longest_run, _special
 from .loop import *
 
 # %% auto #0
@@ -108,8 +108,8 @@ def _setup(cfg: FinetuneConfig):
     if cfg.max_train: dd['train'] = train_subset(dd['train'], cfg.max_train)
     if cfg.extend_positions:
         trained = cfg.trained_len or trained_length(cfg.checkpoint)
-        n = cfg.max_len or max(len(ids) for sp in TASK_SPLITS
-                               for ids in (encode_squad if spec.kind == 'span' else encode_texts)(dd[sp], tok)['input_ids'])
+        encode = encode_squad if spec.kind == 'span' else encode_texts
+        n = cfg.max_len or max(_longest_run(encode(dd[sp], tok), spec.kind, _special(tok)[1]) for sp in TASK_SPLITS)
         if trained > (rows := encoder.cfg.max_position_embeddings):
             raise ValueError(f'trained_len={trained} is longer than the position table of {cfg.checkpoint} ({rows} rows): '
                              f'the pretraining length is at most {rows} (leave --trained-len out to read it from the run)')
@@ -120,7 +120,7 @@ def _setup(cfg: FinetuneConfig):
         data['train']['dropped'] = len(data['train']['labels']) - len(keep)
         for key in ('input_ids', 'labels', 'context', 'answers'): data['train'][key] = [data['train'][key][k] for k in keep]
         if not keep: raise TaskError(f'task {cfg.task}: no training answer survives max_len={cfg.max_len}')
-    model = EncoderForTask(encoder, spec.kind, spec.n_labels, cfg.head_dropout)
+    model = EncoderForTask(encoder, spec.kind, spec.n_labels, cfg.head_dropout, special=_special(tok))
     return spec, tok, dd, data, model
 
 # %% ../nbs/16_finetune.ipynb #42e85350
