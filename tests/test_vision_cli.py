@@ -163,7 +163,7 @@ BAD = {   # id: (arguments after `posenc_lit vit --pe learned --preset smoke`, t
                            'finetune_init must be distinct entries of', True),
     'finetune-init-no-table': (['--pe', 'sincos2d', '--finetune-res', '56', '--finetune-steps', '2', '--finetune-init', 'bicubic,none'],
                                "pe='sincos2d' has no learned table", True),
-    'stem': (['--stem', 'resnet'], "stem must be 'patch' or 'hybrid'", True),
+    'stem': (['--stem', 'resnet'], "stem must be one of ('patch', 'hybrid'); got 'resnet'", True),
 }
 
 
