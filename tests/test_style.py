@@ -54,8 +54,21 @@ def test_helpers_can_fail(tmp_path):
     assert positional_params(tree) == [('f', 1, 9), ('h', 4, 9)]
 
 
+# modules whose notebooks are not formatted yet (issue 25 item 5): strict expected failures, so a fixed one must
+# leave the list; format one with `python tools/fix_long_lines.py nbs/X.ipynb`, `python tools/format_nbs.py
+# nbs/X.ipynb`, nbdev_clean, nbdev_export
+LONG_PENDING = {'compare.py', 'finetune.py', 'heads.py', 'lengths.py', 'locality.py', 'probes.py', 'tasks.py'}
+POSITIONAL_PENDING = {'compare.py'}   # compare.compare: 13 positional parameters
+
+
+def _pending(request, path, pending: set):
+    if path.name in pending:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=f'{path.name} is pending; fixed? remove it there'))
+
+
 @pytest.mark.parametrize('path', MODULES, ids=lambda p: p.name)
-def test_no_line_over_120(path):
+def test_no_line_over_120(path, request):
+    _pending(request, path, LONG_PENDING)
     bad = long_lines(path)
     assert (
         not bad
@@ -63,7 +76,8 @@ def test_no_line_over_120(path):
 
 
 @pytest.mark.parametrize('path', MODULES, ids=lambda p: p.name)
-def test_at_most_8_positional_parameters(path):
+def test_at_most_8_positional_parameters(path, request):
+    _pending(request, path, POSITIONAL_PENDING)
     bad = positional_params(ast.parse(path.read_text(encoding='utf-8')))
     assert not bad, (
         f'{path.name}: functions with more than {MAX_POSITIONAL} positional parameters '
