@@ -447,8 +447,10 @@ function contrast(e) {
 
 SEARCH = CONTRAST + r'''
 (async () => {
-  const input = document.querySelector('.smalldocs-search input, #quarto-search input');
-  if (!input) return {error: 'no search box'};
+  let input = null;   // the search box is built by a script after load: wait for it (up to 20 s on a busy machine)
+  for (let t = 0; t < 200 && !(input = document.querySelector('.smalldocs-search input, #quarto-search input')); t++)
+    await new Promise(r => setTimeout(r, 100));
+  if (!input) return {error: 'no search box after 20 s'};
   input.focus(); input.value = 'relative';
   input.dispatchEvent(new Event('input', {bubbles: true}));
   for (let t = 0; t < 50 && !document.querySelector('.search-result'); t++) await new Promise(r => setTimeout(r, 100));
