@@ -7,20 +7,11 @@
 # 22_locality) — all committed; the 20_pretraining and 21_lengths notebooks read them.
 # Usage: bash tools/run_reference.sh [name ...]   (default: every entry of the study, in the order below)
 set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
-# study entry -> pretrain options (an encoding name alone runs that encoding with its defaults)
-args_for() {
-  case "$1" in
-    tupe-a-tiecls)  echo "--pe tupe-a --pe-kwargs {\"untie_cls\":false}" ;;        # TUPE's tie-cls ablation
-    deberta)        echo "--pe deberta --emd-steps 2" ;;                            # DeBERTa: c2p + p2c + EMD
-    deberta-noemd)  echo "--pe deberta" ;;                                          # −EMD
-    deberta-noc2p)  echo "--pe deberta --emd-steps 2 --pe-kwargs {\"pos_att_type\":[\"p2c\"]}" ;;   # −C2P
-    deberta-nop2c)  echo "--pe deberta --emd-steps 2 --pe-kwargs {\"pos_att_type\":[\"c2p\"]}" ;;   # −P2C
-    *)              echo "--pe $1" ;;
-  esac
-}
+source "$HERE/study_entries.sh"   # args_for: study entry -> pretrain options
 
 study=(learned sinusoidal none t5 huang4 shaw tupe-a tupe-r tupe-a-tiecls deberta deberta-noemd deberta-noc2p deberta-nop2c rope alibi)
 names=("${@:-${study[@]}}")

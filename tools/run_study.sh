@@ -12,19 +12,11 @@
 # at 32, 64, 128, 256 tokens; 21_lengths), diagnostics.json (position sensitivity, table geometry; 19b_regime),
 # inspect.safetensors (tools/inspect_run.py) and locality.json (22_locality), and is committed (COMMIT=0 to skip).
 set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
 cd "${STUDY_ROOT:-$(dirname "$0")/..}"   # STUDY_ROOT: the checkout to write into (the code may be a frozen copy)
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
-args_for() {   # study entry -> pretrain options (an encoding name alone runs that encoding with its defaults)
-  case "$1" in
-    tupe-a-tiecls)  echo "--pe tupe-a --pe-kwargs {\"untie_cls\":false}" ;;        # TUPE's tie-cls ablation
-    deberta)        echo "--pe deberta --emd-steps 2" ;;                            # DeBERTa: c2p + p2c + EMD
-    deberta-noemd)  echo "--pe deberta" ;;                                          # −EMD
-    deberta-noc2p)  echo "--pe deberta --emd-steps 2 --pe-kwargs {\"pos_att_type\":[\"p2c\"]}" ;;   # −C2P
-    deberta-nop2c)  echo "--pe deberta --emd-steps 2 --pe-kwargs {\"pos_att_type\":[\"c2p\"]}" ;;   # −P2C
-    *)              echo "--pe $1" ;;
-  esac
-}
+source "$HERE/study_entries.sh"   # args_for: study entry -> pretrain options
 
 commit() {   # commit one finished run's results, retrying while another git command holds the index
   [ "${COMMIT:-1}" = 1 ] || return 0
