@@ -451,9 +451,12 @@ SEARCH = CONTRAST + r'''
   for (let t = 0; t < 200 && !(input = document.querySelector('.smalldocs-search input, #quarto-search input')); t++)
     await new Promise(r => setTimeout(r, 100));
   if (!input) return {error: 'no search box after 20 s'};
-  input.focus(); input.value = 'relative';
-  input.dispatchEvent(new Event('input', {bubbles: true}));
-  for (let t = 0; t < 50 && !document.querySelector('.search-result'); t++) await new Promise(r => setTimeout(r, 100));
+  // the index (search.json) loads on first use: type again every second until results show (up to 40 s)
+  input.focus();
+  for (let t = 0; t < 400 && !document.querySelector('.search-result'); t++) {
+    if (t % 10 === 0) { input.value = 'relative'; input.dispatchEvent(new Event('input', {bubbles: true})); }
+    await new Promise(r => setTimeout(r, 100));
+  }
   const parts = [...document.querySelectorAll('.search-result-title, .search-result-section, .search-result-text, .search-result mark')];
   const out = parts.filter(e => e.textContent.trim()).map(e => ({part: e.className || e.tagName.toLowerCase(),
                                                                  text: e.textContent.trim().slice(0, 40), ratio: contrast(e)}));
@@ -491,7 +494,7 @@ def _visit(cdp, sid, url, script, width):
         cdp.call('Page.navigate', sid, url=url)
         cdp.wait_for('Page.loadEventFired', sid, timeout=60)
         cdp.events.clear()
-        return cdp.evaluate(sid, script)
+        return cdp.evaluate(sid, script, timeout=90)
     finally:
         cdp.call('Emulation.setDeviceMetricsOverride', sid, width=1280, height=1000, deviceScaleFactor=1, mobile=False)
 
