@@ -1,0 +1,53 @@
+"""A blind sample of the `order` task for a human check (issue 29 item 3).
+
+    python tools/order_sample.py sample OUT_DIR [--n 40] [--seed 2026]
+        writes OUT_DIR/sample.txt (pairs A/B, the original sentence shown first or second at random) and
+        OUT_DIR/key.json (which one is the original); read sample.txt without opening key.json.
+    python tools/order_sample.py score OUT_DIR ANSWERS
+        ANSWERS: one letter per pair, e.g. "A B B A ..."; writes OUT_DIR/human.json and prints the accuracy.
+"""
+import argparse
+import json
+import random
+from pathlib import Path
+
+from posenc_lit.tasks import load_order
+
+
+def sample(out: Path, n: int, seed: int):
+    "Draw `n` test pairs with the seeded `random.Random(seed)` and write the blind sample and its key."
+    rows = [r for r in load_order()['test'] if r['label'] == 1]  # (original, swapped) pairs
+    rng = random.Random(seed)
+    lines, key = [], []
+    for i, r in enumerate(rng.sample(rows, n)):
+        first_is_original = rng.random() >= 0.5
+        a, b = (r['text'], r['text_pair']) if first_is_original else (r['text_pair'], r['text'])
+        key.append('A' if first_is_original else 'B')
+        lines += [f'{i}', f'A: {a}', f'B: {b}', '']
+    out.mkdir(parents=True, exist_ok=True)
+    (out / 'sample.txt').write_text('\n'.join(lines), encoding='utf-8')
+    (out / 'key.json').write_text(json.dumps({'seed': seed, 'n': n, 'key': key}) + '\n')
+
+
+def score(out: Path, answers: str):
+    "Compare the answers with the key; write human.json."
+    key = json.loads((out / 'key.json').read_text())['key']
+    given = answers.split()
+    if len(given) != len(key):
+        raise SystemExit(f'{len(given)} answers for {len(key)} pairs: give one letter (A or B) per pair')
+    wrong = [i for i, (g, k) in enumerate(zip(given, key)) if g.upper() != k]
+    result = {'n': len(key), 'correct': len(key) - len(wrong), 'accuracy': 1 - len(wrong) / len(key),
+              'wrong': wrong, 'answers': given}
+    (out / 'human.json').write_text(json.dumps(result, indent=1) + '\n')
+    print(f"{result['correct']} of {result['n']} correct ({result['accuracy']:.3f}); wrong: {wrong}")
+
+
+if __name__ == '__main__':
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument('action', choices=['sample', 'score'])
+    p.add_argument('out', type=Path)
+    p.add_argument('answers', nargs='?', default='')
+    p.add_argument('--n', type=int, default=40)
+    p.add_argument('--seed', type=int, default=2026)
+    a = p.parse_args()
+    sample(a.out, a.n, a.seed) if a.action == 'sample' else score(a.out, a.answers)
