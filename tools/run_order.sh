@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The order task (issue 29 item 3) fine-tuned from each study checkpoint, three seeds, the quick fine-tuning preset.
+#
+# Usage: bash tools/run_order.sh NAME [NAME ...]      NAME: a study run (runs/study/NAME; results/study/NAME)
+# Waits until the study run NAME has finished (results/study/NAME/summary.json), fine-tunes it into
+# runs/study_order/NAME (a stopped fine-tune starts again: fine-tuning runs do not resume), copies the results without
+# checkpoints to results/study_order/NAME/ and commits them (COMMIT=0 to skip). A finished NAME is skipped.
+# STUDY_ROOT: the checkout to read and write (the code may be a frozen copy, as in tools/run_study.sh).
+set -euo pipefail
+cd "${STUDY_ROOT:-$(dirname "$0")/..}"
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+
+for name in "$@"; do
+  run=runs/study_order/$name dest=results/study_order/$name
+  if [ -f "$dest/summary.json" ]; then echo "done already: $name"; continue; fi
+  until [ -f "results/study/$name/summary.json" ]; do sleep 60; done
+  posenc_lit finetune --checkpoint "runs/study/$name" --task order --preset quick --seeds 0 1 2 \
+    --out "$run" --overwrite --quiet
+  mkdir -p "$dest"
+  rsync -a --exclude checkpoint "$run/" "$dest/"
+  if [ "${COMMIT:-1}" = 1 ]; then
+    for _ in 1 2 3 4 5 6 7 8 9 10; do
+      git add "$dest" && git commit -q -m "study order task: $name finished (tools/run_order.sh)" -- "$dest" && break
+      sleep 7
+    done
+  fi
+  echo "finished $name: $(python -c 'import json,sys; print(json.load(open(sys.argv[1]))["test"])' "$dest/summary.json")"
+done
