@@ -17,7 +17,7 @@ for name in "$@"; do
   posenc_lit finetune --checkpoint "runs/study/$name" --task order --preset quick --seeds 0 1 2 \
     --out "$run" --overwrite --quiet
   mkdir -p "$dest"
-  rsync -a --exclude checkpoint "$run/" "$dest/"
+  tar -C "$run" --exclude=checkpoint -cf - . | tar -C "$dest" -xf -
   if [ "${COMMIT:-1}" = 1 ]; then
     for _ in 1 2 3 4 5 6 7 8 9 10; do
       git add "$dest" && git commit -q -m "study order task: $name finished (tools/run_order.sh)" -- "$dest" && break
