@@ -9,7 +9,8 @@ from pathlib import Path
 from .claims import STUDY, seed_runs, study_loss, eval_curve
 
 # %% auto #0
-__all__ = ['ENTRIES', 'FAMILIES', 'study_rows', 'study_markdown', 'plot_curves', 'lengths_markdown']
+__all__ = ['ENTRIES', 'FAMILIES', 'study_rows', 'study_markdown', 'plot_curves', 'lengths_markdown', 'order_rows',
+           'order_markdown']
 
 # %% ../nbs/19c_study.ipynb #6f74caee
 ENTRIES = (
@@ -45,8 +46,8 @@ def _read(run: Path, name: str):
 
 def study_rows(root) -> list[dict]:
     """One row per committed entry of `ENTRIES`: `entry`, `seeds`, held-out `loss` and its sample `std` over
-    the seeds
-    (nats), `sensitivity` (mean over seeds with diagnostics, nats; None without), `lengths` of seed 0
+    the seeds (nats),
+    `sensitivity` (mean over seeds with diagnostics, nats; None without), `lengths` of seed 0
     ({tokens: loss or None}), `tokens_per_s` of seed 0."""
     rows = []
     for entry in ENTRIES:
@@ -77,8 +78,7 @@ def _pm(mean: float, std: float, n: int) -> str:
 
 def study_markdown(rows: list[dict]) -> str:
     """The rows as a Markdown table: held-out loss (lower is better; the best in bold) with the seed spread,
-    the gap
-    to `none` (⚠ where an entry is not below it), the position sensitivity and the speed."""
+    the gap to `none` (⚠ where an entry is not below it), the position sensitivity and the speed."""
     if not rows:
         return '*No study run is committed yet* (`bash tools/run_study.sh learned none ...`).'
     best = min(r['loss'] for r in rows)
@@ -142,4 +142,46 @@ def lengths_markdown(rows: list[dict]) -> str:
     cell = lambda v, n: 'n/a' if v is None else f'**{v:.3f}**' if v == best[n] else f'{v:.3f}'
     out = ['| entry | ' + ' | '.join(f'{n} tokens ↓' for n in ns) + ' |', '|---|' + '---:|' * len(ns)]
     out += [f"| {r['entry']} | " + ' | '.join(cell(r['lengths'].get(n), n) for n in ns) + ' |' for r in have]
+    return '\n'.join(out)
+
+# %% ../nbs/19c_study.ipynb #bf538573
+def order_rows(root) -> list[dict]:
+    """One row per entry of `ENTRIES` with a committed `root/study_order/<entry>/summary.json`: `entry`,
+    `seeds` (fine-tuning seeds), test accuracy `acc` and its sample `std`, `val` (validation accuracy) and the
+    bag-of-words accuracy `bow` (fractions of the test pairs)."""
+    rows = []
+    for entry in ENTRIES:
+        s = _read(Path(root, 'study_order', entry), 'summary.json')
+        if s is None:
+            continue
+        test = s['test']['accuracy']
+        rows.append(
+            {
+                'entry': entry,
+                'seeds': len(test['values']),
+                'acc': test['mean'],
+                'std': test['std'],
+                'val': s['validation']['accuracy']['mean'],
+                'bow': s['baselines']['bow']['accuracy'],
+            }
+        )
+    return rows
+
+
+def order_markdown(rows: list[dict]) -> str:
+    """The order rows as a Markdown table: test accuracy (higher is better; the best in bold) with the spread
+    over fine-tuning seeds, validation accuracy, and the gap to bag-of-words (⚠ where it is not above by more
+    than one standard deviation)."""
+    if not rows:
+        return '*No order fine-tuning is committed yet* (`bash tools/run_order.sh learned ...`).'
+    best = max(r['acc'] for r in rows)
+    out = [
+        '| entry | seeds | test accuracy ↑ | validation accuracy ↑ | vs bag-of-words ↑ |',
+        '|---|---:|---:|---:|---:|',
+    ]
+    for r in rows:
+        acc = _pm(r['acc'], r['std'], r['seeds'])
+        acc = f'**{acc}**' if r['acc'] == best else acc
+        gap = f"{r['acc'] - r['bow']:+.3f}" + (' ⚠' if r['acc'] - r['bow'] <= r['std'] else '')
+        out.append(f"| {r['entry']} | {r['seeds']} | {acc} | {r['val']:.3f} | {gap} |")
     return '\n'.join(out)
