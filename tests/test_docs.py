@@ -136,7 +136,7 @@ def test_api_entries(site):
 # Notebooks whose figures do not yet all have a label, caption and alt text at a readable size. Each is an
 # expected failure (strict): when a notebook is fixed its test passes, which fails here -- then take it off
 # the list.
-FIG_PENDING = {'14_hf', '19b_regime'}
+FIG_PENDING = set()
 MIN_FIG_PX = (400, 150)   # width, height of a committed PNG output
 
 
