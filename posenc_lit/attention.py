@@ -79,7 +79,7 @@ def _check_attend_inputs(q, k, v, score_terms, mask):
     return full
 
 # %% ../nbs/01_attention.ipynb #4eacdacb
-def causal_mask(i: int, j: int, device=None) -> torch.Tensor:
+def causal_mask(i: int, j: int, device: torch.device | str | None = None) -> torch.Tensor:
     """Bool `(1, 1, i, j)`: query `a` may attend key `c` iff `c ≤ a + j - i` (the queries are the last `i` of
     the `j` keys: a KV cache)."""
     # (i, 1): each query's own index among the keys
@@ -94,7 +94,14 @@ def _with_causal(mask, causal, i, j, device):
     return c if mask is None else mask & c
 
 
-def scores(q, k, score_terms=(), mask=None, scale=None, causal=False):
+def scores(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    score_terms=(),
+    mask: torch.Tensor | None = None,
+    scale: float | None = None,
+    causal: bool = False,
+):
     """The pre-softmax logits `s·q·kᵀ + Σ terms`, `-inf` where masked, `(b, h, i, j)` in float32 (float64 for
     float64 `q`)."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
@@ -133,7 +140,16 @@ def _manual(q, k, v, score_terms, mask, *, scale, dropout_p, value_terms, want_p
     return out, probs.masked_fill(dead, 0.0) if want_probs else None
 
 
-def attend_manual(q, k, v, score_terms=(), mask=None, scale=None, dropout_p=0.0, value_terms=()):
+def attend_manual(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    score_terms=(),
+    mask: torch.Tensor | None = None,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    value_terms=(),
+):
     "Readable reference path of `attend`; returns `(out (b, h, i, d_v), probs (b, h, i, j))`."
     return _manual(
         q, k, v, score_terms, mask, scale=scale, dropout_p=dropout_p, value_terms=value_terms, want_probs=True
@@ -153,7 +169,15 @@ def _attend_math(q, k, v, score_terms, mask, scale, dropout_p):
     )[0]
 
 
-def attend_fast(q, k, v, score_terms=(), mask=None, scale=None, dropout_p=0.0):
+def attend_fast(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    score_terms=(),
+    mask: torch.Tensor | None = None,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+):
     """Fast path of `attend` through `F.scaled_dot_product_attention` (on CPU, `_attend_math` when a term
     needs a gradient); returns `out (b, h, i, d_v)`."""
     if q.device.type == 'cpu' and (
@@ -183,7 +207,15 @@ def attend_fast(q, k, v, score_terms=(), mask=None, scale=None, dropout_p=0.0):
 _COMPILED = {}
 
 
-def attend_compiled(q, k, v, score_terms=(), mask=None, scale=None, dropout_p=0.0):
+def attend_compiled(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    score_terms=(),
+    mask: torch.Tensor | None = None,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+):
     """Compiled path of `attend`: `attend_manual`'s arithmetic through `torch.compile` (compiled on first use
     per shape); returns `out (b, h, i, d_v)`."""
     if 'fn' not in _COMPILED:
@@ -285,13 +317,13 @@ class PositionEncoding(nn.Module):
         "Per-forward context shared by all layers (content-free terms are computed here once)."
         return Context(q_pos, k_pos)
 
-    def transform_qk(self, q, k, ctx: Context, layer=None):
+    def transform_qk(self, q, k, ctx: Context, layer: int | LayerRef | None = None):
         return q, k
 
-    def score_terms(self, q, k, ctx: Context, layer=None) -> list:
+    def score_terms(self, q, k, ctx: Context, layer: int | LayerRef | None = None) -> list:
         return []
 
-    def value_terms(self, ctx: Context, layer=None) -> list:
+    def value_terms(self, ctx: Context, layer: int | LayerRef | None = None) -> list:
         return []
 
     def content_scale(self, d: int) -> float:
@@ -305,7 +337,7 @@ def relative_only(self: PositionEncoding) -> bool:
     return self.kind != 'absolute' and getattr(self, 'max_len', None) is None
 
 # %% ../nbs/01_attention.ipynb #7d028a94
-def default_positions(n: int, device=None) -> torch.Tensor:
+def default_positions(n: int, device: torch.device | str | None = None) -> torch.Tensor:
     "0-based positions `(1, n)` for an unpadded sequence of length `n`."
     return torch.arange(n, device=device)[None]
 
@@ -429,7 +461,7 @@ def position_attention(
     k: torch.Tensor,
     v: torch.Tensor,  # `(b, h, i, d)`, `(b, h, j, d)`, `(b, h, j, d_v)`
     ctx: Context,  # `pe.prepare(q_pos, k_pos)`
-    layer=None,  # the layer address: index, LayerRef, or None (see as_layer)
+    layer: int | LayerRef | None = None,  # the layer address: index, LayerRef, or None (see as_layer)
     mask: torch.Tensor | None = None,  # bool, broadcastable to `(b, h, i, j)`, True = may attend
     *,
     dropout_p: float = 0.0,
@@ -460,7 +492,7 @@ def position_scores(
     q: torch.Tensor,
     k: torch.Tensor,
     ctx: Context,
-    layer=None,
+    layer: int | LayerRef | None = None,
     mask: torch.Tensor | None = None,
     causal: bool = False,
 ) -> torch.Tensor:
@@ -549,7 +581,15 @@ def forward(
 
 
 @patch
-def scores(self: MultiHeadAttention, x, mask=None, pe=None, ctx=None, kv=None, causal=False) -> torch.Tensor:
+def scores(
+    self: MultiHeadAttention,
+    x: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    pe: PositionEncoding | None = None,
+    ctx: Context | None = None,
+    kv: torch.Tensor | None = None,
+    causal: bool = False,
+) -> torch.Tensor:
     "The pre-softmax logits `(b, h, i, j)` of `forward` with the same arguments (no cache)."
     pe = PositionEncoding() if pe is None else pe
     q, k, v, ctx = self._qkv(x, kv, pe, ctx, None)
@@ -599,15 +639,15 @@ class CombinedEncoding(PositionEncoding):
     def prepare(self, q_pos, k_pos):
         return CombinedContext(q_pos, k_pos, [e.prepare(q_pos, k_pos) for e in self.members])
 
-    def transform_qk(self, q, k, ctx, layer=None):
+    def transform_qk(self, q, k, ctx, layer: int | LayerRef | None = None):
         for e, c in zip(self.members, ctx.members):
             q, k = e.transform_qk(q, k, c, layer)
         return q, k
 
-    def score_terms(self, q, k, ctx, layer=None):
+    def score_terms(self, q, k, ctx, layer: int | LayerRef | None = None):
         return [t for e, c in zip(self.members, ctx.members) for t in e.score_terms(q, k, c, layer)]
 
-    def value_terms(self, ctx, layer=None):
+    def value_terms(self, ctx, layer: int | LayerRef | None = None):
         return [t for e, c in zip(self.members, ctx.members) for t in e.value_terms(c, layer)]
 
     def content_scale(self, d):
