@@ -115,7 +115,7 @@ class T5RelativeBias(PositionEncoding):
     def prepare(self, q_pos, k_pos) -> T5Context:
         return T5Context(q_pos, k_pos, self.bias(q_pos, k_pos))
 
-    def score_terms(self, q, k, ctx, layer=None):
+    def score_terms(self, q, k, ctx, layer: int | LayerRef | None = None):
         return [ctx.t5_bias]
 
     def content_scale(self, d):
