@@ -145,7 +145,7 @@ def prepare(self: TUPE, q_pos, k_pos) -> TUPEContext:
 
 
 @patch
-def score_terms(self: TUPE, q, k, ctx: TUPEContext, layer=None):
+def score_terms(self: TUPE, q, k, ctx: TUPEContext, layer: int | LayerRef | None = None):
     return [ctx.tupe_bias]
 
 # %% ../nbs/05_tupe.ipynb #173e9638
