@@ -368,7 +368,8 @@ def test_api_entries_rendered(visits):
 
 def test_two_clicks_from_front_page(visits):
     "From the front page, every encoding's page (its derivation), its API entry and the experiment results are at most two clicks away."
-    from posenc_lit.core import list_encodings, encoding_facts
+    from posenc_lit.core import list_encodings
+    from posenc_lit.catalog import encoding_facts
     host, pages = _doc_host(), quarto_pages()
     def local(url):  # a published URL -> (local page, anchor)
         path, _, frag = url[len(host) + 1:].partition('#')

@@ -13,7 +13,7 @@ The Markdown itself is written by nbconvert's MarkdownExporter.
 
 Links are made to work from a checkout (and on a repository host), since the docs site is not published:
 a link to another notebook (`05_tupe.ipynb#eq`) becomes `nbs/05_tupe.ipynb`; a link to a page of the site
-(settings.ini `doc_host` + `doc_baseurl`, as nbdev's doc links and `posenc_lit.core.doc_url` write them)
+(settings.ini `doc_host` + `doc_baseurl`, as nbdev's doc links and `posenc_lit.catalog.doc_url` write them)
 becomes the notebook of that page; a link into the repository (`git_url`/blob/`branch`/PATH) becomes PATH.
 Anchors are dropped: a notebook file has none. A link to a page that no notebook makes is an error.
 """
