@@ -227,7 +227,7 @@ def prepare(self: DebertaRelative, q_pos, k_pos) -> DebertaContext:
 
 # %% ../nbs/06_deberta.ipynb #b0665e28
 @patch
-def rel_projections(self: DebertaRelative, ctx: DebertaContext, layer=None):
+def rel_projections(self: DebertaRelative, ctx: DebertaContext, layer: int | LayerRef | None = None):
     """$K_r$ (for c2p) and $Q_r$ (for p2c) of layer `layer` (an index or a `LayerRef`),
     each `(h, r, d)` or `None`."""
     ref = as_layer(layer)
@@ -257,7 +257,7 @@ def _no_shared_proj(term, name):
 
 # %% ../nbs/06_deberta.ipynb #8e5f89e8
 @patch
-def score_terms(self: DebertaRelative, q, k, ctx: DebertaContext, layer=None):
+def score_terms(self: DebertaRelative, q, k, ctx: DebertaContext, layer: int | LayerRef | None = None):
     """c2p $Q^c_i{K^r_{\\delta(i,j)}}^\\top$ and p2c $K^c_j{Q^r_{\\delta(i,j)}}^\\top$
     times the content scale, `(b, h, i, j)`."""
     K_r, Q_r = self.rel_projections(ctx, layer)
