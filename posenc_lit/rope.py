@@ -36,7 +36,7 @@ def _check_freqs(theta, what):  # θ as computed: every frequency must be a posi
     return theta
 
 # %% ../nbs/07_rope.ipynb #3e0e1719
-def _check_rotary_dim(rotary_dim, d_head=None):
+def _check_rotary_dim(rotary_dim, d_head: int | None = None):
     "`rotary_dim` (`None`: all of `d_head`) checked: an even integer ≥ 2, at most `d_head`."
     if d_head is not None and d_head < 2:
         raise ValueError(
@@ -72,7 +72,7 @@ def _check_rotary_dim(rotary_dim, d_head=None):
 def rope_inv_freq(
     rotary_dim: int,  # d_r: the number of rotated dimensions, even
     base: float = 10000.0,  # b (RoFormer: 10^4)
-    device=None,
+    device: torch.device | str | None = None,
 ) -> torch.Tensor:  # θ_i = b^(-2i/d_r), i = 0 … d_r/2-1: radians per token, float32, `(d_r/2,)`
     """RoPE's frequencies $\\theta_i = b^{-2i/d_r}$ in float32 (Su et al. 2021, §3.2); `ValueError` for an odd
     `rotary_dim` or a `base` ≤ 1."""
@@ -230,7 +230,7 @@ def rope_frequencies(
     base: float = 10000.0,  # b
     scaling: str = 'none',  # 'none', 'linear' (position interpolation) or 'ntk' (see SCALINGS)
     factor: float = 1.0,  # s = L'/L ≥ 1
-    device=None,
+    device: torch.device | str | None = None,
 ) -> torch.Tensor:  # θ `(d_r/2,)`, float32, radians per token
     """RoPE's frequencies for inputs `factor` times longer than trained (Chen et al. 2023; NTK-aware base);
     `ValueError` for a bad configuration."""
@@ -277,7 +277,7 @@ class RoPE(PositionEncoding):
 
 # %% ../nbs/07_rope.ipynb #a6f50eae
 @patch
-def inv_freq(self: RoPE, device=None) -> torch.Tensor:
+def inv_freq(self: RoPE, device: torch.device | str | None = None) -> torch.Tensor:
     "θ `(d_r/2,)`, float32, recomputed on each call (no buffer: the model's dtype never touches it)."
     return rope_frequencies(self.rotary_dim, self.base, self.scaling, self.factor, device)
 
@@ -332,7 +332,13 @@ def cos_sin(self: RoPE, ctx: RoPEContext, dtype: torch.dtype) -> tuple:  # `prep
 
 
 @patch
-def transform_qk(self: RoPE, q, k, ctx: RoPEContext, layer=None):  # q `(b, h, i, d)`, k `(b, h, j, d)`
+def transform_qk(
+    self: RoPE,
+    q: torch.Tensor,  # `(b, h, i, d)`
+    k: torch.Tensor,  # `(b, h, j, d)`
+    ctx: RoPEContext,
+    layer: int | LayerRef | None = None,
+):
     "Rotated `(q, k)`, same shapes and dtype."
     if q.shape[-1] != self.d_head:
         raise ValueError(
