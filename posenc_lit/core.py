@@ -12,8 +12,8 @@ import torch
 import matplotlib.pyplot as plt
 
 # %% auto #0
-__all__ = ['POSITION_LIMIT', 'CONVENTIONS', 'KINDS', 'ENCODING_MODULES', 'rel_pos', 'PositionRangeError', 'is_int', 'is_real',
-           'is_int_tensor', 'MemoryLimitError', 'memory_check', 'check_positions', 'check_position_limit',
+__all__ = ['POSITION_LIMIT', 'CONVENTIONS', 'KINDS', 'MODALITIES', 'ENCODING_MODULES', 'rel_pos', 'PositionRangeError', 'is_int',
+           'is_real', 'is_int_tensor', 'MemoryLimitError', 'memory_check', 'check_positions', 'check_position_limit',
            'to_convention', 'test_close_rel', 'EncodingSpec', 'register_encoding', 'list_encodings', 'get_encoding',
            'atomic_write', 'json_safe', 'write_json', 'plot_curves', 'plot_heatmaps']
 
@@ -190,7 +190,8 @@ def test_close_rel(
 
 # %% ../nbs/00_core.ipynb #b5c3fcca
 KINDS = ('absolute', 'qk', 'score', 'none')
-# modules whose import registers encodings; later notebooks append theirs
+MODALITIES = ('text', 'image')
+# the modules whose import registers encodings (the one list: a new encoding module is added here)
 ENCODING_MODULES = [
     'posenc_lit.absolute',
     'posenc_lit.relative',
@@ -204,17 +205,19 @@ ENCODING_MODULES = [
 
 @dataclass
 class EncodingSpec:
-    """A registered position encoding: its name, kind, one-line summary, source, and factory `config ->
-    nn.Module`."""
+    """A registered position encoding: its name, kind, one-line summary, source, factory `config -> nn.Module`
+    and modality (`'text'`: the factory takes a `ModelConfig`; `'image'`: a `ViTConfig`)."""
 
     name: str
     kind: str
     summary: str
     source: str
     factory: Callable
+    modality: str = 'text'
 
 
-_REGISTRY: dict[str, EncodingSpec] = {}
+# (modality, name) -> spec: a text and an image encoding may share a name
+_REGISTRY: dict[tuple[str, str], EncodingSpec] = {}
 
 # %% ../nbs/00_core.ipynb #2b5d8e1a
 def register_encoding(
@@ -222,16 +225,23 @@ def register_encoding(
     kind: str,  # one of `KINDS`
     summary: str,  # one line for `posenc_lit encodings`
     source: str = '',  # paper and equation
+    modality: str = 'text',  # one of `MODALITIES`: the model the factory's config builds
 ):
-    "Decorator registering `factory(config) -> encoding module` under `name`."
+    "Decorator registering `factory(config) -> encoding module` under `(modality, name)`."
     if kind not in KINDS:
         raise ValueError(f'kind must be one of {KINDS}; got {kind!r}')
+    _check_modality(modality)
 
     def _inner(factory):
-        _REGISTRY[name] = EncodingSpec(name, kind, summary, source, factory)
+        _REGISTRY[modality, name] = EncodingSpec(name, kind, summary, source, factory, modality)
         return factory
 
     return _inner
+
+
+def _check_modality(modality):
+    if modality not in MODALITIES:
+        raise ValueError(f'modality must be one of {MODALITIES}; got {modality!r}')
 
 
 def _load_encoding_modules():
@@ -239,18 +249,25 @@ def _load_encoding_modules():
         importlib.import_module(m)
 
 # %% ../nbs/00_core.ipynb #03ead774
-def list_encodings() -> dict[str, EncodingSpec]:
-    "All registered encodings, by name (imports `ENCODING_MODULES` first)."
+def list_encodings(
+    modality: str = 'text',  # 'text' (the language encoder's encodings) or 'image' (the ViT's)
+) -> dict[str, EncodingSpec]:
+    "The registered encodings of `modality`, by name (imports `ENCODING_MODULES` first)."
+    _check_modality(modality)
     _load_encoding_modules()
-    return dict(sorted(_REGISTRY.items()))
+    return {name: spec for (m, name), spec in sorted(_REGISTRY.items()) if m == modality}
 
 
-def get_encoding(name: str) -> EncodingSpec:
-    "The registered encoding `name`; `ValueError` listing the valid names if there is none."
-    encs = list_encodings()
+def get_encoding(
+    name: str,  # a registered name, e.g. 't5' (text) or 'rope2d' (image)
+    modality: str = 'text',
+) -> EncodingSpec:
+    "The registered encoding `name` of `modality`; `ValueError` listing the valid names if there is none."
+    encs = list_encodings(modality)
     if name not in encs:
+        what = 'position encoding' if modality == 'text' else 'vision position encoding'
         raise ValueError(
-            f'unknown position encoding {name!r}; valid names: {", ".join(encs)} '
+            f'unknown {what} {name!r}; valid names: {", ".join(encs)} '
             f'(run `posenc_lit encodings` for a description of each)'
         )
     return encs[name]
