@@ -16,7 +16,7 @@ __all__ = ['alibi_slopes', 'alibi_bias', 'ALiBi', 'ALiBiContext']
 # %% ../nbs/08_alibi.ipynb #9cb6a6ba
 def alibi_slopes(
     n_heads: int,  # h ≥ 1
-    device=None,
+    device: torch.device | str | None = None,
 ) -> torch.Tensor:  # m `(h,)`, float32: head k's penalty per token of distance, in logit units
     """ALiBi's fixed head slopes (Press et al. 2022, §3; head counts that are not powers of two as in the
     authors' code); `ValueError` for `n_heads` < 1."""
@@ -62,14 +62,14 @@ def _alibi_bias(q_pos, k_pos, slopes, bidirectional):
 
 # %% ../nbs/08_alibi.ipynb #929d7a54
 class ALiBi(PositionEncoding):
-    """ALiBi (Press et al. 2022): a fixed bias $-m_h|j-i|$ per head (or the paper's causal form) added to the
-    logits of every layer."""
+    """ALiBi (Press et al. 2022): a fixed bias $-m_h|j-i|$ per head (slopes $m_h$ from `alibi_slopes`, or the
+    paper's causal form) added to the logits of every layer."""
 
     kind = 'score'
 
     def __init__(
         self,
-        n_heads: int,  # h: one slope per head, from `alibi_slopes`
+        n_heads: int,  # h: one slope per head, from alibi_slopes
         # True: symmetric -m|j-i| (our encoder); False: the paper's causal form
         bidirectional: bool = True,
     ):
@@ -100,7 +100,13 @@ def prepare(self: ALiBi, q_pos, k_pos) -> ALiBiContext:  # integer positions `(b
 
 
 @patch
-def score_terms(self: ALiBi, q, k, ctx: ALiBiContext, layer=None):  # q `(b, h, i, d)`
+def score_terms(
+    self: ALiBi,
+    q: torch.Tensor,  # `(b, h, i, d)`
+    k: torch.Tensor,  # `(b, h, j, d)`
+    ctx: ALiBiContext,
+    layer: int | LayerRef | None = None,
+):
     "The shared bias, `[(b|1, h, i, j)]`; `ValueError` if q has another number of heads."
     if q.shape[1] != self.n_heads:
         raise ValueError(f'ALiBi was built for {self.n_heads} heads; got q of shape {tuple(q.shape)}')
