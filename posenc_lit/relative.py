@@ -50,11 +50,11 @@ def _check_within(rel, k):  # clip=False: every distance within ±k (traced: no 
 def rel_scores(
     x: torch.Tensor,  # queries `(b, h, i, d)` (side 'query') or keys `(b, h, j, d)`
     table: torch.Tensor,  # `(2k+1, d)` (row r: distance r - k), per head `(h, rows, d)`
-    idx: torch.Tensor,  # rows from `rel_index`, `(i, j)` or `(b|1, i, j)`
+    idx: torch.Tensor,  # rows from rel_index, `(i, j)` or `(b|1, i, j)`
     side: str = 'query',  # 'query': x_i · a_ij; 'key': x_j · a_ij
 ) -> torch.Tensor:  # `(b, h, i, j)`, x's dtype
     """Relative term $x_i\\cdot a_{ij}$ or $x_j\\cdot a_{ij}$ through `x @ Eᵀ` over the
-    distinct rows and a gather; no `(i, j, d)` tensor."""
+    distinct rows and a gather (`idx` from `rel_index`); no `(i, j, d)` tensor."""
     idx = _check_rel_scores(x, idx, side)  # (b|1, i, j)
     if idx.numel() == 0:  # an empty sequence
         return x.new_zeros(x.shape[0], x.shape[1], idx.shape[-2], idx.shape[-1])
@@ -68,7 +68,8 @@ def rel_scores(
     return t if side == 'query' else t.transpose(-1, -2)  # (b, h, i, j)
 
 # %% ../nbs/03_relative.ipynb #e755d6b0
-def _used_rows(idx, table, d=None, h=None):  # first and last table row that `idx` uses; checks the table
+# first and last table row that `idx` uses; checks the table
+def _used_rows(idx, table, d: int | None = None, h: int | None = None):
     if (
         table.ndim not in (2, 3)
         or (d is not None and table.shape[-1] != d)
@@ -106,10 +107,10 @@ def _check_rel_scores(x, idx, side):  # idx as (b|1, i, j), checked against x
 def rel_values(
     probs: torch.Tensor,  # attention probabilities `(b, h, i, j)`
     table: torch.Tensor,  # relative value vectors `(2k+1, d_v)`, or `(h, rows, d_v)`
-    idx: torch.Tensor,  # rows from `rel_index`, `(i, j)` or `(b|1, i, j)`
+    idx: torch.Tensor,  # rows from rel_index, `(i, j)` or `(b|1, i, j)`
 ) -> torch.Tensor:  # `(b, h, i, d_v)`, probs' dtype
     """$\\sum_j \\alpha_{ij}\\, a^V_{ij}$ (Shaw et al. 2018, eq. 3) by summing
-    probabilities per distance, then one matmul."""
+    probabilities per distance, then one matmul (`idx` from `rel_index`)."""
     idx = idx if idx.ndim == 3 else idx[None]
     if idx.numel() == 0:  # no keys (or no queries)
         return probs.new_zeros(*probs.shape[:3], table.shape[-1])
@@ -179,7 +180,7 @@ def _check_relative_vectors(d_head, n_layers, k, flags, init_std):
 class RelativeContext(Context):
     "Context of `RelativeVectors`: the table row of every query/key pair."
 
-    # `(b|1, i, j)` int64, rows `clip(j - i, k) + k` (`rel_index`)
+    # `(b|1, i, j)` int64, rows `clip(j - i, k) + k` (rel_index)
     rel_idx: torch.Tensor
 
 
@@ -197,7 +198,7 @@ def prepare(self: RelativeVectors, q_pos, k_pos) -> RelativeContext:
 
 
 @patch
-def score_terms(self: RelativeVectors, q, k, ctx: RelativeContext, layer=None):
+def score_terms(self: RelativeVectors, q, k, ctx: RelativeContext, layer: int | LayerRef | None = None):
     """$q_i\\cdot a_{ij}/\\sqrt d$ and/or $k_j\\cdot a_{ij}/\\sqrt d$, `(b, h, i, j)`,
     with layer `layer`'s table (`as_layer`)."""
     if self.key_tables is None:
@@ -210,7 +211,7 @@ def score_terms(self: RelativeVectors, q, k, ctx: RelativeContext, layer=None):
 
 
 @patch
-def value_terms(self: RelativeVectors, ctx: RelativeContext, layer=None):
+def value_terms(self: RelativeVectors, ctx: RelativeContext, layer: int | LayerRef | None = None):
     """Shaw's $\\sum_j \\alpha_{ij} a^V_{ij}$ as a callable of the probabilities,
     with layer `layer`'s table."""
     if self.value_tables is None:
