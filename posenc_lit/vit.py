@@ -40,7 +40,7 @@ class PatchEmbed(nn.Conv2d):
 def grid_positions(
     grid: tuple,  # (gh, gw): patches per column and per row
     num_prefix_tokens: int = 1,  # tokens before the patches ([CLS]); each gets position (0, 0)
-    device=None,
+    device: torch.device | str | None = None,
 ) -> torch.Tensor:  # `(n, 2)` int64 (row, col), n = num_prefix_tokens + gh·gw
     """(row, col) of every token: prefix tokens at (0, 0), then the patches in reading order (the order of
     `flatten(2)`)."""
@@ -127,12 +127,21 @@ class VisionEncoding(PositionEncoding):
         super().__init__()
         self.num_prefix_tokens = num_prefix_tokens
 
-    # (gh, gw); how to interpolate a learned table for another grid
-    def embed_grid(self, grid, mode=None, antialias=False):
+    def embed_grid(
+        self,
+        grid: tuple,  # the patch grid (gh, gw)
+        mode: str | None = None,  # how to interpolate a learned table for another grid ('bicubic', ...)
+        antialias: bool = False,
+    ):
         "Vectors `(1, n, D)` added to the tokens (prefix tokens first), or `None`."
         return None
 
-    def prepare(self, q_pos, k_pos, grid=None):  # `(1, n)` token indices; the patch grid (gh, gw)
+    def prepare(
+        self,
+        q_pos: torch.Tensor,  # `(1, n)` token indices
+        k_pos: torch.Tensor,  # `(1, n)` token indices
+        grid: tuple | None = None,  # the patch grid (gh, gw)
+    ):
         """Context shared by all layers: the token indices, `grid` and `rc`, the `(n, 2)` (row, col) of each
         token."""
         rc = None if grid is None else grid_positions(grid, self.num_prefix_tokens, q_pos.device)
@@ -161,7 +170,7 @@ class LearnedPosEmbed(VisionEncoding):
         # (1, n, D)
         self.weight = nn.Parameter(torch.randn(1, num_prefix_tokens + grid[0] * grid[1], d_model) * init_std)
 
-    def embed_grid(self, grid, mode=None, antialias=False):
+    def embed_grid(self, grid: tuple, mode: str | None = None, antialias: bool = False):
         """The table for `grid`: as it is for `table_grid`, else interpolated with `mode`; `ValueError` if
         that is None."""
         if tuple(grid) == self.table_grid:
@@ -229,7 +238,7 @@ class Learned2d(VisionEncoding):
 
 # %% ../nbs/09_vit.ipynb #b16a5009
 @patch
-def axis_tables(self: Learned2d, grid, mode=None, antialias=False):
+def axis_tables(self: Learned2d, grid: tuple, mode: str | None = None, antialias: bool = False):
     """`(rows (gh', D/2), cols (gw', D/2))` for `grid`, each axis interpolated along its length when it
     differs."""
     if tuple(grid) == self.table_grid:
@@ -247,7 +256,7 @@ def axis_tables(self: Learned2d, grid, mode=None, antialias=False):
 
 
 @patch
-def embed_grid(self: Learned2d, grid, mode=None, antialias=False):
+def embed_grid(self: Learned2d, grid: tuple, mode: str | None = None, antialias: bool = False):
     "`(1, n, D)`: the prefix rows, then `[cols[c] | rows[r]]` for each patch."
     rows, cols = self.axis_tables(grid, mode, antialias)
     rc = grid_positions(grid, 0, rows.device)  # (N, 2)
@@ -305,7 +314,7 @@ class SinCos2d(VisionEncoding):
         # a bad d_model fails here, not in the first forward
         sincos_2d_table((1, 1), d_model, 0, base)
 
-    def embed_grid(self, grid, mode=None, antialias=False):
+    def embed_grid(self, grid: tuple, mode: str | None = None, antialias: bool = False):
         # (1, n, D)
         return sincos_2d_table(grid, self.d_model, self.num_prefix_tokens, self.base)[None]
 
@@ -401,7 +410,7 @@ class RelBias2d(VisionEncoding):
             b = torch.cat([top, torch.cat([pb[1].expand(-1, b.shape[-1], p), b], -1)], -2)
         return b[None]
 
-    def prepare(self, q_pos, k_pos, grid=None):
+    def prepare(self, q_pos, k_pos, grid: tuple | None = None):
         if grid is None:
             raise ValueError(
                 'rel2d needs the token grid: make the context with pe.prepare(pos, pos, grid=(gh, gw))'
@@ -655,7 +664,7 @@ class ViTLayer(EncoderLayer):
     """`EncoderLayer` in ViT's pre-LN order (eqs. 2, 3): `x = x + attn(LN(x)); x = x + mlp(LN(x))`; same
     modules, same attention."""
 
-    def forward(self, x, mask, pe, ctx, return_probs=False, kv=None):
+    def forward(self, x, mask, pe, ctx, return_probs: bool = False, kv: torch.Tensor | None = None):
         a = self.attn(
             self.attn_ln(x), mask=mask, pe=pe, ctx=ctx, kv=kv, return_probs=return_probs, fast=self.fast
         )
