@@ -204,7 +204,7 @@ class Embeddings(nn.Module):
         self.segment = nn.Embedding(cfg.type_vocab_size, cfg.d_model) if cfg.type_vocab_size else None
         self.ln, self.drop = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps), nn.Dropout(cfg.dropout)
 
-    def parts(self, input_ids, pos, pe, token_type_ids=None):
+    def parts(self, input_ids, pos, pe, token_type_ids: torch.Tensor | None = None):
         "The summands before the LayerNorm: `(w (b, n, D), p (b|1, n, D) or None)`; `w` includes segments."
         w = self.word(input_ids) * pe.word_scale  # (b, n, D)
         if self.segment is not None:
@@ -218,7 +218,7 @@ class Embeddings(nn.Module):
         # positions follow the model's dtype
         return w, None if p is None else p.to(w.dtype)
 
-    def forward(self, input_ids, pos, pe, token_type_ids=None):
+    def forward(self, input_ids, pos, pe, token_type_ids: torch.Tensor | None = None):
         w, p = self.parts(input_ids, pos, pe, token_type_ids)
         return self.drop(self.ln(w if p is None else w + p))  # (b, n, D)
 
@@ -237,7 +237,7 @@ class EncoderLayer(nn.Module):
         self.drop, self.fast = nn.Dropout(cfg.dropout), cfg.fast_attention
 
     # kv: keys' states (default x); the residual is x
-    def forward(self, x, mask, pe, ctx, return_probs=False, kv=None):
+    def forward(self, x, mask, pe, ctx, return_probs: bool = False, kv: torch.Tensor | None = None):
         a = self.attn(x, mask=mask, pe=pe, ctx=ctx, kv=kv, return_probs=return_probs, fast=self.fast)
         a, probs = a if return_probs else (a, None)
         x = self.attn_ln(x + self.drop(a))  # (b, n, D)
@@ -274,7 +274,7 @@ def _desc(t):
     return f'{t.dtype} tensor of shape {tuple(t.shape)}' if isinstance(t, torch.Tensor) else type(t).__name__
 
 
-def _check_inputs(input_ids, attention_mask, position_ids, token_type_ids=None):
+def _check_inputs(input_ids, attention_mask, position_ids, token_type_ids: torch.Tensor | None = None):
     """Check the model's inputs; returns `(input_ids, position_ids, token_type_ids)` as int64, whatever
     integer dtype was given."""
     if not is_int_tensor(input_ids) or input_ids.ndim != 2:
@@ -383,7 +383,7 @@ class Encoder(nn.Module):
         self.conv = ConvLayer(cfg) if cfg.conv_kernel_size else None
         self.register_load_state_dict_pre_hook(_check_loaded_weights)  # every load checked, by any caller
 
-    def positions(self, input_ids, position_ids=None):
+    def positions(self, input_ids, position_ids: torch.Tensor | None = None):
         n = input_ids.shape[1]
         pos = default_positions(n, input_ids.device) if position_ids is None else position_ids
         return pos[None] if pos.ndim == 1 else pos  # (b|1, n)
@@ -511,7 +511,7 @@ def forward(
     self: EncoderForMLM,
     input_ids: torch.Tensor,  # `(b, n)` token ids (with [MASK]s)
     labels: torch.Tensor | None = None,  # `(b, n)` original ids at masked positions, −100 elsewhere
-    **kw,  # `attention_mask`, `position_ids`, … as for `Encoder`
+    **kw,  # `attention_mask`, `position_ids`, … as for Encoder
 ):
     """Dict with `hidden_states`, `attentions`, `logits` (`(b, n, V)`, or `(m, V)` at the m masked positions
     when `labels` are given) and `loss`."""
@@ -629,9 +629,9 @@ def check_state_dict(
 def read_weights(
     f,  # a `model.safetensors` file
     ref: dict,  # the `state_dict()` of the model the weights are for
-) -> dict:  # name -> tensor, checked by `check_state_dict`
-    """The tensors of safetensors file `f`, checked against `ref`; `CheckpointError` if `f` is missing,
-    corrupt or does not match."""
+) -> dict:  # name -> tensor, checked by check_state_dict
+    """The tensors of safetensors file `f`, checked against `ref` (`check_state_dict`); `CheckpointError` if
+    `f` is missing, corrupt or does not match."""
     f = Path(f)
     if not f.is_file():
         raise CheckpointError(f'no {f.name} in {f.parent}')
@@ -654,7 +654,7 @@ def save_model(model: EncoderForMLM, path) -> Path:
     return path
 
 # %% ../nbs/10_model.ipynb #92460fe3
-def load_config(path, config_cls=None, kind: str = 'model') -> ModelConfig:
+def load_config(path, config_cls: type | None = None, kind: str = 'model') -> ModelConfig:
     """The config (a `ModelConfig`, or `config_cls`) in `path/config.json`; `CheckpointError` if missing or
     invalid."""
     f, ck = Path(path) / 'config.json', Path(path) / 'checkpoint'
