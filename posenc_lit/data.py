@@ -185,7 +185,7 @@ def _checked(dd, what: str) -> datasets.DatasetDict:
     return datasets.DatasetDict({s: dd[s] for s in SPLITS})
 
 # %% ../nbs/11_data.ipynb #056701fb
-def _load_local(files: Mapping, cache_dir=None) -> datasets.DatasetDict:
+def _load_local(files: Mapping, cache_dir: str | Path | None = None) -> datasets.DatasetDict:
     "Load `{split: path or [paths]}` with the builder their file type implies, after checking every file."
     files = {
         s: [Path(p).expanduser() for p in ([v] if isinstance(v, (str, Path)) else v)]
@@ -228,7 +228,7 @@ def _failing_file(kind, data_files, cache_dir):
     return data_files
 
 # %% ../nbs/11_data.ipynb #433b2b1b
-def _load_hub(name: str, cache_dir=None) -> datasets.DatasetDict:
+def _load_hub(name: str, cache_dir: str | Path | None = None) -> datasets.DatasetDict:
     "Load hub dataset `name` or `name:config` with `datasets.load_dataset`."
     path, _, config = name.partition(':')
     try:
@@ -248,7 +248,7 @@ def _load_hub(name: str, cache_dir=None) -> datasets.DatasetDict:
 def load_corpus(
     # 'default', a folder, {split: file(s)}, or a hub name[:config]
     source: str | Path | Mapping = 'default',
-    cache_dir=None,  # `datasets` cache folder; None: datasets' default
+    cache_dir: str | Path | None = None,  # `datasets` cache folder; None: datasets' default
 ) -> datasets.DatasetDict:  # splits `train` and `validation`, each with a `text` column
     """Load a corpus with non-empty `train` and `validation` splits; `CorpusError` if it is missing, corrupt
     or empty."""
@@ -442,8 +442,8 @@ def unigram_logprobs(
 
 
 def unigram_loss(
-    logprobs: torch.Tensor,  # (V,) from `unigram_logprobs`
+    logprobs: torch.Tensor,  # (V,) from unigram_logprobs
     labels: torch.LongTensor,  # any shape, -100 where not a target
 ) -> float:  # mean -log p(target), nats
-    "Mean negative log-probability of the target tokens under the unigram model."
+    "Mean negative log-probability of the target tokens under the unigram model (`unigram_logprobs`)."
     return -logprobs[labels[labels != -100]].mean().item()
