@@ -531,7 +531,7 @@ def _pending(acc: Accelerator, state: dict) -> dict:
     return {**state, 'run_loss': run[0].item(), 'run_counts': counts}
 
 
-def _evaluate(acc: Accelerator, loop: Loop, state: dict, out: Path, bar=None):
+def _evaluate(acc: Accelerator, loop: Loop, state: dict, out: Path, bar: tqdm | None = None):
     "Log the evaluation record of this step (and show its numbers under the progress bar)."
     rec = {'step': state['step'], 'split': loop.eval_split, **loop.tags, **loop.evaluate(state['step'])}
     log_record(out, rec, acc.is_main_process)
@@ -570,7 +570,7 @@ def fit(
     out: Path,
     stop_at: int | None = None,
     stop: SignalStop | None = None,
-    bar=None,
+    bar: tqdm | None = None,
 ) -> str | None:
     "Train from `state['step']` to `loop.steps` (or `stop_at`); the signal that stopped it, or None."
     start = {'micro_step': state['step'] * loop.grad_accum, 'run_loss': 0.0, 'run_n': 0, 'run_counts': {}}
