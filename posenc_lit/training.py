@@ -170,7 +170,7 @@ def eval_set(val_blocks: torch.Tensor, cfg: TrainConfig, vocab_size: int):
     return mask_tokens(blocks, torch.Generator().manual_seed(20_201_130), vocab_size, cfg.mlm_probability)
 
 
-def evaluate(model, inputs, labels, batch_size: int, accelerator=None) -> dict:
+def evaluate(model, inputs, labels, batch_size: int, accelerator: Accelerator | None = None) -> dict:
     "Masked-token `loss` (mean cross-entropy), `accuracy` and `tokens` over `labels != -100`, sharded."
 
     def sums_of(s, e, dev):  # loss sum, correct, count
@@ -297,15 +297,15 @@ def _start(cfg: TrainConfig, out: Path, acc: Accelerator, state: dict | None) ->
 
 # %% ../nbs/12_training.ipynb #001d1f12
 def pretrain(
-    cfg: TrainConfig,  # what to train (see `PRESETS`, `make_train_config`)
+    cfg: TrainConfig,  # what to train (see `PRESETS`, make_train_config)
     out,  # run directory
     resume: bool = False,  # continue from `out/checkpoint` if present (else start fresh)
     stop_at: int | None = None,  # stop after this many steps, as an interruption would (for tests)
     progress: bool = True,  # a progress bar on stderr
     overwrite: bool = False,  # replace the run in a non-empty `out` (once every input is checked)
 ) -> dict:  # the summary (`out/summary.json`); stopped: `{'stopped_at_step', 'steps'}` (+ `'signal'`)
-    """Pretrain an `EncoderForMLM` on `cfg.data`; runs unchanged under `accelerate launch` with several
-    processes."""
+    """Pretrain an `EncoderForMLM` on `cfg.data` (a config from `make_train_config`); runs unchanged under
+    `accelerate launch` with several processes."""
     check_creatable_dir(out)
     out, acc = Path(out), accelerator(cfg.mixed_precision, cfg.grad_accum)
     state = _prepare_run_dir(out, cfg, resume, overwrite)
