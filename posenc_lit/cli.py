@@ -890,7 +890,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     "Entry point of the `posenc_lit` console script."
     parser = build_parser()
     if not (sys.argv[1:] if argv is None else argv):
