@@ -15,7 +15,7 @@ __all__ = ['position_sensitivity', 'table_geometry']
 # %% ../nbs/19b_regime.ipynb #99e7a5ef
 @torch.no_grad()
 def position_sensitivity(
-    model,  # an `EncoderForMLM`
+    model,  # an EncoderForMLM
     inputs: torch.Tensor,  # masked blocks `(m, n)`, int64 token ids
     labels: torch.Tensor,  # `(m, n)` targets, -100 where a token is not scored
     batch_size: int = 64,
