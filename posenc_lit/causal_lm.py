@@ -19,7 +19,7 @@ __all__ = ['LMCache', 'lm_positions', 'DecoderLayer', 'CausalLM']
 class LMCache:
     "What a `CausalLM` keeps between calls: one `KVCache` per layer and which keys are real tokens."
 
-    layers: list  # `KVCache` per layer
+    layers: list  # KVCache per layer
     # `(b, j)` bool, True = real token (False = padding), for every cached key
     mask: torch.Tensor | None = None
 
