@@ -411,10 +411,10 @@ def image_stats(images: torch.Tensor) -> tuple[float, float]:
 def to_float(
     images: torch.Tensor,  # uint8 `(n, H, W)`
     mean: float,
-    std: float,  # from `image_stats` of the training split
+    std: float,  # from image_stats of the training split
     size: tuple | None = None,  # `(H', W')` to resize to (bilinear); None: keep the size
 ) -> torch.Tensor:  # float32 `(n, 1, H', W')`
-    "Standardised float images with a channel axis, optionally resized."
+    "Standardised float images (`mean`, `std` from `image_stats`) with a channel axis, optionally resized."
     x = (images.float() / 255 - mean) / std
     x = x[:, None]  # (n, 1, H, W)
     if size is not None and tuple(size) != tuple(x.shape[-2:]):
