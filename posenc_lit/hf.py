@@ -343,7 +343,7 @@ def _fill(pattern: str, groups: dict) -> str:  # a name from a pattern whose gro
 
 
 def hf_weight_map(
-    names,  # our state-dict names (`Encoder` or `EncoderForMLM`)
+    names,  # our state-dict names (Encoder or EncoderForMLM)
     model_type: str,  # 'bert' or 'deberta-v2'
     head: str = 'cls',  # the MLM head's naming: 'cls' (BERT, DeBERTa legacy) or 'lm_predictions'
 ) -> dict:  # our name -> the checkpoint's name (base-model prefix removed)
@@ -452,13 +452,13 @@ def _check_buffers(sd: dict):
 
 # %% ../nbs/14_hf.ipynb #f10ec74e
 def match_hf_weights(
-    model: torch.nn.Module,  # our `Encoder` or `EncoderForMLM`, built by `hf_to_config`
-    sd: dict,  # the checkpoint's tensors (`load_hf_weights`)
+    model: torch.nn.Module,  # our Encoder or EncoderForMLM, built by hf_to_config
+    sd: dict,  # the checkpoint's tensors (load_hf_weights)
     model_type: str,  # 'bert' or 'deberta-v2'
     # our state dict, and the checkpoint names left out (heads, pooler, index buffers)
 ) -> tuple[dict, list[str]]:
-    """Map a checkpoint onto `model` by `hf_weight_map`; `CheckpointError` listing every missing and every
-    unexpected weight."""
+    """Map a checkpoint (`load_hf_weights`) onto `model` (built by `hf_to_config`) by `hf_weight_map`;
+    `CheckpointError` listing every missing and every unexpected weight."""
     sd = _strip_prefix(sd, _PREFIX[model_type])
     head = 'lm_predictions' if any(k.startswith('lm_predictions.') for k in sd) else 'cls'
     if isinstance(model, EncoderForMLM) and not any(
@@ -504,7 +504,7 @@ def match_hf_weights(
 def from_hf(
     path_or_name,  # a local Hugging Face folder, or a hub name (fetched with `huggingface_hub`)
     revision: str | None = None,  # hub revision, for hub names
-    mlm: bool = False,  # also load the MLM head (`EncoderForMLM`); the checkpoint must have one
+    mlm: bool = False,  # also load the MLM head (EncoderForMLM); the checkpoint must have one
 ) -> Encoder | EncoderForMLM:  # in eval mode
     """A BERT or DeBERTa-v2 checkpoint as our `Encoder` (or `EncoderForMLM`), every weight mapped by
     `hf_weight_map`; `CheckpointError` otherwise."""
@@ -539,11 +539,11 @@ def hf_tokenizer(path_or_name, revision: str | None = None) -> Tokenizer:
 # %% ../nbs/14_hf.ipynb #d17e33bd
 def tokenize_texts(
     tok: Tokenizer,
-    texts: list[str],  # the tokenizer (`hf_tokenizer`) and the texts of one batch
+    texts: list[str],  # the tokenizer (hf_tokenizer) and the texts of one batch
     pad_token: str = '[PAD]',  # the padding token of the vocabulary
 ) -> dict:  # `input_ids`, `attention_mask` (bool), `token_type_ids`, each `(b, n)`, padded on the right
     """A right-padded batch of `texts` for `Encoder.forward`, with the special tokens of the tokenizer's
-    template ([CLS] … [SEP])."""
+    template ([CLS] … [SEP]); `tok` from `hf_tokenizer`."""
     if isinstance(texts, str):
         raise TypeError('texts is one string; expected a list of strings: pass [text]')
     if not texts or not all(isinstance(t, str) for t in texts):
