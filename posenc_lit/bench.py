@@ -337,7 +337,7 @@ def hf_cases(L: int, b: int = 8, h: int = 12, d: int = 64, seed: int = 0) -> lis
 
 # %% ../nbs/24_bench.ipynb #be244628
 def model_throughput(
-    encodings=None,  # registered encodings (default: all)
+    encodings: list[str] | None = None,  # registered encodings (default: all)
     preset: str = 'reference',  # a pretraining preset: the model and batch of the study
     steps: int = 10,
     warmup: int = 2,
@@ -486,7 +486,7 @@ def bench(
     tol: float = 1e-4,  # max |variant − reference| / max |reference|
     # subnormal floats read and written as 0 while measuring (`torch.set_flush_denormal`)
     flush_denormal: bool = True,
-    out=None,  # folder: write bench.json after each length, resume from it
+    out: str | Path | None = None,  # folder: write bench.json after each length, resume from it
     progress: bool = True,
 ) -> dict:
     """The benchmark: time and peak extra memory of every variant of every case at each length, and the
@@ -756,11 +756,12 @@ def _bench_series(res, case, variant, key):
 
 
 def plot_bench(
-    res: dict,  # a run of `bench` (or `load_bench`)
+    res: dict,  # a run of bench (or load_bench)
     metric: str = 'time',  # 'time' (ms per sequence) or 'memory' (peak extra MiB per sequence)
     ncols: int = 4,  # panels per row
 ):
-    "A figure of small multiples: a log-log panel per core-level case, `metric` against L, the floor in each."
+    """A figure of small multiples: a log-log panel per core-level case, `metric` against L, the floor in
+    each; `res` from `bench` or `load_bench`."""
     if metric not in BENCH_METRICS:
         raise ValueError(f'metric must be one of {sorted(BENCH_METRICS)}, not {metric!r}')
     label, key = BENCH_METRICS[metric]
@@ -808,7 +809,7 @@ RESULTS = (
 )
 
 
-def load_bench(folder=None) -> dict | None:
+def load_bench(folder: str | Path | None = None) -> dict | None:
     "The committed benchmark run (`results/bench/bench.json`), or None when there is none."
     p = Path(folder or RESULTS) / 'bench.json'
     return json.loads(p.read_text()) if p.exists() else None
