@@ -1,5 +1,5 @@
 "The offline docs site: `tools/build_docs.sh` builds `_site/` with a page per notebook, titles, local KaTeX and maths."
-import html, json, re
+import ast, html, json, re
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -196,3 +196,80 @@ def test_readme_sample_is_the_committed_quick_run():
         ('nbs/index.ipynb shows another run than results/compare/quick/results.json: re-execute it '
          '(cd nbs && jupyter nbconvert --to notebook --execute --inplace index.ipynb), '
          'then python tools/make_readme.py')
+
+
+# Signatures in the docs (issue 28): nbdev shows a parameter that defaults to None without a type as
+# `name:NoneType=None`, and turns a backticked exported name in a parameter's comment into a Markdown link that
+# the signature's code block then shows raw. Notebooks not fixed yet (held by other work when this test came):
+# strict expected failures; take a notebook off the list when its test passes.
+SIGNATURE_PENDING = {'00_core', '10b_catalog', '15_tasks', '15a_heads', '16_finetune', '18_vit_train', '19_compare',
+                     '19a_probes', '21_lengths'}
+
+
+def documented_defs(nb):
+    "(source lines, node) for each public def of the exported cells of `nb`: module level, methods, dataclasses."
+    for c in json.loads(nb.read_text(encoding='utf-8'))['cells']:
+        src = ''.join(c['source'])
+        if c['cell_type'] != 'code' or not re.search(r'^#\|\s*export', src, re.M): continue
+        lines = src.splitlines()
+        tree = ast.parse('\n'.join('' if l.lstrip().startswith('#|') else l for l in lines))
+        for node in tree.body:
+            if not isinstance(node, (ast.FunctionDef, ast.ClassDef)) or node.name.startswith('_'): continue
+            yield lines, node
+            if isinstance(node, ast.ClassDef):
+                yield from ((lines, m) for m in node.body if isinstance(m, ast.FunctionDef)
+                            and (not m.name.startswith('_') or m.name == '__init__'))
+
+
+def signature_problems(nb, names):
+    "Untyped `=None` parameters and backticked names of `names` in the signature comments of notebook `nb`."
+    problems = []
+    for lines, node in documented_defs(nb):
+        if isinstance(node, ast.ClassDef):   # dataclass fields and their comments
+            rows = [k for st in node.body if isinstance(st, ast.AnnAssign) for k in range(st.lineno - 2, st.end_lineno)]
+        else:
+            a = node.args
+            pos = a.posonlyargs + a.args
+            pairs = list(zip(pos[len(pos) - len(a.defaults):], a.defaults)) + list(zip(a.kwonlyargs, a.kw_defaults))
+            problems += [f'{nb.name}: {node.name}({x.arg}=None) has no type (the docs show `NoneType=None`)'
+                         for x, d in pairs if isinstance(d, ast.Constant) and d.value is None and x.annotation is None]
+            rows = range(node.lineno - 1, node.body[0].lineno - 1)
+        for k in rows:
+            comment = lines[k].partition('#')[2] if k >= 0 else ''
+            for n in re.findall(r'`([^`]+)`', comment):
+                if n.strip().removesuffix('()') in names:
+                    problems.append(f'{nb.name}: `{n}` in a signature comment of {node.name} (nbdev makes it a '
+                                    'raw Markdown link there): name it in the docstring')
+    return problems
+
+
+def test_signature_problems():
+    src = '''#| export
+def f(x, mask=None, ok: int | None = None):  # see `g`
+    "doc"
+def _private(y=None): pass
+class C:
+    def m(self, layer=None,  # from `g`, `(b, n)`
+          ): pass
+'''
+    nb = ROOT / 'tests' / '_signature_probe.ipynb'
+    nb.write_text(json.dumps({'cells': [{'cell_type': 'code', 'source': src.splitlines(True)}]}), encoding='utf-8')
+    try:
+        found = signature_problems(nb, {'g'})
+    finally:
+        nb.unlink()
+    assert len(found) == 4, found   # f(mask), `g` on f's line, C.m(layer), `g` in m's comment; not _private or ok
+    assert sum('NoneType' in p for p in found) == 2
+
+
+@pytest.mark.parametrize('nb', notebooks(), ids=lambda nb: nb.stem)
+def test_signatures_typed_without_links(nb, request):
+    "No exported signature shows `NoneType=None` or a raw Markdown link in a parameter's comment."
+    if nb.stem in SIGNATURE_PENDING:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=f'{nb.stem} is in SIGNATURE_PENDING'))
+    # what nbdev links: the symbols of posenc_lit/_modidx.py (`name`, `Class.method`, `posenc_lit.mod.name`)
+    tree = ast.parse((ROOT / 'posenc_lit' / '_modidx.py').read_text(encoding='utf-8'))
+    syms = ast.literal_eval(next(n.value for n in tree.body if isinstance(n, ast.Assign)))['syms']
+    names = {s for mod in syms.values() for full in mod for s in (full, full.split('.', 2)[2])}
+    problems = signature_problems(nb, names)
+    assert not problems, '\n'.join(problems)
