@@ -38,13 +38,10 @@ def _path(s: str) -> str:
 def cmd_encodings(args) -> int:
     """Print each registered encoding, language then vision: name, kind, one-line summary (and the source with
     `--verbose`)."""
-    from posenc_lit.vit import get_vision_encoding, vision_encodings
 
     groups = {
         'language encodings (pretrain --pe, finetune, compare --encodings)': list_encodings(),
-        'vision encodings (vit --pe, compare --vit-encodings)': {
-            n: get_vision_encoding(n) for n in vision_encodings()
-        },
+        'vision encodings (vit --pe, compare --vit-encodings)': list_encodings('image'),
     }
     w = max(len(n) for encs in groups.values() for n in encs)
     for i, (title, encs) in enumerate(groups.items()):
@@ -464,9 +461,8 @@ _VIT_FLAGS = [  # (flag, type, help) — each overrides the preset's value
 
 # %% ../nbs/13_cli.ipynb #a15c1a00
 def _add_vit(sub):
-    from posenc_lit.vit import vision_encodings
 
-    encs = vision_encodings()
+    encs = list_encodings('image')
     w = max(map(len, encs))
     p = sub.add_parser(
         'vit',
@@ -478,7 +474,8 @@ def _add_vit(sub):
             '--eval-modes treatment of the\nposition table. Ctrl-C (SIGINT) or SIGTERM saves a '
             'checkpoint and stops (status 130 or 143).'
         ),
-        epilog='vision position encodings (--pe):\n' + '\n'.join(f'  {n:<{w}}  {s}' for n, s in encs.items()),
+        epilog='vision position encodings (--pe):\n'
+        + '\n'.join(f'  {n:<{w}}  {s.summary}' for n, s in encs.items()),
     )
     p.add_argument('--pe', required=True, help='vision position encoding (listed below)')
     p.add_argument(

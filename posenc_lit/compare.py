@@ -22,7 +22,6 @@ from posenc_lit.finetune import (
     train_subset,
 )
 from .lengths import evaluate_run
-from .vit import vision_encodings
 from .vit_train import make_vit_config, train_vit
 from posenc_lit.probes import (
     PROBES,
@@ -206,7 +205,10 @@ def compare_plan(
         raise ValueError(f'seeds must be distinct integers in [0, 2**32), at least one; got {seeds}')
     vits = (
         _pick(
-            vit_encodings, spec['vit_encodings'] or vision_encodings(), vision_encodings(), 'vision encoding'
+            vit_encodings,
+            spec['vit_encodings'] or list_encodings('image'),
+            list_encodings('image'),
+            'vision encoding',
         )
         if vit
         else []

@@ -200,6 +200,7 @@ ENCODING_MODULES = [
     'posenc_lit.deberta',
     'posenc_lit.rope',
     'posenc_lit.alibi',
+    'posenc_lit.vit',
 ]
 
 

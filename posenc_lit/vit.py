@@ -24,8 +24,8 @@ from .model import _config_to_json, _config_from_dict
 # %% auto #0
 __all__ = ['INTERPOLATIONS', 'POOLS', 'STEMS', 'PatchEmbed', 'grid_positions', 'interpolate_pos_embed', 'VisionEncoding',
            'LearnedPosEmbed', 'Learned2d', 'sincos_2d_table', 'SinCos2d', 'apply_rope_2d', 'RoPE2d', 'RelBias2d',
-           'vision_encodings', 'get_vision_encoding', 'ResBlock', 'HybridStem', 'ViTConfig', 'ViTLayer', 'ViT',
-           'resize_pos_embed_', 'reinit_pos_embed_', 'save_vit', 'load_vit', 'plot_pos_similarity']
+           'ResBlock', 'HybridStem', 'ViTConfig', 'ViTLayer', 'ViT', 'resize_pos_embed_', 'reinit_pos_embed_',
+           'save_vit', 'load_vit', 'plot_pos_similarity']
 
 # %% ../nbs/09_vit.ipynb #3b9fc98e
 class PatchEmbed(nn.Conv2d):
@@ -421,18 +421,7 @@ class RelBias2d(VisionEncoding):
         return [ctx['rel2d']]
 
 # %% ../nbs/09_vit.ipynb #52491257
-_VISION: dict[str, EncodingSpec] = {}
-
-
-def _vision(name, kind, summary, source):
-    def _inner(factory):
-        _VISION[name] = EncodingSpec(name, kind, summary, source, factory)
-        return factory
-
-    return _inner
-
-
-@_vision(
+@register_encoding(
     'learned',
     'absolute',
     (
@@ -440,12 +429,13 @@ def _vision(name, kind, summary, source):
         'paper\'s default)'
     ),
     'Dosovitskiy et al. 2021, eq. 1 and §3.2; vit_jax AddPositionEmbs',
+    modality='image',
 )
 def _learned(cfg):
     return LearnedPosEmbed(cfg.d_model, cfg.grid, cfg.num_prefix_tokens, **cfg.pe_kwargs)
 
 
-@_vision(
+@register_encoding(
     'learned2d',
     'absolute',
     (
@@ -453,22 +443,24 @@ def _learned(cfg):
         'interpolated per axis'
     ),
     'Dosovitskiy et al. 2021, appendix D.4',
+    modality='image',
 )
 def _learned2d(cfg):
     return Learned2d(cfg.d_model, cfg.grid, cfg.num_prefix_tokens, **cfg.pe_kwargs)
 
 
-@_vision(
+@register_encoding(
     'sincos2d',
     'absolute',
     'fixed 2D sin-cos: D/2 channels for the column, D/2 for the row (MAE); any image size',
     'He et al. 2022 (MAE), util/pos_embed.py; Vaswani et al. 2017, §3.5',
+    modality='image',
 )
 def _sincos2d(cfg):
     return SinCos2d(cfg.d_model, cfg.num_prefix_tokens, **cfg.pe_kwargs)
 
 
-@_vision(
+@register_encoding(
     'rope2d',
     'qk',
     (
@@ -476,16 +468,18 @@ def _sincos2d(cfg):
         'any image size'
     ),
     'Heo et al. 2024 (RoPE-ViT), axial; Su et al. 2021, §3.2',
+    modality='image',
 )
 def _rope2d(cfg):
     return RoPE2d(cfg.d_model // cfg.n_heads, cfg.num_prefix_tokens, **cfg.pe_kwargs)
 
 
-@_vision(
+@register_encoding(
     'rel2d',
     'score',
     'learned bias per head and 2D offset clipped to ±k, shared by all layers; any image size',
     'Dosovitskiy et al. 2021, appendix D.4; Swin (Liu et al. 2021) and BEiT (Bao et al. 2022) relative bias',
+    modality='image',
 )
 def _rel2d(cfg):
     return RelBias2d(
@@ -495,26 +489,15 @@ def _rel2d(cfg):
     )
 
 
-@_vision(
+@register_encoding(
     'none',
     'none',
     'no position signal: the model sees a bag of patches (the paper\'s "no positional information" ablation)',
     'Dosovitskiy et al. 2021, appendix D.4',
+    modality='image',
 )
 def _none(cfg):
     return VisionEncoding(cfg.num_prefix_tokens, **cfg.pe_kwargs)
-
-# %% ../nbs/09_vit.ipynb #d442c373
-def vision_encodings() -> dict:
-    "Name → one-line summary of each encoding `ViTConfig.pe` (and `posenc_lit vit --pe`) accepts."
-    return {name: spec.summary for name, spec in sorted(_VISION.items())}
-
-
-def get_vision_encoding(name: str) -> EncodingSpec:
-    "The vision encoding `name`; `ValueError` listing the valid names if there is none."
-    if name not in _VISION:
-        raise ValueError(f'unknown vision position encoding {name!r}; valid: {", ".join(sorted(_VISION))}')
-    return _VISION[name]
 
 # %% ../nbs/09_vit.ipynb #be2ddf93
 def _gn(c):
@@ -581,7 +564,7 @@ class ViTConfig:
     n_heads: int = 4
     d_ff: int = 128
     dropout: float = 0.0
-    pe: str = 'learned'  # see vision_encodings()
+    pe: str = 'learned'  # see list_encodings('image')
     pe_kwargs: dict = field(default_factory=dict)
     pool: str = 'cls'  # 'cls' | 'gap'
     stem: str = 'patch'  # 'patch' | 'hybrid'
@@ -639,7 +622,7 @@ def _check_vit_config(self):
                 f'image_size {self.image_size}: the {side} {v} is not a multiple of '
                 f'patch_size={self.patch_size}; use {_multiples(v, self.patch_size)}'
             )
-    spec = get_vision_encoding(self.pe)
+    spec = get_encoding(self.pe, 'image')
     try:
         with (
             memory_check(
@@ -687,7 +670,7 @@ class ViT(nn.Module):
         )
         # vit_jax: zeros
         self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if cfg.pool == 'cls' else None
-        self.pe = get_vision_encoding(cfg.pe).factory(cfg)
+        self.pe = get_encoding(cfg.pe, 'image').factory(cfg)
         self.drop = nn.Dropout(cfg.dropout)
         lcfg = SimpleNamespace(
             d_model=D,

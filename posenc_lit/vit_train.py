@@ -12,12 +12,12 @@ import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.utils import set_seed
-from .core import is_real, memory_check
+from .core import get_encoding, is_real, memory_check
 from .model import CheckpointError, count_parameters
 from .loop import *
 from .training import micro_batch, step_generator
 from .vision import *
-from .vit import ViT, ViTConfig, get_vision_encoding, load_vit, save_vit, vision_encodings
+from .vit import ViT, ViTConfig, load_vit, save_vit
 from .vit import reinit_pos_embed_, resize_pos_embed_
 
 # %% auto #0
@@ -33,7 +33,7 @@ EVAL_MODES = ('bicubic', 'bilinear', 'none')
 class VitTrainConfig(RunConfig):
     "Everything a ViT training run depends on (and `RunConfig`'s options); saved as the run's `config.json`."
 
-    pe: str = 'learned'  # vision position encoding (see `vision_encodings()`)
+    pe: str = 'learned'  # vision position encoding (see `list_encodings('image')`)
     pe_kwargs: dict = field(default_factory=dict)
     data: str = 'default'  # image source (`load_images`); 'auto': the full Fashion-MNIST if here
     image_size: list = field(default_factory=lambda: [28, 28])  # training resolution [H, W]
@@ -171,7 +171,7 @@ def _check_sizes(cfg: VitTrainConfig):
         _check_patch_count(what, (h, w), P)
     # vit_config checks first that the encoding fits in memory (`memory_check`)
     with torch.random.fork_rng(devices=[]):
-        has_table = get_vision_encoding(cfg.pe).factory(vit_config(cfg)).table_grid is not None
+        has_table = get_encoding(cfg.pe, 'image').factory(vit_config(cfg)).table_grid is not None
     if cfg.finetune_init and len(cfg.finetune_init) > 1 and not has_table:
         raise ValueError(
             f'pe={cfg.pe!r} has no learned table, so every finetune_init {cfg.finetune_init} gives the '
@@ -208,10 +208,7 @@ def make_vit_config(preset: str = 'quick', **overrides) -> VitTrainConfig:
 # %% ../nbs/18_vit_train.ipynb #e939f890
 def _check_options(cfg: VitTrainConfig):
     "What the rules of `VitTrainConfig` cannot say: names, non-empty lists, options that go together."
-    if cfg.pe not in vision_encodings():
-        raise ValueError(
-            f'unknown vision position encoding {cfg.pe!r}; valid: ' f'{", ".join(vision_encodings())}'
-        )
+    get_encoding(cfg.pe, 'image')  # an unknown name fails, listing the valid ones
     if not cfg.data.strip():
         raise ValueError(
             "data must not be empty: 'default', 'auto', 'fashion-mnist-full', 'mnist', a folder "

@@ -12,7 +12,8 @@ import numpy as np, pytest, torch
 from conftest import cut_with_sigterm
 from posenc_lit.cli import main
 from posenc_lit.vision import IDX_FILES, write_idx
-from posenc_lit.vit import load_vit, vision_encodings
+from posenc_lit.core import list_encodings
+from posenc_lit.vit import load_vit
 
 ENV = {**os.environ, 'HF_HUB_OFFLINE': '1', 'HF_DATASETS_OFFLINE': '1', 'OMP_NUM_THREADS': '1'}
 SMOKE = ['vit', '--pe', 'learned', '--preset', 'smoke', '--quiet']
@@ -134,7 +135,7 @@ def test_help_lists_the_vision_encodings(capsys):
     assert main(['vit', '--help']) == 0
     h = capsys.readouterr().out
     assert 'vision position encodings (--pe):' in h
-    for name, summary in vision_encodings().items(): assert f'  {name}' in h and summary[:40] in h
+    for name, spec in list_encodings('image').items(): assert f'  {name}' in h and spec.summary[:40] in h
 
 
 BAD = {   # id: (arguments after `posenc_lit vit --pe learned --preset smoke`, text the error must contain, usage line printed)
@@ -151,7 +152,7 @@ BAD = {   # id: (arguments after `posenc_lit vit --pe learned --preset smoke`, t
                             '56x56 change(s) the patch grid', True),
     'finetune-alone': (['--finetune-res', '56'], 'finetune_res and finetune_steps go together', True),
     'channels': (['--in-chans', '3'], 'have 1 channel (greyscale) but the model takes in_chans=3: use in_chans=1 (--in-chans 1)', False),
-    'unknown-pe': (['--pe', 'rope'], "unknown vision position encoding 'rope'; valid: learned, learned2d, none", True),
+    'unknown-pe': (['--pe', 'rope'], "unknown vision position encoding 'rope'; valid names: learned, learned2d, none", True),
     'unknown-preset': (['--preset', 'huge'], "unknown preset 'huge'; valid: quick, reference, smoke", True),
     'zero-steps': (['--steps', '0'], 'steps must be ≥ 1; got 0', True),
     'heads': (['--d-model', '30', '--n-heads', '4'], 'd_model=30 must be divisible by n_heads=4', True),
