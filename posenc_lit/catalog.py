@@ -62,10 +62,10 @@ def _matmul_flops(model, ids) -> int:
 def encoding_facts(
     name: str,  # a registered encoding
     n: int = 128,  # tokens per sequence for the cost count and the length check
-    **config,  # `ModelConfig` fields; default: the reference preset's encoder, with a 512-row table
+    **config,  # ModelConfig fields; default: the reference preset's encoder, with a 512-row table
 ) -> dict:  # name, kind, acts, params, shared, per_layer, flops (relative extra), runs_past_table, page, api
     """Where encoding `name` acts, its parameters (shared and per layer), its extra matmul FLOPs and whether
-    it runs past its table, found by building it."""
+    it runs past its table, found by building it (an `Encoder` of `ModelConfig` fields `config`)."""
     kw = (
         dict(
             d_model=128,
@@ -109,11 +109,10 @@ def encoding_facts(
 
 # %% ../nbs/10b_catalog.ipynb #398fec2b
 def doc_url(
-    # a module (`posenc_lit.t5`), an exported symbol (`posenc_lit.t5.T5RelativeBias`), a page (`t5.html`), or
-    # '' for the site
-    name: str = '',
+    name: str = '',  # a module, an exported symbol, a page, or '' for the site
 ) -> str | None:  # None for a module or symbol that has no page
-    "The URL of `name` on the documentation site (settings.ini `doc_host` + `doc_baseurl`)."
+    """The URL of `name` on the documentation site (settings.ini `doc_host` + `doc_baseurl`): a module
+    (`posenc_lit.t5`), an exported symbol (`posenc_lit.t5.T5RelativeBias`), a page (`t5.html`) or ''."""
     from posenc_lit._modidx import d
 
     site = d['settings']['doc_host'].rstrip('/') + d['settings']['doc_baseurl'].rstrip('/')
@@ -141,7 +140,7 @@ def _sharing(f):
 def encodings_table(
     results: dict | None = None,  # {encoding name: a run's summary.json}, for the results column
     results_page: str = '',  # the page that reports those runs (a link target for each result)
-    **config,  # passed to `encoding_facts`
+    **config,  # passed to encoding_facts
 ) -> str:
     """A Markdown table of every registered encoding, built by `encoding_facts`, with links to its page and
     API entry."""
