@@ -67,6 +67,19 @@ def site():
     return SITE
 
 
+# With pytest-xdist (tools/test.sh runs `-n 2 --dist loadgroup`) the tests of one group run on one worker, one after
+# another: the docs tests share one site build (a second worker would build `_site/` again, into the same folder), the
+# JupyterLab tests one server, and the two-process runs (`accelerate launch`) the launcher's default port.
+GROUPS = {'test_docs.py': 'site', 'test_browser.py': 'site', 'test_links.py': 'site', 'test_jupyterlab.py': 'jupyterlab',
+          'test_two_processes_save_waits_for_every_rank': 'ddp', 'test_two_process_data_parallel': 'ddp'}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        group = GROUPS.get(item.path.name) or GROUPS.get(item.originalname)
+        if group: item.add_marker(pytest.mark.xdist_group(group))
+
+
 def cut_with_sigterm(cmd, run_dir, env, steps: int) -> int:
     """Start the training command `cmd`, send it SIGTERM after its third training record, and check the interruption:
     status 143, the notice on stdout, no traceback, a checkpoint mid-run. Returns the step the checkpoint holds."""
