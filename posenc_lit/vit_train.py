@@ -31,11 +31,12 @@ EVAL_MODES = ('bicubic', 'bilinear', 'none')
 
 @dataclass(kw_only=True)
 class VitTrainConfig(RunConfig):
-    "Everything a ViT training run depends on (and `RunConfig`'s options); saved as the run's `config.json`."
+    """Everything a ViT training run depends on (and `RunConfig`'s options; images from `load_images`); saved
+    as the run's `config.json`."""
 
     pe: str = 'learned'  # vision position encoding (see `list_encodings('image')`)
     pe_kwargs: dict = field(default_factory=dict)
-    data: str = 'default'  # image source (`load_images`); 'auto': the full Fashion-MNIST if here
+    data: str = 'default'  # image source (load_images); 'auto': the full Fashion-MNIST if here
     image_size: list = field(default_factory=lambda: [28, 28])  # training resolution [H, W]
     patch_size: int = 4  # P: a P×P patch is one token
     in_chans: int = 1  # channels of an image
@@ -120,7 +121,7 @@ def _sizes(v, name: str) -> list:
         raise ValueError(f'{name}: {e}') from None
 
 
-def vit_config(cfg: VitTrainConfig, n_classes: int = 10, image_size=None) -> ViTConfig:
+def vit_config(cfg: VitTrainConfig, n_classes: int = 10, image_size: tuple | None = None) -> ViTConfig:
     """The `ViTConfig` of a run (at `image_size`, default the training size); `ValueError` naming a bad model
     option."""
     return ViTConfig(
@@ -242,9 +243,9 @@ def evaluate_images(
     labels: torch.Tensor,  # uint8 `(n, H, W)`, int64 `(n,)`
     mean: float,
     std: float,
-    size=None,  # standardisation; `(H', W')` to resize to
+    size: tuple | None = None,  # standardisation; `(H', W')` to resize to
     batch_size: int = 256,
-    accelerator=None,
+    accelerator: Accelerator | None = None,
 ) -> dict:
     "Cross-entropy `loss`, `accuracy` and the number of `images`; sharded over processes if `accelerator`."
 
@@ -284,7 +285,7 @@ def evaluate_sizes(
     sizes,
     modes=EVAL_MODES,
     *,
-    accelerator=None,
+    accelerator: Accelerator | None = None,
     # `{(H, W): accuracy}` of `model` as it is, already measured: not computed again
     known: dict | None = None,
 ) -> dict:
@@ -490,7 +491,9 @@ def _phase_loop(
     )
 
 # %% ../nbs/18_vit_train.ipynb #22deac7b
-def _phase_results(cfg: VitTrainConfig, acc: Accelerator, model, d: dict, phase: tuple, val=None) -> dict:
+def _phase_results(
+    cfg: VitTrainConfig, acc: Accelerator, model, d: dict, phase: tuple, val: dict | None = None
+) -> dict:
     """Validation (unless `val` is given) and test at the phase's resolution, and test at every evaluation
     size and mode."""
     m, size, data, info = acc.unwrap_model(model), phase[1], d['data'], d['info']
@@ -620,15 +623,15 @@ def _start_model(cfg: VitTrainConfig, out: Path, acc: Accelerator, info: dict, s
 
 # %% ../nbs/18_vit_train.ipynb #efe69be1
 def train_vit(
-    cfg: VitTrainConfig,  # what to train (see `VIT_PRESETS`, `make_vit_config`)
+    cfg: VitTrainConfig,  # what to train (see `VIT_PRESETS`, make_vit_config)
     out,  # run directory
     resume: bool = False,  # continue from `out/checkpoint` if present (else start fresh)
     overwrite: bool = False,  # replace the run in a non-empty `out` (once every input is checked)
     stop_at: int | None = None,  # stop after this many steps, as an interruption would (for tests)
     progress: bool = True,  # a progress bar on stderr
 ) -> dict:  # the summary (`out/summary.json`); stopped: `{'stopped_at_step', 'steps'}` (+ `'signal'`)
-    """Train a `ViT` on `cfg.data`; evaluate it at every `cfg.eval_sizes` × `cfg.eval_modes`; `accelerate
-    launch` too."""
+    """Train a `ViT` on `cfg.data` (a config from `make_vit_config`); evaluate it at every `cfg.eval_sizes` ×
+    `cfg.eval_modes`; `accelerate launch` too."""
     check_creatable_dir(out)
     out, acc = Path(out), accelerator(cfg.mixed_precision)
     state = _prepare_vit_run_dir(out, cfg, resume, overwrite)
