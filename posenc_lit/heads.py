@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses, json, statistics
 from pathlib import Path
 import numpy as np, torch
+import datasets
 import torch.nn as nn
 import torch.nn.functional as F
 from safetensors.torch import save_file
@@ -82,12 +83,12 @@ def load_pretrained(path) -> tuple[Encoder, Tokenizer]:
 
 # %% ../nbs/15a_heads.ipynb #f2673076
 def add_relative(
-    encoder: Encoder,  # a pretrained encoder (`load_pretrained`), e.g. with learned absolute positions
+    encoder: Encoder,  # a pretrained encoder (load_pretrained), e.g. with learned absolute positions
     name: str = 'huang4',  # a registered relative encoding with learned parameters (huang4, shaw, t5, …)
     **kwargs,  # its options (`add_relative_kwargs`), e.g. k=64
 ) -> Encoder:  # a new encoder; `encoder` is left as it was
     """`encoder` with the relative encoding `name` added on top of its own, its parameters zero: the same
-    function until trained."""
+    function until trained (`encoder` e.g. from `load_pretrained`)."""
     if encoder.cfg.add_relative:
         raise ValueError(f'the encoder already has add_relative={encoder.cfg.add_relative!r}')
     # validates name and options
@@ -214,7 +215,7 @@ class EncoderForTask(nn.Module):
         nn.init.zeros_(self.head.proj.bias)
 
 # %% ../nbs/15a_heads.ipynb #ae4892a8
-def _check_labels(m: EncoderForTask, labels, b: int, n: int, context_mask=None):
+def _check_labels(m: EncoderForTask, labels, b: int, n: int, context_mask: torch.Tensor | None = None):
     """`ValueError` unless `labels` fit the head: `(b,)` class ids in `[0, n_labels)`, `(b,)` targets, or
     `(b, 2)` token indices in the paragraph."""
     want = {
@@ -563,7 +564,12 @@ def span_text(data: dict, k: int, start: int, end: int, contexts) -> str:
 
 
 def score(
-    model: EncoderForTask, data: dict, spec: TaskSpec, ds=None, batch_size: int = 64, max_answer_len: int = 30
+    model: EncoderForTask,
+    data: dict,
+    spec: TaskSpec,
+    ds: datasets.Dataset | None = None,
+    batch_size: int = 64,
+    max_answer_len: int = 30,
 ) -> dict:
     "The task's metrics on one encoded split (`ds`: the split itself, needed for span tasks' paragraphs)."
     preds = predict(model, data, batch_size, max_answer_len)
