@@ -57,7 +57,7 @@ def test_helpers_can_fail(tmp_path):
 # modules whose notebooks are not formatted yet (issue 25 item 5): strict expected failures, so a fixed one must
 # leave the list; format one with `python tools/fix_long_lines.py nbs/X.ipynb`, `python tools/format_nbs.py
 # nbs/X.ipynb`, nbdev_clean, nbdev_export
-LONG_PENDING = {'probes.py'}
+LONG_PENDING = set()
 POSITIONAL_PENDING = set()
 
 

@@ -83,7 +83,7 @@ def format_notebook(path: Path, mode: black.Mode, check: bool) -> list[str]:
 
 # notebooks not formatted yet (issue 25 item 5); the check skips them until they are (tests/test_style.py lists
 # their modules as expected failures)
-PENDING = {'19a_probes'}
+PENDING = set()
 
 
 def main(argv=None) -> int:
