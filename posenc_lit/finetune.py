@@ -39,10 +39,10 @@ class FinetuneConfig(RunConfig):
     eval_every: int = 0  # steps between evaluations on validation; 0: at the end of each epoch
     max_train: int = 0  # use only N training examples, a fixed random subset (0: all)
     max_answer_len: int = 30  # span tasks: longest answer, in tokens
-    add_relative: str = ''  # add this relative encoding, started at zero (`add_relative`); '' = none
+    add_relative: str = ''  # add this relative encoding, started at zero (add_relative); '' = none
     add_relative_kwargs: dict = field(default_factory=dict)  # its options, e.g. {'k': 64}
     extend_positions: str = ''  # rows past the pretraining length: 'copy', 'interpolate'; '' = kept
-    trained_len: int = 0  # the pretraining length for `extend_positions`; 0: the seq_len of the run
+    trained_len: int = 0  # the pretraining length for extend_positions; 0: the seq_len of the run
     add_relative_lr: float = 0.0  # peak learning rate of the added relative parameters; 0: the same as `lr`
     eval_lengths: list = field(default_factory=list)  # also score test cut to each of these lengths (tokens)
     rules: ClassVar[dict] = RunConfig.rules | {
@@ -108,7 +108,7 @@ def _is_finetune_run(d: Path) -> bool:
     return ft_config(d / 'config.json') or any(ft_config(x / 'config.json') for x in d.glob('seed*'))
 
 
-def _prepare_out(out: Path, overwrite: bool, checkpoint=None):
+def _prepare_out(out: Path, overwrite: bool, checkpoint: str | Path | None = None):
     """Refuse a non-empty `out` unless `overwrite` and it holds a fine-tuning run (never the `checkpoint`
     being fine-tuned); then empty it."""
     if out.exists() and not out.is_dir():
@@ -187,13 +187,13 @@ def _better(a: float, b: float | None, metric: str) -> bool:
 
 # %% ../nbs/16_finetune.ipynb #436a315d
 def finetune(
-    cfg: FinetuneConfig,  # task, checkpoint and training settings (see `make_finetune_config`)
+    cfg: FinetuneConfig,  # task, checkpoint and training settings (see make_finetune_config)
     out,  # run directory
     overwrite: bool = False,  # replace the fine-tuning run in a non-empty `out`
     progress: bool = True,  # a progress bar on stderr
 ) -> dict:  # the summary (also in `out/summary.json`)
-    """Fine-tune the encoder of `cfg.checkpoint` on `cfg.task` with seed `cfg.seed`; keep the best model on
-    validation."""
+    """Fine-tune the encoder of `cfg.checkpoint` on `cfg.task` with seed `cfg.seed` (a config from
+    `make_finetune_config`); keep the best model on validation."""
     out, t_start = Path(out), time.time()
     spec, tok, dd, data, model = _setup(cfg)
     acc = accelerator(cfg.mixed_precision)
