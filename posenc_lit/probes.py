@@ -299,10 +299,10 @@ def _load_results(out: Path, cfg: ProbeConfig, probes) -> dict:
 
 # %% ../nbs/19a_probes.ipynb #ab308f39
 def run_probes(
-    encodings=None,  # encoding names (default: every registered one, `none` included)
-    probes=None,  # probe names (default: all of `PROBES`)
+    encodings: list[str] | None = None,  # encoding names (default: every registered one, `none` included)
+    probes: list[str] | None = None,  # probe names (default: all of `PROBES`)
     cfg: ProbeConfig | None = None,  # default: the `quick` preset
-    out=None,  # a JSON file, written after each run; its finished runs are skipped
+    out: str | Path | None = None,  # a JSON file, written after each run; its finished runs are skipped
     progress: bool = True,  # one line per run on stderr
     pe_kwargs: dict | None = None,  # {name: encoding options}, e.g. for an ablation
     pe_names: dict | None = None,  # {name: registered encoding it runs} (default: itself)
