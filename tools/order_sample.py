@@ -17,6 +17,10 @@ from posenc_lit.tasks import load_order
 def sample(out: Path, n: int, seed: int):
     "Draw `n` test pairs with the seeded `random.Random(seed)` and write the blind sample and its key."
     rows = [r for r in load_order()['test'] if r['label'] == 1]  # (original, swapped) pairs
+    if not 1 <= n <= len(rows):
+        raise SystemExit(f'--n must be between 1 and {len(rows)} (the test pairs); got {n}')
+    if (out / 'human.json').exists():
+        raise SystemExit(f'{out} already holds answers (human.json): choose another folder for a new sample')
     rng = random.Random(seed)
     lines, key = [], []
     for i, r in enumerate(rng.sample(rows, n)):
@@ -31,11 +35,16 @@ def sample(out: Path, n: int, seed: int):
 
 def score(out: Path, answers: str):
     "Compare the answers with the key; write human.json."
+    if not (out / 'key.json').is_file():
+        raise SystemExit(f'{out}/key.json not found: draw a sample first (python tools/order_sample.py sample {out})')
     key = json.loads((out / 'key.json').read_text())['key']
-    given = answers.split()
+    given = answers.upper().split()
     if len(given) != len(key):
         raise SystemExit(f'{len(given)} answers for {len(key)} pairs: give one letter (A or B) per pair')
-    wrong = [i for i, (g, k) in enumerate(zip(given, key)) if g.upper() != k]
+    bad = [f'{i}: {g!r}' for i, g in enumerate(given) if g not in ('A', 'B')]
+    if bad:
+        raise SystemExit(f"answers must be A or B; got {', '.join(bad[:5])}")
+    wrong = [i for i, (g, k) in enumerate(zip(given, key)) if g != k]
     result = {'n': len(key), 'correct': len(key) - len(wrong), 'accuracy': 1 - len(wrong) / len(key),
               'wrong': wrong, 'answers': given}
     (out / 'human.json').write_text(json.dumps(result, indent=1) + '\n')

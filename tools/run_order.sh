@@ -7,12 +7,17 @@
 # checkpoints to results/study_order/NAME/ and commits them (COMMIT=0 to skip). A finished NAME is skipped.
 # STUDY_ROOT: the checkout to read and write (the code may be a frozen copy, as in tools/run_study.sh).
 set -euo pipefail
+[ $# -gt 0 ] || { echo "usage: bash tools/run_order.sh NAME [NAME ...]   (study runs, e.g. learned tupe-a shaw-s1)" >&2; exit 2; }
 cd "${STUDY_ROOT:-$(dirname "$0")/..}"
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
 for name in "$@"; do
   run=runs/study_order/$name dest=results/study_order/$name
   if [ -f "$dest/summary.json" ]; then echo "done already: $name"; continue; fi
+  if [ ! -f "results/study/$name/summary.json" ]; then
+    [ -d "runs/study/$name" ] || echo "warning: runs/study/$name does not exist yet: is $name a study run?" >&2
+    echo "waiting for the study run $name to finish (results/study/$name/summary.json)"
+  fi
   until [ -f "results/study/$name/summary.json" ]; do sleep 60; done
   posenc_lit finetune --checkpoint "runs/study/$name" --task order --preset quick --seeds 0 1 2 \
     --out "$run" --overwrite --quiet
