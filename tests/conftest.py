@@ -5,7 +5,7 @@ same `_site/` to every later test; a failed build fails each of them with the bu
 POSENC_LIT_SITE=DIR skips the build and tests the site already built in DIR (e.g. `_site`, or a copy of it; for
 working on the tests themselves -- CI never sets it).
 """
-import ast, os, re, subprocess, sys
+import ast, json, os, re, subprocess, sys
 from pathlib import Path
 
 import pytest
@@ -60,24 +60,25 @@ def build_site():
 
 @pytest.fixture(scope='session')
 def site():
-    "The built offline site, `_site/` (built on first use, once per session)."
+    """The built offline site, `_site/` (built on first use, once per test run). Under pytest-xdist (tools/test.sh runs
+    two workers) the first worker to ask builds it while the other waits on a lock, then reads the outcome."""
     pytest.importorskip('smalldocs', reason='smalldocs is not installed (pip install -e ".[dev]"): the offline docs build needs it')
-    if 'error' not in _build: _build['error'] = build_site()
+    if 'error' not in _build: _build['error'] = _shared_build()
     if _build['error']: pytest.fail(_build['error'], pytrace=False)
     return SITE
 
 
-# With pytest-xdist (tools/test.sh runs `-n 2 --dist loadgroup`) the tests of one group run on one worker, one after
-# another: the docs tests share one site build (a second worker would build `_site/` again, into the same folder), the
-# JupyterLab tests one server, and the two-process runs (`accelerate launch`) the launcher's default port.
-GROUPS = {'test_docs.py': 'site', 'test_browser.py': 'site', 'test_links.py': 'site', 'test_jupyterlab.py': 'jupyterlab',
-          'test_two_processes_save_waits_for_every_rank': 'ddp', 'test_two_process_data_parallel': 'ddp'}
-
-
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        group = GROUPS.get(item.path.name) or GROUPS.get(item.originalname)
-        if group: item.add_marker(pytest.mark.xdist_group(group))
+def _shared_build():
+    "build_site() once per test run, shared by the xdist workers through a lock and a file holding the outcome."
+    run = os.environ.get('PYTEST_XDIST_TESTRUNUID')
+    if not run: return build_site()
+    from filelock import FileLock
+    outcome = ROOT / f'.site-build-{run}.json'
+    with FileLock(str(ROOT / '.site-build.lock')):
+        if not outcome.exists():
+            for old in ROOT.glob('.site-build-*.json'): old.unlink()
+            outcome.write_text(json.dumps({'error': build_site()}))
+        return json.loads(outcome.read_text())['error']
 
 
 def cut_with_sigterm(cmd, run_dir, env, steps: int) -> int:
@@ -108,3 +109,11 @@ def write_small_corpus(d, train: int, validation: int) -> str:
             lines = [next(f) for _ in range(n)]
         (Path(d) / f'{split}.jsonl').write_text(''.join(lines))
     return str(d)
+
+
+def free_port() -> int:
+    "A free TCP port on 127.0.0.1, for `accelerate launch --main_process_port` (two runs at once must not share 29500)."
+    import socket
+    with socket.socket() as sock:
+        sock.bind(('127.0.0.1', 0))
+        return sock.getsockname()[1]

@@ -7,7 +7,7 @@ written into it, a missing `trainer_state.json` read as "no checkpoint yet", NaN
 import json, os, shutil, subprocess, sys, textwrap
 from pathlib import Path
 import pytest
-from conftest import write_small_corpus
+from conftest import free_port, write_small_corpus
 
 from posenc_lit.model import CheckpointError
 from posenc_lit.training import make_train_config, pretrain
@@ -122,7 +122,8 @@ def test_two_processes_save_waits_for_every_rank(corpus, tmp_path):
     out = tmp_path / 'ddp'
     args = ['pretrain', '--pe', 'sinusoidal', '--preset', 'smoke', '--data', corpus, '--steps', '4', '--log-every', '1',
             '--eval-every', '2', '--save-every', '2', '--out', str(out), '--quiet']
-    launch = [acc, 'launch', '--multi_gpu', '--num_processes', '2', '--num_machines', '1', '--mixed_precision', 'no',
+    launch = [acc, 'launch', '--multi_gpu', '--num_processes', '2', '--num_machines', '1',
+              '--main_process_port', str(free_port()), '--mixed_precision', 'no',
               '--dynamo_backend', 'no']
     env = {**ENV, 'ACCELERATE_USE_CPU': 'true'}
     r = subprocess.run([*launch, str(tmp_path / 'wrapper.py'), *args], capture_output=True, text=True, env=env,

@@ -2,7 +2,7 @@
 import json, os, shutil, subprocess, sys
 from pathlib import Path
 import pytest
-from conftest import write_small_corpus
+from conftest import free_port, write_small_corpus
 import torch
 
 from posenc_lit.training import make_train_config, pretrain
@@ -82,7 +82,8 @@ def test_two_process_data_parallel(tmp_path, small_corpus):
     exe = shutil.which('posenc_lit'); acc = shutil.which('accelerate')
     if exe is None or acc is None: pytest.skip('posenc_lit / accelerate console scripts not installed')
     out = tmp_path / 'ddp'
-    cmd = [acc, 'launch', '--multi_gpu', '--num_processes', '2', '--num_machines', '1', '--mixed_precision', 'no',
+    cmd = [acc, 'launch', '--multi_gpu', '--num_processes', '2', '--num_machines', '1',
+           '--main_process_port', str(free_port()), '--mixed_precision', 'no',
            '--dynamo_backend', 'no', exe, 'pretrain', '--pe', 'sinusoidal', '--preset', 'smoke', '--data', small_corpus,
            '--steps', '6', '--eval-every', '3', '--save-every', '3', '--out', str(out), '--quiet']
     r = subprocess.run(cmd, capture_output=True, text=True, env={**ENV, 'ACCELERATE_USE_CPU': 'true'}, timeout=600)
