@@ -38,7 +38,7 @@ def seed_runs(root, entry: str) -> list[Path]:
     first = base / entry / 'summary.json'
     if not first.is_file():
         raise FileNotFoundError(errno.ENOENT, 'not committed', str(first))
-    more = [p for p in base.glob(f'{entry}-s*') if re.fullmatch(rf'{re.escape(entry)}-s\d+', p.name)]
+    more = [p for p in base.glob(f'{entry}-s*') if re.fullmatch(rf'{re.escape(entry)}-s[1-9]\d*', p.name)]
     return [first.parent] + sorted(
         (p for p in more if (p / 'summary.json').is_file()), key=lambda p: int(p.name.rsplit('-s', 1)[1])
     )

@@ -6,7 +6,7 @@
 from __future__ import annotations
 import json, math, statistics
 from pathlib import Path
-from .claims import STUDY, seed_runs, study_loss, eval_curve
+from .claims import STUDY, _finite, seed_runs, study_loss, eval_curve
 
 # %% auto #0
 __all__ = ['ENTRIES', 'FAMILIES', 'study_rows', 'study_markdown', 'plot_curves', 'lengths_markdown', 'order_rows',
@@ -44,11 +44,17 @@ def _read(run: Path, name: str):
     return json.loads(f.read_text()) if f.is_file() else None
 
 
+def _check_root(root):
+    if not Path(root).is_dir():
+        raise FileNotFoundError(f'no results folder {root}: pass the folder the tools write into (results/)')
+
+
 def study_rows(root) -> list[dict]:
     """One row per committed entry of `ENTRIES`: `entry`, `seeds`, held-out `loss` and its sample `std` over
     the seeds (nats),
     `sensitivity` (mean over seeds with diagnostics, nats; None without), `lengths` of seed 0
     ({tokens: loss or None}), `tokens_per_s` of seed 0."""
+    _check_root(root)
     rows = []
     for entry in ENTRIES:
         try:
@@ -149,9 +155,11 @@ def order_rows(root) -> list[dict]:
     """One row per entry of `ENTRIES` with a committed `root/study_order/<entry>/summary.json`: `entry`,
     `seeds` (fine-tuning seeds), test accuracy `acc` and its sample `std`, `val` (validation accuracy) and the
     bag-of-words accuracy `bow` (fractions of the test pairs)."""
+    _check_root(root)
     rows = []
     for entry in ENTRIES:
-        s = _read(Path(root, 'study_order', entry), 'summary.json')
+        f = Path(root, 'study_order', entry, 'summary.json')
+        s = _read(f.parent, f.name)
         if s is None:
             continue
         test = s['test']['accuracy']
@@ -159,10 +167,10 @@ def order_rows(root) -> list[dict]:
             {
                 'entry': entry,
                 'seeds': len(test['values']),
-                'acc': test['mean'],
-                'std': test['std'],
-                'val': s['validation']['accuracy']['mean'],
-                'bow': s['baselines']['bow']['accuracy'],
+                'acc': _finite(test['mean'], f'test accuracy of {f}'),
+                'std': _finite(test['std'], f'test accuracy spread of {f}'),
+                'val': _finite(s['validation']['accuracy']['mean'], f'validation accuracy of {f}'),
+                'bow': _finite(s['baselines']['bow']['accuracy'], f'bag-of-words accuracy of {f}'),
             }
         )
     return rows

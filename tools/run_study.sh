@@ -29,7 +29,7 @@ commit() {   # commit one finished run's results, retrying while another git com
 
 for name in "$@"; do
   entry=$name seed=0
-  if [[ $name =~ ^(.+)-s([0-9]+)$ ]]; then entry=${BASH_REMATCH[1]} seed=${BASH_REMATCH[2]}; fi
+  if [[ $name =~ ^(.+)-s([1-9][0-9]*)$ ]]; then entry=${BASH_REMATCH[1]} seed=${BASH_REMATCH[2]}; fi
   run=runs/study/$name dest=results/study/$name
   if [ -f "$dest/summary.json" ] && [ -f "$dest/lengths.json" ]; then echo "done already: $name"; continue; fi
   # shellcheck disable=SC2046
