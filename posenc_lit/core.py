@@ -227,12 +227,22 @@ def register_encoding(
     source: str = '',  # paper and equation
     modality: str = 'text',  # one of `MODALITIES`: the model the factory's config builds
 ):
-    "Decorator registering `factory(config) -> encoding module` under `(modality, name)`."
+    """Decorator registering `factory(config) -> encoding module` under `(modality, name)`; `ValueError` for a
+    name that is not a non-empty word, an unknown kind or modality, `TypeError` for a factory that is not callable.
+    """
+    if not isinstance(name, str) or not name or any(c.isspace() for c in name):
+        raise ValueError(
+            f'an encoding name is a non-empty string without spaces, e.g. \'my-rope\'; got {name!r}'
+        )
     if kind not in KINDS:
         raise ValueError(f'kind must be one of {KINDS}; got {kind!r}')
     _check_modality(modality)
 
     def _inner(factory):
+        if not callable(factory):
+            raise TypeError(
+                f'register_encoding({name!r}) decorates a factory config -> module; got {factory!r}'
+            )
         _REGISTRY[modality, name] = EncodingSpec(name, kind, summary, source, factory, modality)
         return factory
 
@@ -266,9 +276,16 @@ def get_encoding(
     encs = list_encodings(modality)
     if name not in encs:
         what = 'position encoding' if modality == 'text' else 'vision position encoding'
+        other = next(m for m in MODALITIES if m != modality)
+        article = 'an' if other == 'image' else 'a'
+        hint = (
+            f"; {name!r} is {article} {other} encoding (modality={other!r})"
+            if (other, name) in _REGISTRY
+            else ''
+        )
         raise ValueError(
             f'unknown {what} {name!r}; valid names: {", ".join(encs)} '
-            f'(run `posenc_lit encodings` for a description of each)'
+            f'(run `posenc_lit encodings` for a description of each){hint}'
         )
     return encs[name]
 
