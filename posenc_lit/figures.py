@@ -12,13 +12,13 @@ __all__ = ['plot_curves', 'plot_heatmaps']
 
 # %% ../nbs/00b_figures.ipynb #f49a81eb
 def plot_curves(
-    x,
-    ys: dict,  # x values and a dict label -> y values (same length as x)
+    x,  # x values, shared by the curves
+    ys: dict,  # label -> y values (same length as x)
     xlabel: str = '',
     ylabel: str = '',
     title: str = '',
-    ax=None,
-    figsize=(5, 3),
+    ax: plt.Axes | None = None,  # draw into these axes (default: a new figure)
+    figsize: tuple = (5, 3),
     **kw,
 ):
     "Line plot of several labelled curves against `x`; returns the axes."
@@ -34,7 +34,7 @@ def plot_curves(
 
 def plot_heatmaps(
     t: torch.Tensor,  # `(h, i, j)` (or `(i, j)`) scores, one panel per leading index
-    titles=None,
+    titles: list[str] | None = None,  # one per panel (default: 'head 0', 'head 1', ...)
     suptitle: str = '',
     xlabel: str = 'key position j',
     ylabel: str = 'query position i',
@@ -42,14 +42,23 @@ def plot_heatmaps(
     size: float = 2.2,
     symmetric: bool = True,
 ):
-    "One heatmap per head of an `(h, i, j)` tensor, on a shared colour scale; returns the figure."
+    """One heatmap per head of an `(h, i, j)` tensor, on a shared colour scale set by its finite values (NaN
+    cells are blank, ±inf at the ends of the scale); returns the figure. `ValueError` for another shape or a
+    number of titles that is not one per panel."""
     t = torch.as_tensor(t).detach().float().cpu()
+    if t.ndim not in (2, 3) or 0 in t.shape:
+        raise ValueError(
+            f'plot_heatmaps draws an (h, i, j) or (i, j) tensor, none of them 0; got shape {tuple(t.shape)}'
+        )
     if t.ndim == 2:
         t = t[None]
     n = t.shape[0]
+    if titles is not None and len(titles) != n:
+        raise ValueError(f'{len(titles)} titles for {n} panels: give one title per panel')
     fig, axs = plt.subplots(1, n, figsize=(size * n + 0.6, size), squeeze=False)
-    m = t.abs().max().item() or 1.0
-    vmin, vmax = (-m, m) if symmetric else (t.min().item(), t.max().item())
+    finite = t[torch.isfinite(t)]
+    m = (finite.abs().max().item() if finite.numel() else 0.0) or 1.0
+    vmin, vmax = (-m, m) if symmetric or not finite.numel() else (finite.min().item(), finite.max().item())
     for a, (ax, img) in enumerate(zip(axs[0], t)):
         im = ax.imshow(img, cmap=cmap, vmin=vmin, vmax=vmax)
         ax.set_title(titles[a] if titles else f'head {a}', fontsize=9)
