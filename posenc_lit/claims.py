@@ -7,10 +7,9 @@ from __future__ import annotations
 import errno, json, math, re, statistics
 from pathlib import Path
 
-
 # %% auto #0
 __all__ = ['STUDY', 'VERDICTS', 'ABS_MARGIN', 'CLAIMS', 'seed_runs', 'study_loss', 'eval_loss', 'loss_at', 'eval_curve',
-           'downstream', 'absolute_works', 'claims', 'claims_markdown']
+           'downstream', 'absolute_works', 'check_root', 'claims', 'claims_markdown']
 
 # %% ../nbs/25_claims.ipynb #e714711e
 STUDY = 'study'  # results/study/<entry>[-s<seed>]/ (tools/run_study.sh, the `study` preset; issue 29)
@@ -506,11 +505,16 @@ def _under(f, root) -> str:
     return str(f)
 
 
+def check_root(root):
+    "`FileNotFoundError` unless `root` is a folder: a mistyped results path is an error, not an empty study."
+    if not Path(root).is_dir():
+        raise FileNotFoundError(f'no results folder {root}: pass the folder the tools write into (results/)')
+
+
 def claims(root='results') -> list[dict]:
     """One row per entry of `CLAIMS`: paper, claim, what we measured (from the JSON under `root`) and the
     verdict; a missing result gives 'not measured yet'."""
-    if not Path(root).is_dir():
-        raise FileNotFoundError(f'no results folder {root}: pass the folder the tools write into (results/)')
+    check_root(root)
     rows = []
     for paper, claim, measure in CLAIMS:
         try:

@@ -6,7 +6,7 @@
 from __future__ import annotations
 import json, math, statistics
 from pathlib import Path
-from .claims import STUDY, _finite, seed_runs, study_loss, eval_curve
+from .claims import STUDY, _finite, check_root, seed_runs, study_loss, eval_curve
 
 # %% auto #0
 __all__ = ['ENTRIES', 'FAMILIES', 'study_rows', 'study_markdown', 'plot_curves', 'lengths_markdown', 'order_rows',
@@ -44,17 +44,12 @@ def _read(run: Path, name: str):
     return json.loads(f.read_text()) if f.is_file() else None
 
 
-def _check_root(root):
-    if not Path(root).is_dir():
-        raise FileNotFoundError(f'no results folder {root}: pass the folder the tools write into (results/)')
-
-
 def study_rows(root) -> list[dict]:
     """One row per committed entry of `ENTRIES`: `entry`, `seeds`, held-out `loss` and its sample `std` over
     the seeds (nats),
     `sensitivity` (mean over seeds with diagnostics, nats; None without), `lengths` of seed 0
     ({tokens: loss or None}), `tokens_per_s` of seed 0."""
-    _check_root(root)
+    check_root(root)
     rows = []
     for entry in ENTRIES:
         try:
@@ -155,7 +150,7 @@ def order_rows(root) -> list[dict]:
     """One row per entry of `ENTRIES` with a committed `root/study_order/<entry>/summary.json`: `entry`,
     `seeds` (fine-tuning seeds), test accuracy `acc` and its sample `std`, `val` (validation accuracy) and the
     bag-of-words accuracy `bow` (fractions of the test pairs)."""
-    _check_root(root)
+    check_root(root)
     rows = []
     for entry in ENTRIES:
         f = Path(root, 'study_order', entry, 'summary.json')
