@@ -15,18 +15,46 @@ __all__ = ['STUDY', 'VERDICTS', 'ABS_MARGIN', 'CLAIMS', 'seed_runs', 'study_loss
 STUDY = 'study'  # results/study/<entry>[-s<seed>]/ (tools/run_study.sh, the `study` preset; issue 29)
 
 
+# what writes each committed file again: by its name, else by the results folder it is in
+_WRITTEN_BY = {
+    'lengths.json': '`posenc_lit lengths --run RUN` (tools/run_study.sh runs it and copies the file)',
+    'diagnostics.json': '`python tools/regime_search.py diagnose RUN DEST` (tools/run_study.sh runs it)',
+    STUDY: 'tools/run_study.sh (delete the folder first: it skips a finished entry)',
+    'vit': 'tools/run_vit_study.sh',
+    'minilm': '`posenc_lit finetune` (the commands on the Hugging Face page, 14_hf)',
+    'compare': '`posenc_lit compare`',
+}
+
+
+def _damaged(f, why: str) -> ValueError:
+    "The error for a damaged committed file `f`: says `why` and which tool writes the file again."
+    tool = _WRITTEN_BY.get(Path(f).name)
+    tool = tool or next((_WRITTEN_BY[p] for p in reversed(Path(f).parts) if p in _WRITTEN_BY), None)
+    return ValueError(
+        f'{f} {why}: the file is damaged; write it again with {tool or "the tool that wrote it"}'
+    )
+
+
 def _json(root: Path, *parts) -> dict:
     f = Path(root, *parts)
     try:
         return json.loads(f.read_text())
     except json.JSONDecodeError as e:
-        raise ValueError(f'{f} is not valid JSON ({e})') from None
+        raise _damaged(f, f'is not valid JSON ({e})') from None
 
 
 def _finite(x, what: str) -> float:
     if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
         raise ValueError(f'{what} is {x!r}, not a finite number')
     return float(x)
+
+
+def _num(root, parts: tuple, *keys) -> float:
+    "The number at `keys` in the JSON file `root/parts`, through `_finite` (a NaN names file and keys)."
+    x = _json(root, *parts)
+    for k in keys:
+        x = x[k]
+    return _finite(x, f"{'/'.join(keys)} of {Path(root, *parts)}")
 
 
 def seed_runs(root, entry: str) -> list[Path]:
@@ -63,9 +91,24 @@ def loss_at(root, entry: str) -> tuple[int, dict]:
     run}`
     from seed 0's `lengths.json`."""
     run = seed_runs(root, entry)[0]
-    return _json(run, 'config.json')['seq_len'], {
-        r['length']: r.get('loss') for r in _json(run, 'lengths.json')['results']
+    f = run / 'lengths.json'
+    return int(_num(run, ('config.json',), 'seq_len')), {
+        r['length']: None if r.get('loss') is None else _finite(r['loss'], f"loss at {r['length']} of {f}")
+        for r in _json(f)['results']
     }
+
+
+def _records(f: Path) -> list[dict]:
+    "The records of a JSON-lines file; a line that is not JSON is an error naming the file and the line."
+    recs = []
+    for i, line in enumerate(f.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            recs.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            raise _damaged(f, f'line {i} is not valid JSON ({e})') from None
+    return recs
 
 
 def eval_curve(root, entry: str) -> list:
@@ -73,8 +116,11 @@ def eval_curve(root, entry: str) -> list:
     they share."""
     curves = []
     for run in seed_runs(root, entry):
-        recs = [json.loads(l) for l in (run / 'metrics.jsonl').read_text().splitlines() if l.strip()]
-        curves.append({r['step']: r['loss'] for r in recs if r['split'] == 'eval'})
+        f = run / 'metrics.jsonl'
+        recs = [r for r in _records(f) if r['split'] == 'eval']
+        if not recs:
+            raise _damaged(f, 'has no held-out (eval) loss')
+        curves.append({r['step']: _finite(r['loss'], f"loss at step {r['step']} of {f}") for r in recs})
     steps = sorted(set.intersection(*(set(c) for c in curves)))
     return [(s, statistics.fmean(c[s] for c in curves)) for s in steps]
 
@@ -313,7 +359,10 @@ def _huang_long(root):
 
 
 def _huang_dropin(root):
-    p, h = (_json(root, 'minilm', r, 'summary.json')['test']['accuracy'] for r in ('plain', 'huang4'))
+    p, h = (
+        {k: _num(root, ('minilm', r, 'summary.json'), 'test', 'accuracy', k) for k in ('mean', 'std')}
+        for r in ('plain', 'huang4')
+    )
     d = h['mean'] - p['mean']
     return (
         f"real MiniLM on sentiment, 3 seeds: {p['mean']:.4f} ± {p['std']:.4f} plain, {h['mean']:.4f} ± "
@@ -323,19 +372,20 @@ def _huang_dropin(root):
     )
 
 # %% ../nbs/25_claims.ipynb #08a3aa96
-def _vit(root, run):
-    return _json(root, 'vit', run, 'summary.json')
+def _vit(root, run: str, *keys) -> float:
+    "The number at `keys` in `vit/<run>/summary.json`, through `_finite`."
+    return _num(root, ('vit', run, 'summary.json'), *keys)
 
 
 def _vit_none(root):
-    l, n = _vit(root, 'learned')['test_accuracy'], _vit(root, 'none')['test_accuracy']
+    l, n = _vit(root, 'learned', 'test_accuracy'), _vit(root, 'none', 'test_accuracy')
     return f'Fashion-MNIST test accuracy learned 1D {l:.4f}, none {n:.4f} ({_pts(n - l)})', (
         'holds' if n < l else 'does not hold'
     )
 
 
 def _vit_1d2d(root):
-    a = {n: _vit(root, n)['test_accuracy'] for n in ('learned', 'learned2d', 'rel2d')}
+    a = {n: _vit(root, n, 'test_accuracy') for n in ('learned', 'learned2d', 'rel2d')}
     spread = max(a.values()) - min(a.values())
     return (
         (
@@ -347,20 +397,19 @@ def _vit_1d2d(root):
 
 
 def _vit_resolution(root):
-    s = _vit(root, 'learned')
-    z, f = s['eval']['56x56'], {
-        m: s['finetunes'][m]['test_accuracy'] for m in ('bicubic', 'bilinear', 'none')
-    }
+    z = {m: _vit(root, 'learned', 'eval', '56x56', m) for m in ('bicubic', 'none')}
+    f = {m: _vit(root, 'learned', 'finetunes', m, 'test_accuracy') for m in ('bicubic', 'none')}
+    steps = int(_vit(root, 'learned', 'finetunes', 'bicubic', 'steps'))
     return (
         f"28→56 px, zero-shot: interpolated {z['bicubic']:.4f} against re-initialised {z['none']:.4f}; after "
-        f"{s['finetunes']['bicubic']['steps']} fine-tuning steps: {f['bicubic']:.4f} against {f['none']:.4f}",
+        f"{steps} fine-tuning steps: {f['bicubic']:.4f} against {f['none']:.4f}",
         'holds' if z['bicubic'] > z['none'] and f['bicubic'] > f['none'] else 'does not hold',
     )
 
 
 def _vit_bicubic(root):
-    s = _vit(root, 'learned')
-    z, f = s['eval']['56x56'], {m: s['finetunes'][m]['test_accuracy'] for m in ('bicubic', 'bilinear')}
+    z = {m: _vit(root, 'learned', 'eval', '56x56', m) for m in ('bicubic', 'bilinear')}
+    f = {m: _vit(root, 'learned', 'finetunes', m, 'test_accuracy') for m in ('bicubic', 'bilinear')}
     verdict = (
         'holds'
         if z['bicubic'] >= z['bilinear'] and f['bicubic'] >= f['bilinear']
@@ -383,8 +432,8 @@ def _alibi_long(root):
 
 
 def _beats_bow(root):
-    m = _json(root, 'minilm', 'plain', 'summary.json')
-    bow, acc = m['baselines']['bow']['accuracy'], m['test']['accuracy']['mean']
+    m = ('minilm', 'plain', 'summary.json')
+    bow, acc = _num(root, m, 'baselines', 'bow', 'accuracy'), _num(root, m, 'test', 'accuracy', 'mean')
     ref = Path(root, 'compare', 'reference', 'results.json')
     pes = _json(root, 'compare', 'reference', 'results.json')['encodings'] if ref.is_file() else []
     # the reference study: mean over seeds
@@ -398,15 +447,19 @@ def _beats_bow(root):
             ),
         )
     else:
-        q = _json(root, 'compare', 'quick', 'results.json')
+        q = Path(root, 'compare', 'quick', 'results.json')
         ours, where = (
-            max((r['test']['accuracy'], r['pe']) for r in q['records'] if r['task'] == 'sentiment'),
+            max(
+                (_finite(r['test']['accuracy'], f"sentiment test accuracy of {r['pe']} in {q}"), r['pe'])
+                for r in _json(q)['records']
+                if r['task'] == 'sentiment'
+            ),
             'quick study',
         )
     return (
-        f"sentiment accuracy: real MiniLM fine-tuned {acc:.4f}, bag-of-words {bow:.4f}, majority "
-        f"{m['baselines']['majority']['accuracy']:.4f}; our best small encoder ({where}) {ours[1]} "
-        f"{ours[0]:.4f}",
+        f'sentiment accuracy: real MiniLM fine-tuned {acc:.4f}, bag-of-words {bow:.4f}, majority '
+        f"{_num(root, m, 'baselines', 'majority', 'accuracy'):.4f}; our best small encoder ({where}) "
+        f'{ours[1]} {ours[0]:.4f}',
         'holds' if acc > bow and ours[0] > bow else 'in part' if acc > bow else 'does not hold',
     )
 
