@@ -172,18 +172,19 @@ def _probe_plan(spec: dict) -> dict | None:
 
 # %% ../nbs/19_compare.ipynb #b83f30fd
 def compare_plan(
-    preset='quick',  # a name in `COMPARE_PRESETS`, or a dict shaped like its entries
-    # language encodings and `ABLATIONS` (default: every registered encoding, `list_encodings()`)
-    encodings=None,
-    tasks=None,
-    seeds=None,  # default: the preset's
-    vit=True,  # run the ViT grid
-    vit_encodings=None,  # default: the preset's (None there: every vision encoding)
-    lengths=None,  # evaluation block lengths (tokens); default: the preset's
-    probes=True,  # run the position probes, where the preset has them
+    preset: str | dict = 'quick',  # a name in `COMPARE_PRESETS`, or a dict shaped like its entries
+    # language encodings and `ABLATIONS`; default: every registered encoding
+    encodings: list[str] | None = None,
+    tasks: list[str] | None = None,  # task names; default: the preset's
+    seeds: list[int] | None = None,  # default: the preset's
+    vit: bool = True,  # run the ViT grid
+    # vision encodings; default: the preset's (None there: every vision encoding)
+    vit_encodings: list[str] | None = None,
+    lengths: list[int] | None = None,  # evaluation block lengths (tokens); default: the preset's
+    probes: bool = True,  # run the position probes, where the preset has them
 ) -> dict:  # the resolved study: names, selection and the config of every stage
     """Every stage's configuration, checked before anything runs; `ValueError` naming an unknown encoding,
-    task or option."""
+    task or option. The default encodings are `list_encodings()`."""
     if isinstance(preset, str):
         if preset not in COMPARE_PRESETS:
             raise _unknown('preset', [preset], COMPARE_PRESETS)
@@ -653,19 +654,20 @@ def _probe_stages(plan, out: Path, res: dict, run):
 
 # %% ../nbs/19_compare.ipynb #72d8b4b8
 def compare(
-    preset='quick',  # a name in `COMPARE_PRESETS`, or a dict shaped like its entries
-    out='runs/compare',  # output folder (see the layout above); an interrupted study resumes in it
-    encodings=None,  # default: every registered encoding
-    tasks=None,  # default: the preset's tasks
-    seeds=None,  # default: the preset's seeds
+    preset: str | dict = 'quick',  # a name in `COMPARE_PRESETS`, or a dict shaped like its entries
+    # output folder (see the layout above); an interrupted study resumes in it
+    out: str | Path = 'runs/compare',
+    encodings: list[str] | None = None,  # default: every registered encoding
+    tasks: list[str] | None = None,  # default: the preset's tasks
+    seeds: list[int] | None = None,  # default: the preset's seeds
     *,
     vit: bool = True,  # run the ViT grid
     progress: bool = True,  # one line per stage on stderr
     bars: bool = True,  # the progress bars of the runs themselves (stderr)
     # use `pretrained_dir/<pe>/` (finished `posenc_lit pretrain` runs) instead of pretraining
-    pretrained_dir=None,
-    vit_encodings=None,  # default: the preset's
-    lengths=None,  # evaluation block lengths (tokens); default: the preset's
+    pretrained_dir: str | Path | None = None,
+    vit_encodings: list[str] | None = None,  # default: the preset's
+    lengths: list[int] | None = None,  # evaluation block lengths (tokens); default: the preset's
     figures: bool = True,  # write `out/figures/*.png`
     probes: bool = True,  # run the position probes first (where the preset has them)
 ) -> dict:  # the content of `out/results.json`
@@ -977,10 +979,11 @@ def _table(caption: str, table: str, notes: list = ()) -> str:
 
 # %% ../nbs/19_compare.ipynb #fb3fd288
 def probes_markdown(
-    res: dict,  # the results of `run_probes` (or the `probes` of a compare results.json)
+    res: dict,  # the results of the position probes (or the `probes` of a compare results.json)
 ) -> str:  # a `Table:` caption, the table, the notes
-    """The probe table in Markdown: accuracy per encoding, probe and length (best bold), the chance row, each
-    n/a explained."""
+    """The probe table in Markdown of what `run_probes` returns: accuracy per encoding, probe and length (best
+    bold), the chance row, each n/a explained. A header names the probe and the length (`offset 64`), words
+    that wrap, so that the table fits the text column."""
     lengths, probes = res['lengths'], [p for p in res['probes'] if p in res['runs']]
     names, notes = list(dict.fromkeys(e for p in probes for e in res['runs'][p])), _Notes()
     rows = []
@@ -1002,12 +1005,14 @@ def probes_markdown(
         f"Position probes: accuracy on fresh examples at the training length {c['length']} and at "
         f"{', '.join(f'{f}×' for f in c['factors'][1:])} it ({c['steps']} steps, one seed; offset "
         f"r={c['offset']}, index p={c['index']}). "
-        "Chance: the best a model without positions can do. Bold: the best of each column."
+        f"A column is a probe at a length in tokens ({probes[0]} {lengths[-1]}: the {probes[0]} probe on "
+        f"{lengths[-1]} tokens). Chance: the best a model without positions can do. Bold: the best "
+        "of each column."
     )
     return _table(
         cap,
         markdown_table(
-            ['encoding'] + [f'{p}@{n}' for p in probes for n in lengths],
+            ['encoding'] + [f'{p} {n}' for p in probes for n in lengths],
             rows,
             [None] + ['↑'] * (len(rows[0]) - 1),
         ),
@@ -1164,10 +1169,10 @@ def _md_vit(results: dict) -> str:
 
 # %% ../nbs/19_compare.ipynb #6a7efd44
 def results_markdown(
-    results: dict,  # the content of a `compare` results.json
+    results: dict,  # the content of a study's results.json
 ) -> str:  # Markdown: a summary line, then tables, each with a `Table:` caption
-    """The study's tables in Markdown: the position probes (where run), one row per encoding, the downstream
-    lengths, the baselines, the ViT grid."""
+    """The study's tables in Markdown (of the results.json that `compare` writes): the position probes (where
+    run), one row per encoding, the downstream lengths, the baselines, the ViT grid."""
     env = results.get('environment') or {}
     parts = [
         f"Preset `{results['preset']}`: {len(results['encodings'])} encodings, tasks "
