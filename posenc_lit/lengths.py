@@ -71,15 +71,15 @@ def length_eval_blocks(
 # %% ../nbs/21_lengths.ipynb #2dfdaa7d
 @torch.no_grad()
 def evaluate_lengths(
-    model,  # an `EncoderForMLM`
+    model: torch.nn.Module,  # an EncoderForMLM, as load_model returns it
     stream: torch.Tensor,  # evaluation token ids `(T,)`
     lengths,  # block lengths to evaluate
     batch_tokens: int = 16384,  # tokens per forward pass (blocks per batch = batch_tokens // n)
     mlm_probability: float = 0.15,
     seed: int = 20_201_130,
 ) -> list:  # one dict per length: length, loss, accuracy, tokens — or length, error
-    """Masked-token loss (nats) and accuracy at each block length on the same masked tokens; `error` where the
-    encoding cannot run."""
+    """Masked-token loss (nats) and accuracy of `model`, an `EncoderForMLM`, at each block length on the same
+    masked tokens; `error` where the encoding cannot run."""
     blocks = length_eval_blocks(stream, lengths, model.cfg.vocab_size, mlm_probability, seed)
     was_training = model.training
     model.eval()
@@ -177,10 +177,10 @@ def evaluate_run(
 
 def write_length_results(
     run,  # the run directory (or its checkpoint/ folder)
-    res: dict,  # what `evaluate_run` returned
+    res: dict,  # the dict that evaluate_run returned
 ) -> Path:  # the file written, `run/lengths.json`
-    """Write `res` into `run/lengths.json` (non-finite numbers as null); `OSError` saying the results were not
-    saved if it cannot."""
+    """Write `res`, what `evaluate_run` returned, into `run/lengths.json` (non-finite numbers as null);
+    `OSError` saying the results were not saved if it cannot."""
     f = _pretraining_run(run)[0] / 'lengths.json'
     try:
         write_json(f, res, indent=2)
