@@ -4,12 +4,12 @@
 
 # %% ../nbs/13_cli.ipynb #33ae7cc1
 from __future__ import annotations
-import argparse, builtins, json, signal, sys
+import argparse, builtins, json, signal, sys, threading
 from .core import *
 
 # %% auto #0
 __all__ = ['UsageError', 'cmd_encodings', 'cmd_pretrain', 'cmd_lengths', 'cmd_finetune', 'cmd_tasks', 'cmd_vit', 'cmd_compare',
-           'cmd_probes', 'cmd_bench', 'build_parser', 'main']
+           'cmd_probes', 'cmd_bench', 'build_parser', 'Interrupted', 'main']
 
 # %% ../nbs/13_cli.ipynb #90336ca0
 class UsageError(ValueError):
@@ -391,6 +391,13 @@ def cmd_finetune(args) -> int:
         progress=not args.quiet,
         baselines=not args.no_baselines,
     )
+    if 'signal' in summary:  # fine-tuning keeps no checkpoint
+        print(
+            f"interrupted by {summary['signal']} at step {summary['stopped_at_step']} of "
+            f"{summary['steps']} (seed {summary['seed']}): fine-tuning does not resume; run the same "
+            'command with --overwrite to start it again'
+        )
+        return 128 + int(getattr(signal, summary['signal']))
     print(format_summary(summary))
     print(f'summary: {args.out}/summary.json')
     return 0
@@ -887,6 +894,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM outside a training loop (a loop finishes its step and saves on its own), raised by `main`'s
+    handler."""
+
+    signum = signal.SIGTERM
+
+
+def _on_sigterm(signum, frame):
+    raise Interrupted()
+
+
 def main(argv: list[str] | None = None) -> int:
     "Entry point of the `posenc_lit` console script."
     parser = build_parser()
@@ -898,6 +916,8 @@ def main(argv: list[str] | None = None) -> int:
     # argparse printed usage and error (or --help: 0)
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 2
+    main_thread = threading.current_thread() is threading.main_thread()  # handlers: main thread only
+    old = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None
     try:
         return args.func(args)
     except UsageError as e:  # an argument's value: the usage line, then the error
@@ -907,6 +927,14 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as e:  # user-fixable: data, run directories, files
         print(f'posenc_lit: error: {e}', file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # a second Ctrl-C during pretraining, or Ctrl-C elsewhere
-        print('posenc_lit: interrupted', file=sys.stderr)
-        return 128 + signal.SIGINT
+    except KeyboardInterrupt as e:  # a second signal during training, or the first outside a training loop
+        sig = signal.Signals(getattr(e, 'signum', signal.SIGINT))
+        print(
+            f'posenc_lit: interrupted by {sig.name}; what finished is kept (pretrain and vit --resume, and '
+            'compare, continue from the last checkpoint or finished stage)',
+            file=sys.stderr,
+        )
+        return 128 + int(sig)
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if old is None else old)

@@ -193,7 +193,9 @@ def finetune(
     progress: bool = True,  # a progress bar on stderr
 ) -> dict:  # the summary (also in `out/summary.json`)
     """Fine-tune the encoder of `cfg.checkpoint` on `cfg.task` with seed `cfg.seed` (a config from
-    `make_finetune_config`); keep the best model on validation."""
+    `make_finetune_config`); keep the best model on validation. A SIGINT or SIGTERM stops it after the current
+    step: it then returns `{'signal', 'stopped_at_step', 'steps'}` and writes no summary (fine-tuning keeps no
+    checkpoint: a stopped run starts again)."""
     out, t_start = Path(out), time.time()
     spec, tok, dd, data, model = _setup(cfg)
     acc = accelerator(cfg.mixed_precision)
@@ -220,8 +222,11 @@ def finetune(
     sched = scheduler(opt, run['steps'], cfg.warmup)
     model, opt = acc.prepare(model, opt)
     begin_run(acc, out, asdict(cfg))
-    with progress_bar(acc, run['steps'], f'finetune {cfg.task}', progress) as bar:
-        fit(acc, _task_loop(cfg, acc, model, opt, sched, run), {'step': 0}, out, bar=bar)
+    state = {'step': 0}
+    with SignalStop() as stop, progress_bar(acc, run['steps'], f'finetune {cfg.task}', progress) as bar:
+        sig = fit(acc, _task_loop(cfg, acc, model, opt, sched, run), state, out, stop=stop, bar=bar)
+    if sig is not None:
+        return {'signal': sig, 'stopped_at_step': state['step'], 'steps': run['steps']}
     acc.unwrap_model(model).load_state_dict(run['best_state'])
     return _finish(cfg, out, acc, acc.unwrap_model(model), run)
 
@@ -342,7 +347,8 @@ def finetune_seeds(
     baselines: bool = True,
 ) -> dict:
     """`finetune` once per seed into `out/seed{N}`; summary with each metric's mean ± std over the seeds, and
-    the baselines."""
+    the baselines. A signal stops it after the current step of the current seed: it then returns that seed's
+    `{'signal', 'stopped_at_step', 'steps'}` with `'seed'` added, and writes no summary."""
     out, seeds = Path(out), list(seeds)
     if not seeds or len(set(seeds)) != len(seeds):
         raise ValueError(f'seeds must be distinct and at least one; got {seeds}')
@@ -354,7 +360,10 @@ def finetune_seeds(
     out.mkdir(parents=True, exist_ok=True)
     runs = []
     for c in cfgs:
-        runs.append(finetune(c, out / f'seed{c.seed}', progress=progress))
+        r = finetune(c, out / f'seed{c.seed}', progress=progress)
+        if 'signal' in r:
+            return {**r, 'seed': c.seed}
+        runs.append(r)
         with open(out / 'results.jsonl', 'a') as f:
             f.write(dumps(result_record(runs[-1])) + '\n')
     spec = get_task(cfg.task)

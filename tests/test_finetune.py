@@ -240,6 +240,25 @@ def test_cli_finetune_end_to_end(ckpt, tmp_path):
     assert not (tmp_path / 'x').exists()
 
 
+
+def test_cli_finetune_sigterm_stops_with_a_message(ckpt, tmp_path):
+    "SIGTERM mid fine-tuning: the step finishes, the command says what stopped and how to start again, status 143."
+    import signal, time
+    out = tmp_path / 'cut'
+    cmd = [sys.executable, '-c', 'from posenc_lit.cli import main; raise SystemExit(main())', 'finetune',
+           '--checkpoint', str(ckpt), '--task', 'sentiment', '--preset', 'smoke', '--seeds', '0', '--out', str(out),
+           '--quiet', '--epochs', '200', '--log-every', '1', '--no-baselines']
+    p, t0 = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV), time.time()
+    metrics = out / 'seed0' / 'metrics.jsonl'
+    while not (metrics.is_file() and metrics.read_text().count('"train"') >= 2):
+        assert p.poll() is None and time.time() - t0 < 600, p.communicate()   # a guard against a hang, not a timing
+        time.sleep(0.005)
+    p.send_signal(signal.SIGTERM)
+    stdout, stderr = p.communicate(timeout=120)
+    assert p.returncode == 128 + signal.SIGTERM, (p.returncode, stdout, stderr[-2000:])
+    assert 'interrupted by SIGTERM at step' in stdout and 'run the same command with --overwrite' in stdout
+    assert 'Traceback' not in stderr and not (out / 'summary.json').exists()
+
 # ---------------------------------------------------------------- relative terms as a drop-in (issue 10, part 1)
 
 @pytest.mark.parametrize('name,kw,exact', [('huang4', {'k': 8}, True), ('t5', {}, True), ('shaw', {'k': 4}, False)])
