@@ -6,10 +6,10 @@
 from __future__ import annotations
 import json, math, statistics
 from pathlib import Path
-from .claims import STUDY, _finite, check_root, seed_runs, study_loss, eval_curve
+from .claims import STUDY, _finite, _json, check_root, seed_runs, study_loss, eval_curve
 
 # %% auto #0
-__all__ = ['ENTRIES', 'FAMILIES', 'study_rows', 'study_markdown', 'plot_curves', 'lengths_markdown', 'order_rows',
+__all__ = ['ENTRIES', 'FAMILIES', 'study_rows', 'study_markdown', 'plot_study_curves', 'lengths_markdown', 'order_rows',
            'order_markdown']
 
 # %% ../nbs/19c_study.ipynb #6f74caee
@@ -40,8 +40,8 @@ FAMILIES = {
 
 
 def _read(run: Path, name: str):
-    f = run / name
-    return json.loads(f.read_text()) if f.is_file() else None
+    "The JSON file `run/name`, None where it is missing (a damaged one: `ValueError` naming it and its tool)."
+    return _json(run, name) if (run / name).is_file() else None
 
 
 def study_rows(root) -> list[dict]:
@@ -57,8 +57,13 @@ def study_rows(root) -> list[dict]:
         except FileNotFoundError:
             continue
         loss = study_loss(root, entry)
-        sens = [d['sensitivity']['delta'] for r in runs if (d := _read(r, 'diagnostics.json'))]
-        lengths = _read(runs[0], 'lengths.json')
+        sens = [
+            _finite(d['sensitivity']['delta'], f"sensitivity/delta of {r / 'diagnostics.json'}")
+            for r in runs
+            if (d := _read(r, 'diagnostics.json'))
+        ]
+        lengths = (_read(runs[0], 'lengths.json') or {'results': []})['results']
+        f = runs[0] / 'lengths.json'
         rows.append(
             {
                 'entry': entry,
@@ -66,8 +71,16 @@ def study_rows(root) -> list[dict]:
                 'loss': loss['mean'],
                 'std': loss['std'],
                 'sensitivity': statistics.fmean(sens) if sens else None,
-                'lengths': {r['length']: r.get('loss') for r in lengths['results']} if lengths else {},
-                'tokens_per_s': _read(runs[0], 'summary.json')['train_tokens_per_s'],
+                'lengths': {
+                    r['length']: (
+                        None if r.get('loss') is None else _finite(r['loss'], f"loss at {r['length']} of {f}")
+                    )
+                    for r in lengths
+                },
+                'tokens_per_s': _finite(
+                    _read(runs[0], 'summary.json')['train_tokens_per_s'],
+                    f"train_tokens_per_s of {runs[0] / 'summary.json'}",
+                ),
             }
         )
     return rows
@@ -103,7 +116,7 @@ def study_markdown(rows: list[dict]) -> str:
     return '\n'.join(out) + note
 
 # %% ../nbs/19c_study.ipynb #99bf8d33
-def plot_curves(root, families: dict = None):
+def plot_study_curves(root, families: dict = None):
     "Held-out loss against step, one panel per family of `FAMILIES` (mean over seeds), `none` dashed in each."
     import matplotlib.pyplot as plt
 
