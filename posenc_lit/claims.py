@@ -500,18 +500,25 @@ CLAIMS = [
     ),
     (
         'Ke et al. 2021, Table 1',
-        'TUPE-R > TUPE-A > BERT with absolute positions, about 1 GLUE point each [U]',
+        'TUPE-R > TUPE-A > BERT with absolute positions: GLUE dev average 85.04 > 84.47 > 82.96 [V]',
         _needs_absolute(_tupe_order),
     ),
-    ('Ke et al. 2021, ablation', 'untying [CLS] from the positions helps downstream [P]', _tupe_cls),
     (
-        'He et al. 2021, Table 5',
-        'removing C2P, P2C or the EMD each costs: MNLI-m 86.3 → 85.9 / 86.0 / 86.1 [U]',
+        'Ke et al. 2021, Table 1 and §4.3',
+        'untying [CLS] from the positions helps downstream: GLUE dev average 84.47 against 83.81 tied [V]',
+        _tupe_cls,
+    ),
+    (
+        'He et al. 2021, Table 4',
+        'removing C2P, P2C or the EMD each costs: MNLI-m 86.3 → 85.9 / 86.0 / 86.1 [V]',
         _deberta_ablation,
     ),
     (
-        'He et al. 2021, abstract',
-        'DeBERTa beats BERT and RoBERTa trained the same way [P]',
+        'He et al. 2021, Table 4',
+        (
+            'DeBERTa beats BERT and RoBERTa pretrained on the same data: MNLI-m 86.3 against 84.3 and 84.9 '
+            '(RoBERTa re-implemented) [V]'
+        ),
         _needs_absolute(_deberta_best),
     ),
     (
