@@ -663,6 +663,7 @@ def cmd_compare(args) -> int:
     after signal n."""
     from posenc_lit.training import check_creatable_dir
     from posenc_lit.compare import compare, compare_plan, pretrained_runs, format_results
+    from posenc_lit.probes import format_probe_table
 
     try:
         if args.no_vit and args.vit_encodings:
@@ -697,13 +698,16 @@ def cmd_compare(args) -> int:
         vit_encodings=args.vit_encodings,
         lengths=args.lengths,
         probes=not args.no_probes,
+        on_probes=lambda p: print(
+            format_probe_table(p) + '\n(the study goes on; its full report follows)\n', flush=True
+        ),
     )
     if 'interrupted' in res:
         i = res['interrupted']
+        kept = 'this seed starts again' if i['stage'].startswith('finetune') else 'checkpoint saved'
         print(
-            f"interrupted by {i.get('signal', 'a stop')} during {i['stage']} (step "
-            f"{i['stopped_at_step']} of {i['steps']}): "
-            'checkpoint saved; run the same command again to resume',
+            f"interrupted by {i.get('signal', 'a stop')} during {i['stage']} (step {i['stopped_at_step']} "
+            f"of {i['steps']}): {kept}; finished stages are kept: run the same command again to resume",
             file=sys.stderr,
         )
         sig = getattr(signal, i.get('signal', ''), None)

@@ -5,6 +5,7 @@
 # %% ../nbs/19_compare.ipynb #d7847fd3
 from __future__ import annotations
 import contextlib, copy, json, math, os, platform, socket, subprocess, sys, time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 import torch
@@ -589,25 +590,31 @@ def _pretrain_and_lengths(plan, pe, d: Path, reused: bool, out, res, run, bars) 
     return pre
 
 # %% ../nbs/19_compare.ipynb #f6813605
-def _finetune_stages(plan, pe, d: Path, pre: dict, out, res, run, bars):
-    "Fine-tune the checkpoint of `d` on each task with each seed; a record per seed, a summary per task."
+def _finetune_stages(plan, pe, d: Path, pre: dict, out, res, run, bars) -> bool:
+    """Fine-tune the checkpoint of `d` on each task with each seed; a record per seed, a summary per task.
+    False if a signal stopped a seed (which starts again on resume: fine-tuning keeps no checkpoint)."""
     for t, cfg in plan['finetune'].items():
         runs = []
         for seed in plan['seeds']:
-            r = out / 'finetune' / pe / t / f'seed{seed}'
-            runs.append(
-                run(
-                    f'finetune {pe} {t} seed {seed}',
-                    (r / 'summary.json').is_file(),
-                    lambda: _finetune_stage(cfg, d / 'checkpoint', r, seed, bars),
-                    lambda s: f", test {s['main_metric']} {s['test'][s['main_metric']]:.4f}",
-                )
+            r, key = out / 'finetune' / pe / t / f'seed{seed}', f'finetune {pe} {t} seed {seed}'
+            s = run(
+                key,
+                (r / 'summary.json').is_file(),
+                lambda: _finetune_stage(cfg, d / 'checkpoint', r, seed, bars),
+                lambda s: (
+                    '' if 'signal' in s else f", test {s['main_metric']} {s['test'][s['main_metric']]:.4f}"
+                ),
             )
-            res['records'].append(_finetune_record(runs[-1], pre))
+            if 'signal' in s:
+                _interrupted(res, out, key, s)
+                return False
+            runs.append(s)
+            res['records'].append(_finetune_record(s, pre))
         f, summary = out / 'finetune' / pe / t / 'summary.json', _task_summary(t, pe, runs)
         # unchanged: left as it is
         if not f.is_file() or _read(f) != json.loads(json.dumps(json_safe(summary))):
             _write_json(f, summary)
+    return True
 
 
 def _vit_stages(plan, out, res, run, bars) -> bool:
@@ -670,6 +677,8 @@ def compare(
     lengths: list[int] | None = None,  # evaluation block lengths (tokens); default: the preset's
     figures: bool = True,  # write `out/figures/*.png`
     probes: bool = True,  # run the position probes first (where the preset has them)
+    # called with the probe results as soon as the probes are done (the CLI prints their table then)
+    on_probes: Callable[[dict], None] | None = None,
 ) -> dict:  # the content of `out/results.json`
     """Pretrain each encoding, evaluate it at longer lengths, fine-tune it on each task and seed, train the
     ViT grid; gather everything in `out/results.json`."""
@@ -687,6 +696,8 @@ def compare(
     run = _stage_runner(out, res, n, progress)
     if plan['probes']:
         _probe_stages(plan, out, res, run)
+        if on_probes is not None:
+            on_probes(res['probes'])
     for t, cfg in plan['finetune'].items():
         f = out / 'baselines' / f'{t}.json'
         res['baselines'][t] = run(f'baselines {t}', f.is_file(), lambda: _baselines_stage(cfg, f))
@@ -695,7 +706,8 @@ def compare(
         pre = _pretrain_and_lengths(plan, pe, d, pe in reused, out, res, run, bars)
         if pre is None:
             return res  # stopped by a signal: resume later
-        _finetune_stages(plan, pe, d, pre, out, res, run, bars)
+        if not _finetune_stages(plan, pe, d, pre, out, res, run, bars):
+            return res
     if not _vit_stages(plan, out, res, run, bars):
         return res
     res['finished'] = True

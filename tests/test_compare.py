@@ -259,3 +259,33 @@ def test_cli_help_names_every_ablation(capsys):
     assert main(['compare', '--help']) == 0
     text = ' '.join(capsys.readouterr().out.split()).replace('- ', '-')   # argparse wraps lines, at hyphens too
     assert all(a in text for a in ABLATIONS), text
+
+
+def test_probe_table_is_printed_as_soon_as_the_probes_are_done(tmp_path, capsys, monkeypatch):
+    "The first thing `compare` prints is the probe table, before the rest of the study runs; the report repeats it."
+    from posenc_lit.probes import format_probe_table
+    monkeypatch.setitem(COMPARE_PRESETS, 'tiny-probes', {**tiny_spec(tmp_path), 'probes': dict(preset='smoke')})
+    out = tmp_path / 'study'
+    argv = ['compare', '--preset', 'tiny-probes', '--out', str(out), '--encodings', 'none', '--seeds', '0']
+    rc, stdout, err = run_cli(argv + ['--no-vit', '--quiet'], capsys)
+    assert rc == 0, err
+    table = format_probe_table(json.loads((out / 'results.json').read_text())['probes'])
+    assert stdout.startswith(table + '\n(the study goes on; its full report follows)\n'), stdout[:500]
+    assert stdout.count(table) == 2 and stdout.index('posenc_lit compare, preset') > len(table)
+
+
+def test_a_signal_during_fine_tuning_stops_the_study_with_a_message(tmp_path, capsys, monkeypatch):
+    "A fine-tuning seed stopped by SIGTERM: the study stops, says the seed starts again on resume, status 143."
+    import posenc_lit.compare as cmp
+    stopped = {'signal': 'SIGTERM', 'stopped_at_step': 3, 'steps': 10}
+    monkeypatch.setattr(cmp, '_finetune_stage', lambda *a: stopped)
+    monkeypatch.setitem(COMPARE_PRESETS, 'tiny', tiny_spec(tmp_path))
+    out = tmp_path / 'study'
+    argv = ['compare', '--preset', 'tiny', '--out', str(out), '--encodings', 'learned', '--no-vit', '--quiet']
+    rc, stdout, err = run_cli(argv, capsys)
+    assert rc == 143 and stdout == '', (rc, stdout, err)
+    assert ('interrupted by SIGTERM during finetune learned sentiment seed 0 (step 3 of 10): this seed starts '
+            'again; finished stages are kept: run the same command again to resume') in err, err
+    res = json.loads((out / 'results.json').read_text())
+    assert res['interrupted']['stage'] == 'finetune learned sentiment seed 0' and not res['finished']
+    assert res['records'] == [] and (out / 'pretrain' / 'learned' / 'summary.json').is_file()
