@@ -573,3 +573,30 @@ def test_phone_width_keeps_equation_numbers(site, server, browser):
             assert not n['clipped'], f"{page}: equation number {n['text']} is cut off by {n['clipped']}"
             assert n['inWindow'] and n['right'] <= n['reach'] + 1, f"{page}: equation number {n['text']} cannot be reached: {n}"
     assert checked >= 3, f'only {checked} numbered equations found on {READ_PAGES}'
+
+
+# The studies' results tables (issue 28 item 3): HTML tables that fit the text column at 1400 px, so that a reader
+# sees every column without scrolling sideways (the probe table's 10 columns once needed 848 px of a 760 px column).
+TABLE_PAGES = ('19_compare.html', '19a_probes.html')
+
+TABLES = r'''(async () => {
+  await document.fonts.ready;
+  const main = document.querySelector('main');
+  const tables = [...main.querySelectorAll('table')].map(t => ({
+    caption: (t.querySelector('caption') || {textContent: ''}).textContent.trim().slice(0, 70),
+    width: t.scrollWidth, box: t.parentElement.clientWidth, boxScroll: t.parentElement.scrollWidth}));
+  return {width: innerWidth, column: main.clientWidth, tables};
+})()'''
+
+
+def test_results_tables_fit_the_column(site, server, browser):
+    "At 1400 px every table on the compare and probe pages fits the text column: no table, and no box around one, scrolls sideways."
+    cdp, sid = browser
+    for page in TABLE_PAGES:
+        found = _visit(cdp, sid, f'{server}/{page}', TABLES, 1400)
+        assert found['width'] == 1400 and found['column'] > 600, f"{page}: the text column is {found['column']} px at 1400 px"
+        assert found['tables'], f'{page}: no <table>: its results are not HTML tables'
+        col = found['column']
+        wide = [f"{t['width']} px (box {t['box']} px, column {col} px): {t['caption']!r}" for t in found['tables']
+                if t['width'] > min(t['box'], col) + 1 or t['boxScroll'] > t['box'] + 1]
+        assert not wide, f'{page}: {len(wide)} of {len(found["tables"])} tables wider than the column:\n' + '\n'.join(wide)
