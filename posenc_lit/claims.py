@@ -88,8 +88,8 @@ def eval_loss(root, entry: str) -> float:
 
 def loss_at(root, entry: str) -> tuple[int, dict]:
     """The training length of `entry` and `{block length: masked-token loss, or None where the encoding cannot
-    run}`
-    from seed 0's `lengths.json`."""
+    run}` from seed 0's
+    `lengths.json`."""
     run = seed_runs(root, entry)[0]
     f = run / 'lengths.json'
     return int(_num(run, ('config.json',), 'seq_len')), {
@@ -125,24 +125,33 @@ def eval_curve(root, entry: str) -> list:
     return [(s, statistics.fmean(c[s] for c in curves)) for s in steps]
 
 
+def _mean_std(v: list, metric: str) -> dict:
+    return {
+        'mean': statistics.fmean(v),
+        'std': statistics.stdev(v) if len(v) > 1 else 0.0,
+        'n': len(v),
+        'metric': metric,
+    }
+
+
 def downstream(root, pe: str, task: str = 'sentiment', study: str = STUDY) -> dict | None:
-    """`{'mean', 'std', 'n', 'metric'}` of `pe`'s main test metric on `task` over the seeds of a compare study
-    (`compare/<study>/results.json`; the study's own fine-tuning: `posenc_lit compare --pretrained-dir
-    runs/study`;
-    sample std); None while it has no record of `pe` on `task`."""
+    """`{'mean', 'std', 'n', 'metric'}` of `pe`'s main test metric on `task` over the fine-tuning seeds
+    (sample
+    std); None while nothing of `pe` on `task` is committed. The word-order task reads
+    `study_order/<pe>/summary.json` (tools/run_order.sh); the other tasks a compare study,
+    `compare/<study>/results.json` (the study's own: `posenc_lit compare --pretrained-dir runs/study`)."""
+    if task == 'order' and study == STUDY:
+        f = Path(root, 'study_order', pe, 'summary.json')
+        if not f.is_file():
+            return None
+        acc = _json(f.parent, f.name)['test']['accuracy']['values']
+        return _mean_std([_finite(a, f'order test accuracy of {pe} in {f}') for a in acc], 'accuracy')
     f = Path(root, 'compare', study, 'results.json')
     if not f.is_file():
         return None
     recs = [r for r in _json(f.parent, 'results.json')['records'] if r['pe'] == pe and r['task'] == task]
     v = [_finite(r['test'][r['main_metric']], f'{task} test {r["main_metric"]} of {pe} in {f}') for r in recs]
-    if not v:
-        return None
-    return {
-        'mean': statistics.fmean(v),
-        'std': statistics.stdev(v) if len(v) > 1 else 0.0,
-        'n': len(v),
-        'metric': recs[0]['main_metric'],
-    }
+    return _mean_std(v, recs[0]['main_metric']) if v else None
 
 # %% ../nbs/25_claims.ipynb #45eff5cf
 VERDICTS = ('holds', 'in part', 'does not hold', 'cannot test here', 'not measured yet')
@@ -198,8 +207,8 @@ def _losses_text(s: dict) -> str:
 
 def _ordered(s: dict, order: tuple) -> tuple[str, str]:
     """The claim 'loss order[0] < order[1] < ...': holds if every gap is in that direction and clear (larger
-    than the
-    seed spread), does not hold if no gap is in that direction, else in part; and a note on the gaps."""
+    than the seed spread), does not hold if no gap is in that direction, else in part; and a note on the gaps.
+    """
     spread = _spread({n: s[n] for n in order})
     gaps = [s[b]['mean'] - s[a]['mean'] for a, b in zip(order, order[1:])]
     clear = [g > (spread or 0.0) for g in gaps]
@@ -210,16 +219,20 @@ def _ordered(s: dict, order: tuple) -> tuple[str, str]:
 
 
 def _with_downstream(root, text: str, verdict: str, order: tuple) -> tuple[str, str]:
-    """Add the sentiment accuracies of the study's fine-tuning to a loss-based row. `order`: the encodings
-    from the best
-    the paper expects to the worst. Measured for all of them, the verdict is the loss's where both agree, else
-    'in part'.
-    """
-    d = {n: downstream(root, n) for n in order}
+    """Add the study's fine-tuning to a loss-based row: the word-order task (where positions matter), then
+    sentiment. `order`: the encodings from the best the paper expects to the worst. A task measured for all of
+    them keeps the loss's verdict where both agree, else makes it 'in part'."""
+    for task in ('order', 'sentiment'):
+        text, verdict = _with_task(root, text, verdict, order, task)
+    return text, verdict
+
+
+def _with_task(root, text: str, verdict: str, order: tuple, task: str) -> tuple[str, str]:
+    d = {n: downstream(root, n, task) for n in order}
     have = {n: v for n, v in d.items() if v}
     if not have:
         return text, verdict
-    text += f"; sentiment accuracy ({min(v['n'] for v in have.values())} seeds): " + ', '.join(
+    text += f"; {task} accuracy ({min(v['n'] for v in have.values())} seeds): " + ', '.join(
         f"{n} {v['mean']:.3f} ± {v['std']:.3f}" for n, v in have.items()
     )
     if len(have) < len(order):
@@ -266,10 +279,8 @@ def _tupe_order(root):
 
 def _tupe_cls(root):
     """Untied (tupe-a) against tied [CLS] (the tupe-a-tiecls ablation) on every task of the study's
-    fine-tuning: holds
-    if untied is ahead on every task and by more than the seed spread on one; does not hold if it is ahead by
-    more than
-    the spread on none; else in part."""
+    fine-tuning: holds if untied is ahead on every task and by more than the seed spread on one; does not hold
+    if it is ahead by more than the spread on none; else in part."""
     s = {n: study_loss(root, n) for n in ('tupe-a-tiecls', 'tupe-a')}
     text = f'loss {_losses_text(s)} (the masked-token loss never reads [CLS])'
     d = {
