@@ -97,6 +97,22 @@ def test_readme_relink():
         mr.relink(f'[x]({site}/no_such_page.html)', s, NBS)
 
 
+def test_readme_prints_a_loop_as_one_block(tmp_path):
+    """A cell that prints in a loop is stored as one stream output per flush; tools/make_readme.py shows them as
+    one output block, not one block per line with blank lines between (the Quickstart's training loop)."""
+    import nbformat
+    mr = tool('make_readme')
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell('for s in (10, 20):\n    print(s)')
+    cell.outputs = [nbformat.v4.new_output('stream', name='stdout', text=f'step {s}\n') for s in (10, 20)]
+    nb.cells = [nbformat.v4.new_markdown_cell('# T\n> d'), cell]
+    f = tmp_path / 'index.ipynb'
+    nbformat.write(nb, f)
+    mr.ROOT = tmp_path  # render names the notebook relative to the repository root
+    text, _ = mr.render(f, 'index_files')
+    assert '    step 10\n    step 20\n' in text, text
+
+
 # ----------------------------------------------------------------------------------------------------
 # The notebooks: what a Quarto build published from this source would link to
 
