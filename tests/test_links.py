@@ -98,8 +98,8 @@ def test_readme_relink():
 
 
 def test_readme_prints_a_loop_as_one_block(tmp_path):
-    """A cell that prints in a loop is stored as one stream output per flush; tools/make_readme.py shows them as
-    one output block, not one block per line with blank lines between (the Quickstart's training loop)."""
+    """A cell that prints in a loop is stored as one stream output per flush; tools/make_readme.py shows
+    them as one output block, not one block per line with blank lines between (the Quickstart's loop)."""
     import nbformat
     mr = tool('make_readme')
     nb = nbformat.v4.new_notebook()
