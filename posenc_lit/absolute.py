@@ -8,6 +8,7 @@ import math
 import torch
 import torch.nn as nn
 from .core import *
+from .checks import *
 from .attention import *
 
 # %% auto #0

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from dataclasses import dataclass
 from fastcore.basics import patch
 from .core import *
+from .checks import *
 
 # %% auto #0
 __all__ = ['causal_mask', 'scores', 'attend_manual', 'is_tracing', 'attend_fast', 'attend_compiled', 'attend', 'Context',

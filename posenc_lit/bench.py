@@ -13,6 +13,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 import matplotlib.pyplot as plt
 from .core import *
+from .checks import *
+from .files import atomic_write, write_json
 from .attention import *
 from .relative import Shaw, HuangMethod4
 from .t5 import T5RelativeBias

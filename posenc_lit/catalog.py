@@ -6,7 +6,8 @@
 from __future__ import annotations
 import re
 import torch
-from .core import PositionRangeError, get_encoding, list_encodings
+from .core import get_encoding, list_encodings
+from .checks import PositionRangeError
 from .model import ModelConfig, Encoder
 
 # %% auto #0

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 from fastcore.basics import patch
-from .core import *
+from .checks import *
 from .attention import *
 
 # %% auto #0

@@ -6,6 +6,7 @@
 from __future__ import annotations
 import argparse, builtins, json, signal, sys, threading
 from .core import *
+from .files import dumps
 
 # %% auto #0
 __all__ = ['UsageError', 'cmd_encodings', 'cmd_pretrain', 'cmd_lengths', 'cmd_finetune', 'cmd_tasks', 'cmd_vit', 'cmd_compare',
@@ -184,7 +185,7 @@ def _report_run(summary: dict) -> int:
         print(f"stopped at step {summary['stopped_at_step']} of {summary['steps']}; continue with --resume")
     # standard JSON: a NaN prints as null
     else:
-        print(json.dumps(json_safe(summary), indent=2, allow_nan=False))
+        print(dumps(summary, indent=2))
     return 0
 
 # %% ../nbs/13_cli.ipynb #66be90b8

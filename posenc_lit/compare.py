@@ -10,7 +10,8 @@ from dataclasses import asdict
 from pathlib import Path
 import torch
 import matplotlib.pyplot as plt
-from .core import atomic_write, list_encodings, write_json, json_safe
+from .core import list_encodings
+from .files import atomic_write, dumps, write_json
 from .model import CheckpointError
 from .training import make_train_config, pretrain
 from .tasks import get_task, load_task, majority_baseline, bow_baseline
@@ -612,7 +613,7 @@ def _finetune_stages(plan, pe, d: Path, pre: dict, out, res, run, bars) -> bool:
             res['records'].append(_finetune_record(s, pre))
         f, summary = out / 'finetune' / pe / t / 'summary.json', _task_summary(t, pe, runs)
         # unchanged: left as it is
-        if not f.is_file() or _read(f) != json.loads(json.dumps(json_safe(summary))):
+        if not f.is_file() or _read(f) != json.loads(dumps(summary)):
             _write_json(f, summary)
     return True
 

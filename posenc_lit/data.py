@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np, torch
 import datasets, pyarrow.compute as pc
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-from .core import is_int_tensor
+from .checks import is_int_tensor
 
 # %% auto #0
 __all__ = ['SPECIAL_TOKENS', 'PAD_ID', 'UNK_ID', 'CLS_ID', 'SEP_ID', 'MASK_ID', 'SPLITS', 'NEVER_MASKED', 'CorpusError',

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from dataclasses import dataclass
 from fastcore.basics import patch
 from .core import *
+from .checks import *
 from .attention import *
 from .relative import rel_scores
 

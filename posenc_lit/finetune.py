@@ -12,7 +12,8 @@ import torch
 import torch.nn as nn
 from accelerate import Accelerator
 from accelerate.utils import set_seed
-from .core import *
+from .checks import *
+from .files import dumps, write_json
 from .model import *
 from .tasks import *
 from .heads import *
@@ -398,7 +399,7 @@ def finetune_seeds(
             'majority': majority_baseline(dd, spec)['test'],
             'bow': bow_baseline(dd, spec)['test'],
         }
-    save_json(out / 'summary.json', summary)
+    write_json(out / 'summary.json', summary, indent=2, sort_keys=True)
     return summary
 
 # %% ../nbs/16_finetune.ipynb #62850eda

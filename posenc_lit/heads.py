@@ -13,13 +13,13 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from tokenizers import Tokenizer
 from fastcore.basics import patch
-from .core import *
+from .checks import *
+from .files import atomic_write, write_json
 from .model import *
 from .model import _check_inputs
 from .attention import CombinedEncoding
 from .data import load_tokenizer
 from .tasks import *
-from .loop import save_json
 
 # %% auto #0
 __all__ = ['PRETRAIN_FILES', 'TASK_KINDS', 'EXTEND_METHODS', 'PAIRED_TIE', 'find_checkpoint', 'load_pretrained', 'add_relative',
@@ -629,7 +629,12 @@ def save_task_model(model: EncoderForTask, path, tok: Tokenizer, info: dict) -> 
     (path / 'config.json').write_text(model.encoder.cfg.to_json())
     tok.save(str(path / 'tokenizer.json'))
     special = {} if model.special is None else {'special': list(model.special)}  # (cls, sep, pad)
-    save_json(path / 'task.json', {'kind': model.kind, 'n_labels': model.n_labels, **special, **info})
+    write_json(
+        path / 'task.json',
+        {'kind': model.kind, 'n_labels': model.n_labels, **special, **info},
+        indent=2,
+        sort_keys=True,
+    )
     return path
 
 

@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import load_file
 from tokenizers import Tokenizer
 from .core import *
+from .checks import *
 from .model import ModelConfig, Encoder, EncoderForMLM, CheckpointError, check_weight_dtypes
 
 # %% auto #0

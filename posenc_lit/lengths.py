@@ -7,7 +7,8 @@ from __future__ import annotations
 import json, math
 from pathlib import Path
 import torch
-from .core import *
+from .checks import *
+from .files import write_json
 from .data import CLS_ID, SEP_ID, PAD_ID, mask_tokens, load_corpus, load_tokenizer, _stream
 from .model import CheckpointError, load_model
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 import torch
-from .core import *
+from .checks import *
+from .files import write_json
 from .data import CLS_ID, SEP_ID, load_corpus, load_tokenizer, _stream
 from .model import load_model
 

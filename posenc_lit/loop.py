@@ -13,27 +13,16 @@ from tqdm import tqdm
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState
 from accelerate.utils import load as load_state_file
-from .core import atomic_write, json_safe, write_json
+from .files import atomic_write, dumps, write_json
 from .model import CheckpointError, check_field_types
 
 # %% auto #0
-__all__ = ['SPLITS', 'MIXED_PRECISION', 'RUN_FILES', 'STATE_FILE', 'dumps', 'save_json', 'RunDirError', 'log_record',
-           'read_metrics', 'restart_metrics', 'param_groups', 'lr_factor', 'scheduler', 'RunConfig', 'obeys',
-           'check_rules', 'make_config', 'SignalStop', 'any_process', 'check_creatable_dir', 'foreign_files',
-           'run_kind', 'check_replaceable', 'replace_run_dir', 'prepare_run_dir', 'read_trainer_state',
-           'save_checkpoint', 'load_checkpoint', 'NonFiniteLossError', 'Loop', 'fit', 'check_precision', 'accelerator',
-           'begin_run', 'progress_bar', 'replace_if_asked', 'done_summary', 'stopped', 'train_mean', 'end_run',
-           'eval_sums']
-
-# %% ../nbs/11a_loop.ipynb #5bf18564
-def dumps(obj, **kwargs) -> str:
-    "`json.dumps` of `json_safe(obj)`: standard JSON, a number that is not finite written as null."
-    return json.dumps(json_safe(obj), allow_nan=False, **kwargs)
-
-
-def save_json(path, obj):
-    "Write `obj` to `path` as indented, sorted, standard JSON, atomically (`core.write_json`)."
-    write_json(path, obj, indent=2, sort_keys=True)
+__all__ = ['SPLITS', 'MIXED_PRECISION', 'RUN_FILES', 'STATE_FILE', 'RunDirError', 'log_record', 'read_metrics', 'restart_metrics',
+           'param_groups', 'lr_factor', 'scheduler', 'RunConfig', 'obeys', 'check_rules', 'make_config', 'SignalStop',
+           'any_process', 'check_creatable_dir', 'foreign_files', 'run_kind', 'check_replaceable', 'replace_run_dir',
+           'prepare_run_dir', 'read_trainer_state', 'save_checkpoint', 'load_checkpoint', 'NonFiniteLossError', 'Loop',
+           'fit', 'check_precision', 'accelerator', 'begin_run', 'progress_bar', 'replace_if_asked', 'done_summary',
+           'stopped', 'train_mean', 'end_run', 'eval_sums']
 
 # %% ../nbs/11a_loop.ipynb #c922c711
 class RunDirError(ValueError):
@@ -631,7 +620,7 @@ def begin_run(acc: Accelerator, out: Path, config: dict, step: int = 0):
     "On the main process: `out` made, `config.json` written, the records after `step` dropped."
     if acc.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
-        save_json(out / 'config.json', config)
+        write_json(out / 'config.json', config, indent=2, sort_keys=True)
         restart_metrics(out, step)
 
 
@@ -673,7 +662,7 @@ def train_mean(out: Path, step: int, key: str) -> float:
 def end_run(acc: Accelerator, out: Path, summary: dict) -> dict:
     "`summary` written to `out/summary.json` by the main process; every process waits for it."
     if acc.is_main_process:
-        save_json(out / 'summary.json', summary)
+        write_json(out / 'summary.json', summary, indent=2, sort_keys=True)
     acc.wait_for_everyone()
     return summary
 

@@ -13,6 +13,8 @@ import torch.nn.functional as F
 from safetensors.torch import save_file, load_file
 from fastcore.basics import patch
 from .core import *
+from .checks import *
+from .files import atomic_write
 from .attention import *
 from .absolute import four_terms
 

@@ -12,7 +12,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import matplotlib.pyplot as plt
-from .core import PositionRangeError, is_int, is_real, list_encodings, write_json
+from .core import list_encodings
+from .checks import PositionRangeError, is_int, is_real
+from .files import write_json
 from .model import ModelConfig, Encoder, EncoderForMLM, check_field_types
 
 # %% auto #0

@@ -10,6 +10,7 @@ import torch.nn as nn
 from dataclasses import dataclass
 from fastcore.basics import patch
 from .core import *
+from .checks import *
 from .attention import *
 
 # %% auto #0

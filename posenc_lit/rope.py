@@ -9,6 +9,7 @@ import torch
 from dataclasses import dataclass
 from fastcore.basics import patch
 from .core import *
+from .checks import *
 from .attention import *
 
 # %% auto #0

@@ -9,6 +9,7 @@ import torch
 import torch.nn as nn
 from dataclasses import dataclass
 from .core import *
+from .checks import *
 from .attention import *
 
 # %% auto #0

@@ -12,6 +12,8 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 from .core import *
+from .checks import *
+from .files import dumps
 from .model import *
 from .data import *
 from .loop import *

@@ -15,6 +15,7 @@ import matplotlib.pyplot as plt
 from safetensors.torch import save_file, load_file
 from fastcore.basics import patch
 from .core import *
+from .checks import *
 from .attention import *
 from .absolute import sinusoidal_table
 from .rope import rope_inv_freq, rope_cos_sin, apply_rope, PAIRINGS

@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.utils import set_seed
-from .core import get_encoding, is_real, memory_check
+from .core import get_encoding
+from .checks import is_real, memory_check
 from .model import CheckpointError, count_parameters
 from .loop import *
 from .training import micro_batch, step_generator

@@ -16,9 +16,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-import posenc_lit.core
+import posenc_lit.files
 from posenc_lit.cli import main
-from posenc_lit.core import list_encodings, POSITION_LIMIT, write_json
+from posenc_lit.checks import POSITION_LIMIT
+from posenc_lit.core import list_encodings
+from posenc_lit.files import write_json
 from posenc_lit.model import ModelConfig, EncoderForMLM
 
 
@@ -133,7 +135,7 @@ def test_lengths_prints_before_a_failed_write(runs, capsys, monkeypatch):
     "A run directory that cannot be written: the results are printed first, then a clear error (status 2)."
     def refuse(path, write):
         raise PermissionError(13, 'Permission denied', str(path))
-    monkeypatch.setattr(posenc_lit.core, 'atomic_write', refuse)
+    monkeypatch.setattr(posenc_lit.files, 'atomic_write', refuse)
     monkeypatch.setattr('posenc_lit.lengths.atomic_write', refuse, raising=False)   # where the write used to be done
     assert main(['lengths', '--run', str(runs / 't5'), '--lengths', '32', '--max-tokens', '200']) == 2
     out, err = capsys.readouterr()

@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 from transformers import (AutoTokenizer, BertConfig, BertForMaskedLM, BertModel, DebertaV2Config, DebertaV2ForMaskedLM,
                           DebertaV2Model)   # dev dependencies (settings.ini): a missing install fails, it does not skip
 from transformers.utils import logging as hf_logging
-from posenc_lit.core import PositionRangeError
+from posenc_lit.checks import PositionRangeError
 from posenc_lit.data import corpus_dir
 from posenc_lit.model import CheckpointError, Encoder, EncoderForMLM
 from posenc_lit.hf import (MINILM_PIP, from_hf, hf_to_config, hf_tokenizer, load_hf_weights, match_hf_weights, minilm_folder,

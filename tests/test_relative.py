@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors import safe_open
-from posenc_lit.core import test_close_rel as close_rel   # renamed so that pytest does not collect it
+from posenc_lit.checks import test_close_rel as close_rel   # renamed so that pytest does not collect it
 from posenc_lit.attention import MultiHeadAttention
 from posenc_lit.relative import Shaw, HuangMethod4
 from posenc_lit.t5 import t5_bucket

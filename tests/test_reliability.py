@@ -17,7 +17,8 @@ import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from conftest import cut_with_sigterm
-from posenc_lit.core import list_encodings, PositionRangeError
+from posenc_lit.checks import PositionRangeError
+from posenc_lit.core import list_encodings
 from posenc_lit.attention import attend, MultiHeadAttention
 from posenc_lit.model import ModelConfig, EncoderForMLM, CheckpointError
 from posenc_lit.data import corpus_dir, CorpusError, load_corpus
