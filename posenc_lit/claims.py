@@ -20,6 +20,7 @@ _WRITTEN_BY = {
     'lengths.json': '`posenc_lit lengths --run RUN` (tools/run_study.sh runs it and copies the file)',
     'diagnostics.json': '`python tools/regime_search.py diagnose RUN DEST` (tools/run_study.sh runs it)',
     STUDY: 'tools/run_study.sh (delete the folder first: it skips a finished entry)',
+    'study_order': 'tools/run_order.sh',
     'vit': 'tools/run_vit_study.sh',
     'minilm': '`posenc_lit finetune` (the commands on the Hugging Face page, 14_hf)',
     'compare': '`posenc_lit compare`',
