@@ -200,9 +200,9 @@ def test_readme_sample_is_the_committed_quick_run():
 
 # Signatures in the docs (issue 28): nbdev shows a parameter that defaults to None without a type as
 # `name:NoneType=None`, and turns a backticked exported name in a parameter's comment into a Markdown link that
-# the signature's code block then shows raw. Notebooks not fixed yet (held by other work when this test came):
-# strict expected failures; take a notebook off the list when its test passes.
-SIGNATURE_PENDING = {'00_core'}
+# the signature's code block then shows raw. Notebooks not fixed yet would be strict expected failures listed
+# here (take a notebook off the list when its test passes); none is left.
+SIGNATURE_PENDING = set()
 
 
 def documented_defs(nb):
