@@ -141,6 +141,7 @@ class RelativeVectors(PositionEncoding):
         values: bool = False,  # add Σ_j α_ij a^V_ij to the output (Shaw eq. 3)
         share_layers: bool = False,  # one table for all layers
         init_std: float = 0.02,
+        what: str = 'RelativeVectors',  # how its errors name it (Shaw, HuangMethod4: the encoding)
     ):
         super().__init__()
         flags = {
@@ -153,7 +154,7 @@ class RelativeVectors(PositionEncoding):
         _check_relative_vectors(d_head, n_layers, k, flags, init_std)
         self.k, self.clip, self.share_layers = k, clip, share_layers
         self.query_term, self.key_term = query_term, key_term
-        self.n_layers = n_layers
+        self.n_layers, self.what = n_layers, what
 
         def tables():  # w: (2k+1, d) per layer
             n = 1 if share_layers else n_layers
@@ -188,7 +189,7 @@ class RelativeContext(Context):
 @patch
 def _table(self: RelativeVectors, tables, layer):
     n = 1 if self.share_layers else self.n_layers
-    l = layer_index(layer, n, type(self).__name__)
+    l = layer_index(layer, n, self.what)
     return tables[l]
 
 
@@ -242,6 +243,7 @@ def Shaw(
         values=values,
         share_layers=share_layers,
         init_std=init_std,
+        what="the encoding 'shaw' (Shaw)",
     )
 
 
@@ -261,6 +263,7 @@ def HuangMethod4(
         values=False,
         share_layers=share_layers,
         init_std=init_std,
+        what="the encoding 'huang4' (HuangMethod4)",
     )
 
 # %% ../nbs/03_relative.ipynb #a279b035
