@@ -98,10 +98,13 @@ def register_encoding(
     summary: str,  # one line for `posenc_lit encodings`
     source: str = '',  # paper and equation
     modality: str = 'text',  # one of `MODALITIES`: the model the factory's config builds
+    replace: bool = False,  # replace an encoding already registered under this modality and name
 ):
-    """Decorator registering `factory(config) -> encoding module` under `(modality, name)`; `ValueError` for a
-    name that is not a non-empty word, an unknown kind or modality, `TypeError` for a factory that is not
-    callable.
+    """Decorator registering `factory(config) -> encoding module` under `(modality, name)`.
+    `ValueError` for a name already registered, unless `replace=True` or the factory is the registered one
+    defined again (the same qualified name, in the same module or in `__main__`: a re-run notebook cell);
+    `ValueError` for a name that is not a non-empty word, an unknown kind or modality; `TypeError` for a
+    factory that is not callable.
     """
     if not isinstance(name, str) or not name or any(c.isspace() for c in name):
         raise ValueError(
@@ -116,10 +119,28 @@ def register_encoding(
             raise TypeError(
                 f'register_encoding({name!r}) decorates a factory config -> module; got {factory!r}'
             )
+        old = _REGISTRY.get((modality, name))
+        if old is not None and not replace and not _same_factory(old.factory, factory):
+            raise ValueError(
+                f'the {modality} encoding {name!r} is already registered (by {_origin(old.factory)}); '
+                f'choose another name, or pass replace=True to replace it'
+            )
         _REGISTRY[modality, name] = EncodingSpec(name, kind, summary, source, factory, modality)
         return factory
 
     return _inner
+
+
+def _origin(f) -> str:
+    "Where factory `f` was defined: 'module.qualified_name'."
+    return f"{getattr(f, '__module__', None)}.{getattr(f, '__qualname__', type(f).__name__)}"
+
+
+def _same_factory(a, b) -> bool:
+    "Whether `b` is factory `a` defined again: one qualified name (not a lambda), one module or `__main__`."
+    qa, qb = getattr(a, '__qualname__', None), getattr(b, '__qualname__', None)
+    ma, mb = getattr(a, '__module__', None), getattr(b, '__module__', None)
+    return qa is not None and qa == qb and '<lambda>' not in qa and (ma == mb or '__main__' in (ma, mb))
 
 
 def _check_modality(modality):
