@@ -4,7 +4,7 @@
 
 # %% ../nbs/10b_catalog.ipynb #2ecfce29
 from __future__ import annotations
-import re
+import math, re
 import torch
 from .core import get_encoding, list_encodings
 from .checks import PositionRangeError
@@ -66,7 +66,10 @@ def encoding_facts(
     **config,  # ModelConfig fields; default: the reference preset's encoder, with a 512-row table
 ) -> dict:  # name, kind, acts, params, shared, per_layer, flops (relative extra), runs_past_table, page, api
     """Where encoding `name` acts, its parameters (shared and per layer), its extra matmul FLOPs and whether
-    it runs past its table, found by building it (an `Encoder` of `ModelConfig` fields `config`)."""
+    it runs past its table, found by building it (an `Encoder` of `ModelConfig` fields `config`). `ValueError`
+    for `n` < 1; `ModelConfig`'s errors for `config`."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f'n (tokens per sequence) must be an integer ≥ 1; got {n!r}')
     kw = (
         dict(
             d_model=128,
@@ -138,6 +141,20 @@ def _sharing(f):
     return 'per layer' if not f['shared'] else f"{f['shared']:,} shared + {f['per_layer']:,} per layer"
 
 
+def _result_loss(name: str, r) -> float | None:
+    """The held-out loss in `name`'s result `r` (a run's summary): None while there is none ('pending');
+    a result without a finite `eval_loss` is an error, not a cell."""
+    if r is None:
+        return None
+    loss = r.get('eval_loss') if isinstance(r, dict) else None
+    if isinstance(loss, bool) or not isinstance(loss, (int, float)) or not math.isfinite(loss):
+        raise ValueError(
+            f"results[{name!r}] must be a run's summary with a finite eval_loss (nats); got {r!r}. "
+            f"Leave {name!r} out of results (or map it to None) to show 'pending'"
+        )
+    return float(loss)
+
+
 def encodings_table(
     results: dict | None = None,  # {encoding name: a run's summary.json}, for the results column
     results_page: str = '',  # the page that reports those runs (a link target for each result)
@@ -145,6 +162,11 @@ def encodings_table(
 ) -> str:
     """A Markdown table of every registered encoding, built by `encoding_facts`, with links to its page and
     API entry."""
+    if results is not None and not isinstance(results, dict):
+        raise TypeError(
+            f'results must be a dict {{encoding name: summary}} or None; got {type(results).__name__}'
+        )
+    losses = {n: _result_loss(n, r) for n, r in (results or {}).items()}  # checked before anything is built
     # `\|` keeps the cell; a line may break after `/` or `_`
     esc = lambda s: re.sub(r'([/_])', '\\1\u200b', str(s).replace('|', '\\|'))
     head = [
@@ -172,11 +194,11 @@ def encodings_table(
             esc(spec.source),
         ]
         if results is not None:
-            r = results.get(name)
+            loss = losses.get(name)
             cells.append(
-                (f"[{r['eval_loss']:.3f}]({results_page})" if results_page else f"{r['eval_loss']:.3f}")
-                if r
-                else 'pending'
+                'pending'
+                if loss is None
+                else f'[{loss:.3f}]({results_page})' if results_page else f'{loss:.3f}'
             )
         rows.append('| ' + ' | '.join(cells) + ' |')
     return '\n'.join(rows)
