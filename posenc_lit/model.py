@@ -636,7 +636,10 @@ def read_weights(
     `f` is missing, corrupt or does not match."""
     f = Path(f)
     if not f.is_file():
-        raise CheckpointError(f'no {f.name} in {f.parent}')
+        raise CheckpointError(
+            f'no {f.name} in {f.parent}: a model folder holds config.json and {f.name} (save_model '
+            'writes both)'
+        )
     try:
         sd = load_file(f)
     except Exception as e:
@@ -668,8 +671,12 @@ def load_config(path, config_cls: type | None = None, kind: str = 'model') -> Mo
             f'no config.json in {path}: a {kind} folder holds config.json and model.safetensors{hint}'
         )
     try:
-        return (config_cls or ModelConfig).from_dict(json.loads(f.read_text()))
-    except (json.JSONDecodeError, TypeError, ValueError) as e:
+        d = json.loads(f.read_text())
+    except ValueError as e:  # not JSON, or not text
+        raise CheckpointError(f'invalid {f}: not JSON ({e}); re-save the {kind}{hint}') from None
+    try:
+        return (config_cls or ModelConfig).from_dict(d)
+    except (TypeError, ValueError) as e:
         raise CheckpointError(f'invalid {f}: {e}{hint}') from None
 
 
@@ -678,7 +685,9 @@ def load_weights(path, model_cls, config_cls, kind: str = 'model'):
     `CheckpointError` naming what is wrong."""
     cfg, f = load_config(path, config_cls, kind), Path(path) / 'model.safetensors'
     if not f.is_file():
-        raise CheckpointError(f'no model.safetensors in {path}')
+        raise CheckpointError(
+            f'no model.safetensors in {path}: a {kind} folder holds config.json and model.safetensors'
+        )
     model = model_cls(cfg)
     model.load_state_dict(read_weights(f, model.state_dict()))
     return model
