@@ -17,7 +17,7 @@ STUDY = 'study'  # results/study/<entry>[-s<seed>]/ (tools/run_study.sh, the `st
 
 # what writes each committed file again: by its name, else by the results folder it is in
 _WRITTEN_BY = {
-    'lengths.json': '`posenc_lit lengths --run RUN` (tools/run_study.sh runs it and copies the file)',
+    'lengths.json': '`posenc_lit lengths --run RUN` (tools/run_study.sh and run_reference.sh run it)',
     'diagnostics.json': '`python tools/regime_search.py diagnose RUN DEST` (tools/run_study.sh runs it)',
     STUDY: 'tools/run_study.sh (delete the folder first: it skips a finished entry)',
     'study_order': 'tools/run_order.sh',

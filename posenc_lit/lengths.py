@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 from .checks import *
 from .files import write_json
+from .claims import _json
 from .data import CLS_ID, SEP_ID, PAD_ID, mask_tokens, load_corpus, load_tokenizer, _stream
 from .model import CheckpointError, load_model
 
@@ -196,5 +197,6 @@ def write_length_results(
 def load_length_results(
     folder='results/pretraining',
 ) -> dict:  # pe -> the `lengths.json` of its reference run
-    "The committed length-generalization results of the reference runs, by encoding."
-    return {p.parent.name: json.loads(p.read_text()) for p in sorted(Path(folder).glob('*/lengths.json'))}
+    """The committed length-generalization results of the reference runs, by encoding; a damaged file is a
+    `ValueError` that names it and the command that writes it again."""
+    return {p.parent.name: _json(p) for p in sorted(Path(folder).glob('*/lengths.json'))}
