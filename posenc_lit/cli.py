@@ -107,6 +107,32 @@ def _add_run_flags(p, pe_kwargs_help, overrides):
         p.add_argument(flag, type=typ, default=None, help=h)
 
 
+def _check_out(out: str):
+    "`UsageError` unless the run directory `out` can be created (checked before anything runs)."
+    from posenc_lit.loop import check_creatable_dir
+
+    try:
+        check_creatable_dir(out)
+    except ValueError as e:
+        raise UsageError(f'argument --out: {e}') from None
+
+
+def _add_run_dir(p):
+    "--out, and --resume or --overwrite: how a training command treats its run directory."
+    p.add_argument('--out', type=_path, required=True, help='run directory')
+    how = p.add_mutually_exclusive_group()
+    how.add_argument(
+        '--resume',
+        action='store_true',
+        help='continue the run in --out from its checkpoint (a finished run is left as is)',
+    )
+    how.add_argument(
+        '--overwrite',
+        action='store_true',
+        help='replace the run in --out (a non-empty --out is never replaced without it)',
+    )
+
+
 def _add_pretrain(sub):
     p = sub.add_parser(
         'pretrain',
@@ -124,18 +150,7 @@ def _add_pretrain(sub):
         'steps of 64×32 (~40 min of one core; absolute positions are learned); smoke: a tiny model, 20 steps '
         '(default: quick)',
     )
-    p.add_argument('--out', type=_path, required=True, help='run directory')
-    how = p.add_mutually_exclusive_group()
-    how.add_argument(
-        '--resume',
-        action='store_true',
-        help='continue the run in --out from its checkpoint (a finished run is left as is)',
-    )
-    how.add_argument(
-        '--overwrite',
-        action='store_true',
-        help='replace the run in --out (a non-empty --out is never replaced without it)',
-    )
+    _add_run_dir(p)
     _add_run_flags(p, 'JSON object of extra encoding options, e.g. \'{"base": 500}\'', _TRAIN_FLAGS)
     p.set_defaults(func=cmd_pretrain, parser=p)
 
@@ -143,7 +158,7 @@ def _add_pretrain(sub):
 def cmd_pretrain(args) -> int:
     """Run `pretrain` with the preset and overrides from `args`; prints the summary as JSON. Status 128 + n
     after signal n."""
-    from posenc_lit.training import make_train_config, pretrain, check_creatable_dir
+    from posenc_lit.training import make_train_config, pretrain
 
     over = {f[2:].replace('-', '_'): getattr(args, f[2:].replace('-', '_')) for f, _, _ in _TRAIN_FLAGS}
     try:
@@ -152,10 +167,7 @@ def cmd_pretrain(args) -> int:
         )
     except ValueError as e:
         raise UsageError(str(e)) from None
-    try:
-        check_creatable_dir(args.out)
-    except ValueError as e:
-        raise UsageError(f'argument --out: {e}') from None
+    _check_out(args.out)
     summary = pretrain(
         cfg,
         args.out,
@@ -360,7 +372,6 @@ def cmd_finetune(args) -> int:
     """Run `finetune_seeds` with the preset and overrides from `args`; prints the test metrics (mean ± std)
     and the baselines."""
     from posenc_lit.finetune import make_finetune_config, finetune_seeds, format_summary
-    from posenc_lit.training import check_creatable_dir
 
     over = {f[2:].replace('-', '_'): getattr(args, f[2:].replace('-', '_')) for f, _, _ in _FINETUNE_FLAGS}
     try:
@@ -380,10 +391,7 @@ def cmd_finetune(args) -> int:
             raise ValueError(f'--seeds must be distinct; got {args.seeds}')
     except ValueError as e:
         raise UsageError(str(e)) from None
-    try:
-        check_creatable_dir(args.out)
-    except ValueError as e:
-        raise UsageError(f'argument --out: {e}') from None
+    _check_out(args.out)
     summary = finetune_seeds(
         cfg,
         args.out,
@@ -469,7 +477,6 @@ _VIT_FLAGS = [  # (flag, type, help) — each overrides the preset's value
 
 # %% ../nbs/13_cli.ipynb #a15c1a00
 def _add_vit(sub):
-
     encs = list_encodings('image')
     w = max(map(len, encs))
     p = sub.add_parser(
@@ -493,18 +500,7 @@ def _add_vit(sub):
         'reference: D=96, 4 layers, 3,000 steps on the full Fashion-MNIST if present, with '
         'augmentation; smoke: a tiny model, 20 steps',
     )
-    p.add_argument('--out', type=_path, required=True, help='run directory')
-    how = p.add_mutually_exclusive_group()
-    how.add_argument(
-        '--resume',
-        action='store_true',
-        help='continue the run in --out from its checkpoint (a finished run is left as is)',
-    )
-    how.add_argument(
-        '--overwrite',
-        action='store_true',
-        help='replace the run in --out (a non-empty --out is never replaced without it)',
-    )
+    _add_run_dir(p)
     p.add_argument(
         '--eval-sizes',
         type=_csv,
@@ -544,7 +540,6 @@ def _add_vit(sub):
 def cmd_vit(args) -> int:
     """Run `train_vit` with the preset and overrides from `args`; prints the summary as JSON. Status 128 + n
     after signal n."""
-    from posenc_lit.training import check_creatable_dir
     from posenc_lit.vit_train import make_vit_config, train_vit
 
     over = {f[2:].replace('-', '_'): getattr(args, f[2:].replace('-', '_')) for f, _, _ in _VIT_FLAGS}
@@ -564,10 +559,7 @@ def cmd_vit(args) -> int:
         )
     except ValueError as e:
         raise UsageError(str(e)) from None
-    try:
-        check_creatable_dir(args.out)
-    except ValueError as e:
-        raise UsageError(f'argument --out: {e}') from None
+    _check_out(args.out)
     summary = train_vit(
         cfg,
         args.out,
@@ -662,7 +654,6 @@ def _add_compare(sub):
 def cmd_compare(args) -> int:
     """Run `compare`; prints the results table. Everything is checked before anything runs. Status 128 + n
     after signal n."""
-    from posenc_lit.training import check_creatable_dir
     from posenc_lit.compare import compare, compare_plan, pretrained_runs, format_results
     from posenc_lit.probes import format_probe_table
 
@@ -683,10 +674,7 @@ def cmd_compare(args) -> int:
             pretrained_runs(args.pretrained_dir, plan['encodings'])
     except ValueError as e:
         raise UsageError(str(e)) from None
-    try:
-        check_creatable_dir(args.out)
-    except ValueError as e:
-        raise UsageError(f'argument --out: {e}') from None
+    _check_out(args.out)
     res = compare(
         args.preset,
         args.out,
@@ -842,7 +830,6 @@ def _add_bench(sub):
 def cmd_bench(args) -> int:
     "Run `bench`; prints the table, writes the results."
     from posenc_lit.bench import bench, format_bench, write_bench
-    from posenc_lit.training import check_creatable_dir
 
     kw = (
         dict(lengths=(32, 64), b=2, h=2, d=32, repeats=2, warmup=1, model_preset='smoke', model_steps=2)
@@ -857,10 +844,7 @@ def cmd_bench(args) -> int:
         kw['repeats'] = args.repeats
     if args.no_model:
         kw['model_preset'] = None
-    try:
-        check_creatable_dir(args.out)
-    except ValueError as e:
-        raise UsageError(f'argument --out: {e}') from None
+    _check_out(args.out)
     try:
         res = bench(
             threads=args.threads,
