@@ -5,6 +5,10 @@ was wrong (status 2, no traceback), or reported as n/a with the reason; nothing 
 - Memory: a table or a forward pass too large for memory is a `MemoryLimitError`, like the other memory checks.
 - Positions past the documented bound of `rel_pos` (|p| < 2**62) are refused at the model's boundary.
 - `lengths` prints its results before it writes them, and says so when the write fails.
+
+The errors a user can reach (issue 25 item 3) are collected here as parametrized tables: `API_BAD` (the public
+constructors, forwards and loaders: the error type, what was wrong, what would be right) and `CLI_BAD` (bad
+command lines: usage, status 2, the message, nothing written). `test_vision_cli.BAD` holds the `vit` command's.
 """
 import os
 os.environ.setdefault('HF_HUB_OFFLINE', '1'); os.environ.setdefault('HF_DATASETS_OFFLINE', '1')
@@ -21,7 +25,10 @@ from posenc_lit.cli import main
 from posenc_lit.checks import POSITION_LIMIT
 from posenc_lit.core import list_encodings
 from posenc_lit.files import write_json
-from posenc_lit.model import ModelConfig, EncoderForMLM
+from posenc_lit.model import CheckpointError, ModelConfig, EncoderForMLM, load_model, save_model
+from posenc_lit.checks import PositionRangeError
+from posenc_lit.core import register_encoding, rel_pos
+from posenc_lit.vit import ViT, ViTConfig, load_vit, save_vit
 
 
 def _overcommit_always():
@@ -75,6 +82,157 @@ COMMANDS = {   # id: arguments after `posenc_lit`, given the run directory
     'lengths': lambda run: ['lengths', '--run', str(run), '--lengths', '32', '--max-tokens', '200'],
     'pretrain-resume': lambda run: ['pretrain', '--pe', 'learned', '--preset', 'smoke', '--out', str(run), '--resume', '--quiet'],
 }
+
+
+# ----------------------------------------------------------------------------------------------------
+# The public API: each bad input is one row (issue 25 item 3)
+
+def _mlm(pe='learned'):
+    torch.manual_seed(0)
+    return EncoderForMLM(ModelConfig(vocab_size=50, d_model=32, n_heads=4, d_ff=64, n_layers=1, max_position_embeddings=16, pe=pe)).eval()
+
+
+def _vit():
+    torch.manual_seed(0)
+    return ViT(ViTConfig(image_size=28, patch_size=4, d_model=32, n_heads=4, n_layers=1, d_ff=64, n_classes=10)).eval()
+
+
+def _damaged_model(tmp, damage):
+    "A saved model folder with `damage(folder)` done to it."
+    d = save_model(_mlm(), tmp / 'model')
+    damage(d)
+    return d
+
+
+def _other_factory(config):
+    return None
+
+
+TEXT = dict(vocab_size=50, d_model=32, n_heads=4, d_ff=64)
+API_BAD = {   # id: (call that gets `tmp_path`, error type, what was wrong, what would be right)
+    'sequence-longer-than-learned-table': (
+        lambda tmp: _mlm()(torch.randint(1, 50, (1, 20))), PositionRangeError,
+        'position 19 is outside the learned position table (max_position_embeddings=16, valid positions 0..15)',
+        'use sequences of at most 16 tokens, a larger max_position_embeddings, or an encoding without a maximum length'),
+    'mask-of-wrong-shape': (
+        lambda tmp: _mlm()(torch.randint(1, 50, (2, 8)), attention_mask=torch.ones(2, 7, dtype=torch.long)), ValueError,
+        'got torch.int64 tensor of shape (2, 7)', 'attention_mask must be a bool or 0/1 integer tensor of shape (b, n) = (2, 8)'),
+    'mask-of-floats': (
+        lambda tmp: _mlm()(torch.randint(1, 50, (2, 8)), attention_mask=torch.ones(2, 8)), ValueError,
+        'got torch.float32 tensor of shape (2, 8)', 'must be a bool or 0/1 integer tensor'),
+    'ids-of-floats': (
+        lambda tmp: _mlm()(torch.rand(2, 8)), ValueError,
+        'got torch.float32 tensor of shape (2, 8)', 'input_ids must be an integer tensor of shape (b, n)'),
+    'ids-outside-vocabulary': (
+        lambda tmp: _mlm()(torch.tensor([[1, 60]])), ValueError, 'got values 1..60', 'input_ids must lie in [0, vocab_size=50)'),
+    'position-ids-of-wrong-length': (
+        lambda tmp: _mlm()(torch.randint(1, 50, (2, 8)), position_ids=torch.arange(7)), ValueError,
+        'got torch.int64 tensor of shape (7,)', 'of shape (b, n), (1, n) or (n,) with n=8'),
+    'rel-pos-of-floats': (
+        lambda tmp: rel_pos(torch.rand(3), torch.arange(3)), TypeError,
+        'got torch.float32 tensor of shape (3,)', 'q_pos must be a signed integer tensor of shape (n,) or (b, n)'),
+    'heads-do-not-divide-d-model': (
+        lambda tmp: ModelConfig(**{**TEXT, 'd_model': 30}), ValueError, 'd_model=30', 'must be divisible by n_heads=4'),
+    'unknown-encoding': (
+        lambda tmp: ModelConfig(**TEXT, pe='bogus'), ValueError,
+        "unknown position encoding 'bogus'", 'valid names: alibi, deberta, huang4, learned, none, rope'),
+    'image-encoding-for-text': (
+        lambda tmp: ModelConfig(**TEXT, pe='rope2d'), ValueError,
+        "unknown position encoding 'rope2d'", "'rope2d' is an image encoding (modality='image')"),
+    'unknown-image-encoding': (
+        lambda tmp: ViTConfig(pe='t5'), ValueError,
+        "unknown vision position encoding 't5'", "valid names: learned, learned2d, none, rel2d, rope2d, sincos2d"),
+    'image-size-patches-do-not-divide': (
+        lambda tmp: ViTConfig(image_size=28, patch_size=5), ValueError,
+        'the height 28 is not a multiple of patch_size=5', 'use 25 or 30'),
+    'pixels-patches-do-not-divide': (
+        lambda tmp: _vit()(torch.rand(2, 1, 30, 30)), ValueError,
+        'image height 30 is not a multiple of the patch size 4', 'use 28 or 32 pixels (resize, crop or pad)'),
+    'pixels-with-wrong-channels': (
+        lambda tmp: _vit()(torch.rand(2, 3, 28, 28)), ValueError,
+        'pixel_values have 3 (shape (2, 3, 28, 28)', 'the model takes in_chans=1 channel(s)'),
+    'corrupt-weights': (
+        lambda tmp: load_model(_damaged_model(tmp, lambda d: (d / 'model.safetensors').write_bytes(b'junk'))), CheckpointError,
+        'corrupt weights file', 're-save or re-train'),
+    'truncated-weights': (
+        lambda tmp: load_model(_damaged_model(tmp, lambda d: (d / 'model.safetensors').write_bytes(
+            (d / 'model.safetensors').read_bytes()[:100]))), CheckpointError,
+        'model.safetensors (SafetensorError', 're-save or re-train'),
+    'config-not-json': (
+        lambda tmp: load_model(_damaged_model(tmp, lambda d: (d / 'config.json').write_text('{"pe": '))), CheckpointError,
+        'config.json: not JSON', 're-save the model'),
+    'no-weights-file': (
+        lambda tmp: load_model(_damaged_model(tmp, lambda d: (d / 'model.safetensors').unlink())), CheckpointError,
+        'no model.safetensors in', 'a model folder holds config.json and model.safetensors'),
+    'not-a-model-folder': (
+        lambda tmp: load_model(tmp), CheckpointError, 'no config.json in', 'a model folder holds config.json and model.safetensors'),
+    'corrupt-vit-weights': (
+        lambda tmp: load_vit(_damaged_vit(tmp)), CheckpointError, 'corrupt weights file', 're-save or re-train'),
+    'encoding-name-taken': (
+        lambda tmp: register_encoding('t5', 'score', 'my T5')(_other_factory), ValueError,
+        "the text encoding 't5' is already registered (by posenc_lit.t5._t5)", 'choose another name, or pass replace=True'),
+}
+
+
+def _damaged_vit(tmp):
+    d = save_vit(_vit(), tmp / 'vit')
+    (d / 'model.safetensors').write_bytes(b'junk')
+    return d
+
+
+@pytest.mark.parametrize('case', API_BAD)
+def test_bad_input_to_the_api_says_what_is_wrong_and_what_is_right(case, tmp_path):
+    call, error, wrong, right = API_BAD[case]
+    with pytest.raises(error) as e:
+        call(tmp_path)
+    msg = str(e.value)
+    assert wrong in msg and right in msg, msg
+
+
+# ----------------------------------------------------------------------------------------------------
+# Bad command lines (issue 8; moved here from test_cli_errors.py): usage, status 2, the message, nothing written
+
+PRETRAIN = ['pretrain', '--pe', 'none', '--preset', 'smoke']
+CLI_BAD = {   # id: (arguments after `posenc_lit`, text the error must contain: what was wrong and, where argparse or we
+              # say it, what is right[, the usage line's start])
+    'no-subcommand-args': (['pretrain'], 'the following arguments are required: --pe, --out'),
+    'unknown-subcommand': (['pretrian'], "invalid choice: 'pretrian' (choose from 'encodings', 'pretrain'"),
+    'unknown-flag': ([*PRETRAIN, '--stepz', '3'], 'unrecognized arguments: --stepz 3'),
+    'not-an-int': ([*PRETRAIN, '--steps', 'ten'], "argument --steps: invalid int value: 'ten'"),
+    'zero-steps': ([*PRETRAIN, '--steps', '0'], 'steps must be ≥ 1; got 0'),
+    'negative-lr': ([*PRETRAIN, '--lr', '-1'], 'lr must be > 0; got -1.0'),
+    'unknown-pe': (['pretrain', '--pe', 'bogus'], "unknown position encoding 'bogus'; valid names:"),
+    'unknown-preset': ([*PRETRAIN[:3], '--preset', 'huge'], "unknown preset 'huge'; valid: quick, reference, study, smoke"),
+    'bad-precision': ([*PRETRAIN, '--mixed-precision', 'fp8'], "argument --mixed-precision: invalid choice: 'fp8' (choose from 'no', 'bf16', 'fp16')"),
+    'bad-json': ([*PRETRAIN, '--pe-kwargs', '{base: 1}'], 'argument --pe-kwargs: not valid JSON'),
+    'json-not-object': ([*PRETRAIN, '--pe-kwargs', '[1]'], 'must be a JSON object'),
+    'unknown-pe-option': ([*PRETRAIN, '--pe-kwargs', '{"bas": 1}'], "pe_kwargs {'bas': 1} are not accepted by pe='none'"),
+    'resume-and-overwrite': ([*PRETRAIN, '--resume', '--overwrite'], 'argument --overwrite: not allowed with argument --resume'),
+    'stop-at-zero': ([*PRETRAIN, '--stop-at', '0'], 'argument --stop-at: must be an integer ≥ 1; got 0'),
+    'heads': ([*PRETRAIN, '--d-model', '30', '--n-heads', '4'], 'd_model=30 must be divisible by n_heads=4'),
+    'lengths-zero': (['lengths', '--lengths', '128', '0'], 'argument --lengths: must be an integer ≥ 1; got 0'),
+    'max-tokens': (['lengths', '--max-tokens', '-5'], 'argument --max-tokens: must be an integer ≥ 1; got -5'),
+    'encodings-flag': (['encodings', '--all'], 'unrecognized arguments: --all'),
+    'empty-data': ([*PRETRAIN, '--data', ''], 'argument --data: must not be empty'),
+    'rope-factor-overflow': (['pretrain', '--pe', 'rope', '--preset', 'smoke', '--pe-kwargs', '{"scaling": "ntk", "factor": 1e300}'],
+                             'underflow or overflow float32'),
+    'empty-out': ([*PRETRAIN, '--out', ''], 'argument --out: must not be empty', 'usage: posenc_lit pretrain'),   # read as the current folder
+    'out-not-creatable': ([*PRETRAIN, '--out', '/proc/posenc_lit_run'], 'argument --out: cannot create /proc/posenc_lit_run',
+                          'usage: posenc_lit pretrain'),
+}
+
+
+@pytest.mark.parametrize('case', CLI_BAD)
+def test_bad_arguments_print_usage_exit_2_write_nothing(case, tmp_path, capsys, monkeypatch):
+    argv, msg, usage = (*CLI_BAD[case], 'usage: posenc_lit')[:3]
+    monkeypatch.chdir(tmp_path)
+    if argv[0] == 'pretrain' and '--pe' in argv and '--out' not in argv: argv = [*argv, '--out', str(tmp_path / 'run')]
+    if argv[0] == 'lengths': argv = [*argv, '--run', str(tmp_path / 'run')]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(usage), err
+    assert msg in err and 'Traceback' not in err, err
+    assert list(tmp_path.iterdir()) == []                      # nothing written, not even the run folder
 
 
 @pytest.mark.parametrize('command', COMMANDS)

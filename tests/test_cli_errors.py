@@ -10,42 +10,7 @@ from posenc_lit.cli import main
 ENV = {**os.environ, 'HF_HUB_OFFLINE': '1', 'HF_DATASETS_OFFLINE': '1', 'OMP_NUM_THREADS': '1'}
 
 PRETRAIN = ['pretrain', '--pe', 'none', '--preset', 'smoke']
-BAD = {   # id: (arguments after `posenc_lit`, text the error must contain)
-    'no-subcommand-args': (['pretrain'], 'the following arguments are required: --pe, --out'),
-    'unknown-subcommand': (['pretrian'], "invalid choice: 'pretrian'"),
-    'unknown-flag': ([*PRETRAIN, '--stepz', '3'], 'unrecognized arguments: --stepz 3'),
-    'not-an-int': ([*PRETRAIN, '--steps', 'ten'], "argument --steps: invalid int value: 'ten'"),
-    'zero-steps': ([*PRETRAIN, '--steps', '0'], 'steps must be ≥ 1; got 0'),
-    'negative-lr': ([*PRETRAIN, '--lr', '-1'], 'lr must be > 0; got -1.0'),
-    'unknown-pe': (['pretrain', '--pe', 'bogus'], "unknown position encoding 'bogus'; valid names:"),
-    'unknown-preset': ([*PRETRAIN[:3], '--preset', 'huge'], "unknown preset 'huge'; valid: quick, reference, study, smoke"),
-    'bad-precision': ([*PRETRAIN, '--mixed-precision', 'fp8'], "argument --mixed-precision: invalid choice: 'fp8'"),
-    'bad-json': ([*PRETRAIN, '--pe-kwargs', '{base: 1}'], 'argument --pe-kwargs: not valid JSON'),
-    'json-not-object': ([*PRETRAIN, '--pe-kwargs', '[1]'], 'must be a JSON object'),
-    'unknown-pe-option': ([*PRETRAIN, '--pe-kwargs', '{"bas": 1}'], "pe_kwargs {'bas': 1} are not accepted by pe='none'"),
-    'resume-and-overwrite': ([*PRETRAIN, '--resume', '--overwrite'], 'argument --overwrite: not allowed with argument --resume'),
-    'stop-at-zero': ([*PRETRAIN, '--stop-at', '0'], 'argument --stop-at: must be an integer ≥ 1; got 0'),
-    'heads': ([*PRETRAIN, '--d-model', '30', '--n-heads', '4'], 'd_model=30 must be divisible by n_heads=4'),
-    'lengths-zero': (['lengths', '--lengths', '128', '0'], 'argument --lengths: must be an integer ≥ 1; got 0'),
-    'max-tokens': (['lengths', '--max-tokens', '-5'], 'argument --max-tokens: must be an integer ≥ 1; got -5'),
-    'encodings-flag': (['encodings', '--all'], 'unrecognized arguments: --all'),
-    'empty-data': ([*PRETRAIN, '--data', ''], 'argument --data: must not be empty'),
-    'rope-factor-overflow': (['pretrain', '--pe', 'rope', '--preset', 'smoke', '--pe-kwargs', '{"scaling": "ntk", "factor": 1e300}'],
-                             'underflow or overflow float32'),
-}
-
-
-@pytest.mark.parametrize('case', BAD)
-def test_bad_arguments_print_usage_exit_2_write_nothing(case, tmp_path, capsys, monkeypatch):
-    argv, msg = BAD[case]
-    monkeypatch.chdir(tmp_path)
-    if argv[0] == 'pretrain' and '--pe' in argv: argv = [*argv, '--out', str(tmp_path / 'run')]
-    if argv[0] == 'lengths': argv = [*argv, '--run', str(tmp_path / 'run')]
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert err.startswith('usage: posenc_lit'), err
-    assert msg in err and 'Traceback' not in err, err
-    assert list(tmp_path.iterdir()) == []                      # nothing written, not even the run folder
+# The table of bad command lines (BAD) and its test moved to test_bad_input.py (CLI_BAD), with the unusable --out cases.
 
 
 def test_no_arguments_prints_help_and_exits_2(capsys):
@@ -62,17 +27,6 @@ def test_console_script_exit_status(tmp_path):
     assert r.returncode == 2 and r.stderr.startswith('usage: posenc_lit pretrain') and 'Traceback' not in r.stderr
     assert 'posenc_lit: error: steps must be ≥ 1; got 0' in r.stderr
     assert not (tmp_path / 'run').exists()
-
-
-@pytest.mark.parametrize('out,msg', [('', 'argument --out: must not be empty'),
-                                     ('/proc/posenc_lit_run', 'argument --out: cannot create /proc/posenc_lit_run')])
-def test_unusable_out_names_out(out, msg, tmp_path, capsys, monkeypatch):
-    "An empty --out (read as the current folder) or one that cannot be created: usage, status 2, nothing written."
-    monkeypatch.chdir(tmp_path)
-    assert main([*PRETRAIN, '--out', out]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith('usage: posenc_lit pretrain') and msg in err, err
-    assert list(tmp_path.iterdir()) == []
 
 
 def _overcommit_always():
