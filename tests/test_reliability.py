@@ -583,3 +583,29 @@ def test_bad_data_file_fails_before_writing(tmp_path):
     with pytest.raises(CorpusError, match=r'validation\.jsonl, line 2'):
         pretrain(make_train_config('smoke', data=str(d)), tmp_path / 'run', progress=False)
     assert not (tmp_path / 'run').exists()
+
+
+# ============================================================================ 6. tools
+
+RUN_STUDY = Path(__file__).resolve().parent.parent / 'tools' / 'run_study.sh'
+
+
+def test_run_study_checks_every_name_before_the_first_run(tmp_path):
+    """`tools/run_study.sh learned no-such-entry` stops before it starts `learned` (a run takes most of an
+    hour), naming the unknown name and the known entries; `posenc_lit` is a stand-in that records a call."""
+    bin_ = tmp_path / 'bin'
+    bin_.mkdir()
+    called = tmp_path / 'called'
+    (bin_ / 'posenc_lit').write_text(f'#!/bin/sh\necho "$@" >> {called}\nexit 1\n')
+    (bin_ / 'posenc_lit').chmod(0o755)
+    env = {**os.environ, 'PATH': f'{bin_}:{Path(sys.executable).parent}:{os.environ["PATH"]}',
+           'STUDY_ROOT': str(tmp_path), 'COMMIT': '0'}
+    for names in (['learned', 'no-such-entry'], ['learned', 'learned-s0'], ['tupe-a-s1', 'learned-s01']):
+        p = subprocess.run(['bash', str(RUN_STUDY), *names], env=env, capture_output=True, text=True,
+                           timeout=60)
+        assert p.returncode == 2, (names, p.returncode, p.stderr)
+        assert f"unknown study entry '{names[1]}'; nothing was run" in p.stderr, p.stderr
+        assert 'Known entries: learned sinusoidal none t5' in p.stderr, p.stderr
+        assert not called.exists(), called.read_text()
+    p = subprocess.run(['bash', str(RUN_STUDY)], env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and p.stderr.startswith('usage: bash tools/run_study.sh NAME'), p.stderr

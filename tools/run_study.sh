@@ -27,6 +27,22 @@ commit() {   # commit one finished run's results, retrying while another git com
   echo "warning: could not commit $1" >&2
 }
 
+# every name is checked before the first run starts (a run takes most of an hour)
+if [ $# -eq 0 ]; then
+  echo "usage: bash tools/run_study.sh NAME [NAME ...] (a study entry, or ENTRY-sSEED for seed SEED > 0)" >&2
+  exit 2
+fi
+known=$(python -c 'from posenc_lit.study import ENTRIES; print(*ENTRIES)')
+for name in "$@"; do
+  entry=$name
+  if [[ $name =~ ^(.+)-s([1-9][0-9]*)$ ]]; then entry=${BASH_REMATCH[1]}; fi
+  if [[ " $known " != *" $entry "* ]]; then
+    echo "run_study.sh: unknown study entry '$name'; nothing was run. Known entries: $known" \
+      "(seed k > 0 of an entry: ENTRY-sk, e.g. learned-s1)" >&2
+    exit 2
+  fi
+done
+
 for name in "$@"; do
   entry=$name seed=0
   if [[ $name =~ ^(.+)-s([1-9][0-9]*)$ ]]; then entry=${BASH_REMATCH[1]} seed=${BASH_REMATCH[2]}; fi
