@@ -621,13 +621,13 @@ def train_subset(ds, n: int, seed: int = 0):  # a `datasets.Dataset`, the number
 # %% ../nbs/15a_heads.ipynb #c86ba2ef
 def save_task_model(model: EncoderForTask, path, tok: Tokenizer, info: dict) -> Path:
     """Write a fine-tuned model into folder `path`: `model.safetensors`, `config.json`, `tokenizer.json`,
-    `task.json`."""
+    `task.json`, each atomically (`atomic_write`)."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     sd = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     atomic_write(path / 'model.safetensors', lambda t: save_file(sd, t))
-    (path / 'config.json').write_text(model.encoder.cfg.to_json())
-    tok.save(str(path / 'tokenizer.json'))
+    atomic_write(path / 'config.json', lambda t: Path(t).write_text(model.encoder.cfg.to_json()))
+    atomic_write(path / 'tokenizer.json', lambda t: tok.save(t))
     special = {} if model.special is None else {'special': list(model.special)}  # (cls, sep, pad)
     write_json(
         path / 'task.json',
