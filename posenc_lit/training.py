@@ -73,52 +73,21 @@ def model_config(cfg: TrainConfig, vocab_size: int) -> ModelConfig:
     )
 
 # %% ../nbs/12_training.ipynb #6f1755d0
+# fmt: off
 PRESETS = {
-    'quick': dict(
-        seq_len=64, batch_size=32, steps=1200, lr=2e-3, eval_every=300, save_every=600, log_every=25
-    ),
-    'reference': dict(
-        seq_len=128,
-        batch_size=32,
-        steps=2500,
-        lr=1e-3,
-        eval_every=500,
-        save_every=250,
-        log_every=50,
-        d_model=128,
-        n_layers=4,
-        n_heads=4,
-        d_ff=512,
-        eval_blocks=0,
-    ),
+    'quick':     dict(seq_len=64,  batch_size=32, steps=1200,  lr=2e-3, eval_every=300,  save_every=600,
+                      log_every=25),
+    'reference': dict(seq_len=128, batch_size=32, steps=2500,  lr=1e-3, eval_every=500,  save_every=250,
+                      log_every=50,  eval_blocks=0,  d_model=128, n_layers=4, n_heads=4, d_ff=512),
     # the study (issue 29; 19b_regime): quick's model and lr on 32-token blocks, 64 per step, for 12,000
-    # steps, the
-    # schedule in which `learned` and `sinusoidal` leave the bag-of-words plateau; every validation block
-    # evaluated
-    'study': dict(
-        seq_len=32,
-        batch_size=64,
-        steps=12000,
-        lr=2e-3,
-        eval_every=1000,
-        save_every=1000,
-        log_every=100,
-        eval_blocks=0,
-    ),
-    'smoke': dict(
-        seq_len=32,
-        batch_size=8,
-        steps=20,
-        eval_every=10,
-        save_every=10,
-        log_every=5,
-        eval_blocks=16,
-        d_model=32,
-        n_layers=1,
-        n_heads=2,
-        d_ff=64,
-    ),
+    # steps, the schedule in which `learned` and `sinusoidal` leave the bag-of-words plateau; every validation
+    # block evaluated
+    'study':     dict(seq_len=32,  batch_size=64, steps=12000, lr=2e-3, eval_every=1000, save_every=1000,
+                      log_every=100, eval_blocks=0),
+    'smoke':     dict(seq_len=32,  batch_size=8,  steps=20,             eval_every=10,   save_every=10,
+                      log_every=5,   eval_blocks=16, d_model=32,  n_layers=1, n_heads=2, d_ff=64),
 }
+# fmt: on
 
 
 def make_train_config(preset: str = 'quick', **overrides) -> TrainConfig:
