@@ -4,7 +4,7 @@
 
 # %% ../nbs/10_model.ipynb #a2560224
 from __future__ import annotations
-import json, math, os, re, tempfile
+import copy, inspect, json, math, os, re, sys, tempfile
 from dataclasses import dataclass, field, asdict, fields, replace
 from pathlib import Path
 import torch
@@ -53,6 +53,36 @@ def check_field_types(cfg):
 
 # %% ../nbs/10_model.ipynb #948948d1
 # building an encoding's tables: a clear error if they do not fit
+def _pe_options(spec, cfg, e: TypeError) -> str:
+    """For the error `e` on pe_kwargs that encoding `spec` does not accept: the options it does accept, the
+    parameters with a default of the callable `e` names (else of the module the factory builds) that the
+    factory leaves to pe_kwargs."""
+    probe = copy.copy(cfg)
+
+    def build(kw: dict):
+        probe.pe_kwargs = kw
+        with torch.random.fork_rng(devices=[]):
+            return spec.factory(probe)
+
+    def accepted(p) -> bool:
+        try:
+            build({p.name: p.default})
+        except TypeError:  # not a parameter of the factory, or one it sets itself ('multiple values')
+            return False
+        except Exception:  # taken as a keyword; its default alone is not a valid value here
+            return True
+        return True
+
+    named = re.match(r'(\w+)(?:\.__init__)?\(\) got an unexpected keyword', str(e))
+    try:
+        target = vars(sys.modules[spec.factory.__module__]).get(named[1]) if named else None
+        params = inspect.signature(target or type(build({}))).parameters.values()
+        opts = [p.name for p in params if p.default is not inspect.Parameter.empty and accepted(p)]
+    except Exception:  # a hint only: the error it adds to stands without it
+        return ''
+    return f'; pe={spec.name!r} accepts {", ".join(opts)}' if opts else f'; pe={spec.name!r} takes no options'
+
+
 def _encoding_memory_check(cfg, pe: str, kwargs: dict):
     return memory_check(
         f'the position encoding {pe!r} (max_position_embeddings={cfg.max_position_embeddings}, '
@@ -150,7 +180,10 @@ class ModelConfig:
                     f'(d_model={self.d_model}, n_heads={self.n_heads}, head dimension '
                     f'd_model/n_heads={self.d_model // self.n_heads})'
                 ) from None
-            raise ValueError(f'pe_kwargs {self.pe_kwargs} are not accepted by pe={self.pe!r}: {e}') from None
+            raise ValueError(
+                f'pe_kwargs {self.pe_kwargs} are not accepted by pe={self.pe!r}: '
+                f'{e}{_pe_options(spec, self, e)}'
+            ) from None
         if self.add_relative:
             if not isinstance(self.add_relative_kwargs, dict):
                 raise ValueError(f'add_relative_kwargs must be a dict; got {self.add_relative_kwargs!r}')

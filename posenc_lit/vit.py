@@ -20,7 +20,7 @@ from .attention import *
 from .absolute import sinusoidal_table
 from .rope import rope_inv_freq, rope_cos_sin, apply_rope, PAIRINGS
 from .model import EncoderLayer, CheckpointError, save_model, load_weights, check_field_types
-from .model import _config_to_json, _config_from_dict
+from .model import _config_to_json, _config_from_dict, _pe_options
 
 # %% auto #0
 __all__ = ['INTERPOLATIONS', 'POOLS', 'STEMS', 'PatchEmbed', 'grid_positions', 'interpolate_pos_embed', 'VisionEncoding',
@@ -637,7 +637,9 @@ def _check_vit_config(self):
         ):
             spec.factory(self)
     except TypeError as e:
-        raise ValueError(f'pe_kwargs {self.pe_kwargs} are not accepted by pe={self.pe!r}: {e}') from None
+        raise ValueError(
+            f'pe_kwargs {self.pe_kwargs} are not accepted by pe={self.pe!r}: {e}{_pe_options(spec, self, e)}'
+        ) from None
 
 
 ViTConfig.to_json = _config_to_json

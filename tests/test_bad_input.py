@@ -136,6 +136,12 @@ API_BAD = {   # id: (call that gets `tmp_path`, error type, what was wrong, what
     'unknown-encoding': (
         lambda tmp: ModelConfig(**TEXT, pe='bogus'), ValueError,
         "unknown position encoding 'bogus'", 'valid names: alibi, deberta, huang4, learned, none, rope'),
+    'unknown-encoding-option': (
+        lambda tmp: ModelConfig(**TEXT, pe='t5', pe_kwargs={'bukets': 3}), ValueError,
+        "pe_kwargs {'bukets': 3} are not accepted by pe='t5'", "pe='t5' accepts num_buckets, max_distance, bidirectional"),
+    'unknown-image-encoding-option': (
+        lambda tmp: ViTConfig(pe='rope2d', pe_kwargs={'bse': 10}), ValueError,
+        "pe_kwargs {'bse': 10} are not accepted by pe='rope2d'", "pe='rope2d' accepts base, pairing"),
     'image-encoding-for-text': (
         lambda tmp: ModelConfig(**TEXT, pe='rope2d'), ValueError,
         "unknown position encoding 'rope2d'", "'rope2d' is an image encoding (modality='image')"),
@@ -207,6 +213,7 @@ CLI_BAD = {   # id: (arguments after `posenc_lit`, text the error must contain: 
     'bad-json': ([*PRETRAIN, '--pe-kwargs', '{base: 1}'], 'argument --pe-kwargs: not valid JSON'),
     'json-not-object': ([*PRETRAIN, '--pe-kwargs', '[1]'], 'must be a JSON object'),
     'unknown-pe-option': ([*PRETRAIN, '--pe-kwargs', '{"bas": 1}'], "pe_kwargs {'bas': 1} are not accepted by pe='none'"),
+    'unknown-pe-option-said': ([*PRETRAIN, '--pe-kwargs', '{"bas": 1}'], "; pe='none' takes no options"),
     'resume-and-overwrite': ([*PRETRAIN, '--resume', '--overwrite'], 'argument --overwrite: not allowed with argument --resume'),
     'stop-at-zero': ([*PRETRAIN, '--stop-at', '0'], 'argument --stop-at: must be an integer ≥ 1; got 0'),
     'heads': ([*PRETRAIN, '--d-model', '30', '--n-heads', '4'], 'd_model=30 must be divisible by n_heads=4'),
