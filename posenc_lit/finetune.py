@@ -58,11 +58,13 @@ class FinetuneConfig(RunConfig):
     }
 
 # %% ../nbs/16_finetune.ipynb #b03b1ab3
+# fmt: off
 FINETUNE_PRESETS = {
-    'quick': dict(epochs=2, batch_size=32, lr=5e-4, log_every=25),
+    'quick':     dict(epochs=2, batch_size=32, lr=5e-4, log_every=25),
     'reference': dict(epochs=4, batch_size=32, lr=3e-4, log_every=50),
-    'smoke': dict(epochs=1, batch_size=16, lr=1e-3, max_train=256, log_every=4),
+    'smoke':     dict(epochs=1, batch_size=16, lr=1e-3, log_every=4,  max_train=256),
 }
+# fmt: on
 
 
 def make_finetune_config(preset: str = 'quick', **overrides) -> FinetuneConfig:
