@@ -81,38 +81,16 @@ class VitTrainConfig(RunConfig):
     }
 
 # %% ../nbs/18_vit_train.ipynb #f73fb0db
+# fmt: off
 VIT_PRESETS = {
-    'quick': dict(steps=1000, batch_size=128, lr=2e-3, eval_every=250, save_every=250, log_every=25),
-    'reference': dict(
-        data='auto',
-        d_model=96,
-        n_layers=4,
-        n_heads=4,
-        d_ff=384,
-        dropout=0.0,
-        steps=3000,
-        batch_size=128,
-        lr=2e-3,
-        warmup=0.05,
-        label_smoothing=0.1,
-        augment=True,
-        eval_every=500,
-        save_every=250,
-        log_every=50,
-    ),
-    'smoke': dict(
-        d_model=32,
-        n_layers=1,
-        n_heads=2,
-        d_ff=64,
-        steps=20,
-        batch_size=32,
-        eval_every=10,
-        save_every=10,
-        log_every=5,
-        eval_sizes=[[28, 28], [56, 56]],
-    ),
+    'quick':     dict(steps=1000, batch_size=128, lr=2e-3, eval_every=250, save_every=250, log_every=25),
+    'reference': dict(steps=3000, batch_size=128, lr=2e-3, eval_every=500, save_every=250, log_every=50,
+                      d_model=96, n_layers=4, n_heads=4, d_ff=384, data='auto', dropout=0.0, warmup=0.05,
+                      label_smoothing=0.1, augment=True),
+    'smoke':     dict(steps=20,   batch_size=32,           eval_every=10,  save_every=10,  log_every=5,
+                      d_model=32, n_layers=1, n_heads=2, d_ff=64,  eval_sizes=[[28, 28], [56, 56]]),
 }
+# fmt: on
 
 # %% ../nbs/18_vit_train.ipynb #5268c41a
 def _sizes(v, name: str) -> list:
