@@ -40,46 +40,21 @@ __all__ = ['COMPARE_PRESETS', 'ABLATIONS', 'WORSE', 'WORSE_LEGEND', 'FAMILIES', 
            'plot_pretraining', 'plot_task', 'plot_lengths', 'plot_downstream', 'plot_vit', 'save_figures']
 
 # %% ../nbs/19_compare.ipynb #acd90be7
+# fmt: off
 COMPARE_PRESETS = {
     'quick': dict(
         probes=dict(preset='quick'),  # the position probes (posenc_lit.probes), run first
-        pretrain=dict(
-            preset='quick',
-            d_model=64,
-            n_layers=2,
-            n_heads=4,
-            d_ff=256,
-            seq_len=64,
-            batch_size=32,
-            steps=100,
-            lr=2e-3,
-            eval_every=50,
-            save_every=100,
-            log_every=25,
-            eval_blocks=128,
-        ),
+        pretrain=dict(preset='quick', d_model=64, n_layers=2, n_heads=4, d_ff=256, seq_len=64, batch_size=32,
+                      steps=100, lr=2e-3, eval_every=50, save_every=100, log_every=25, eval_blocks=128),
         # DeBERTa with its Enhanced Mask Decoder, as in the paper
         pe_overrides={'deberta': dict(emd_steps=2)},
         # every training sentence (half of them: some models stay at the majority class)
         finetune=dict(preset='quick', epochs=1, lr=1e-3),
         # for --tasks reviews: cut to the pretraining length
         task_overrides={'reviews': dict(max_len=64, eval_lengths=[64, 128, 256])},
-        tasks=['sentiment'],
-        seeds=[0],
-        lengths=[64, 128, 256],
-        length_tokens=8192,
-        vit=dict(
-            preset='smoke',
-            d_model=32,
-            n_layers=2,
-            n_heads=2,
-            d_ff=64,
-            steps=100,
-            batch_size=64,
-            eval_every=50,
-            save_every=100,
-            log_every=25,
-        ),
+        tasks=['sentiment'], seeds=[0], lengths=[64, 128, 256], length_tokens=8192,
+        vit=dict(preset='smoke', d_model=32, n_layers=2, n_heads=2, d_ff=64,
+                 steps=100, batch_size=64, eval_every=50, save_every=100, log_every=25),
         vit_encodings=['learned', 'sincos2d', 'none'],
     ),
     'reference': dict(
@@ -89,14 +64,13 @@ COMPARE_PRESETS = {
         finetune=dict(preset='quick'),
         # trained cut to the pretraining length, scored longer
         task_overrides={'reviews': dict(max_len=128, epochs=4, eval_lengths=[128, 256, 512, 1024])},
-        tasks=['sentiment', 'rating', 'reviews'],
-        seeds=[0, 1, 2],
-        lengths=[128, 256, 512, 1024],
+        tasks=['sentiment', 'rating', 'reviews'], seeds=[0, 1, 2], lengths=[128, 256, 512, 1024],
         length_tokens=65536,
         vit=dict(preset='reference'),
-        vit_encodings=None,
-    ),  # None: every vision encoding
+        vit_encodings=None,  # None: every vision encoding
+    ),
 }
+# fmt: on
 
 # %% ../nbs/19_compare.ipynb #87312d60
 # name -> the pretraining options that make it:
