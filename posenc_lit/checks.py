@@ -54,11 +54,9 @@ def memory_check(
     device: str = 'cpu',
 ):
     """Turn a failed allocation in the block (torch's `RuntimeError` that names memory, or `MemoryError`) into
-    a
-    `MemoryLimitError` (a `ValueError`): `what` does not fit in `device` memory, how much one allocation asked
-    for,
-    and `remedy`. Other errors pass. Nested blocks: the outermost one names the failure (it knows the user's
-    options).
+    a `MemoryLimitError` (a `ValueError`): `what` does not fit in `device` memory, how much one allocation
+    asked for, and `remedy`. Other errors pass. Nested blocks: the outermost one names the failure (it knows
+    the user's options).
     """
     token = _GUARDS.set(_GUARDS.get() + 1)
     try:
