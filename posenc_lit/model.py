@@ -451,8 +451,8 @@ def forward(
     n_layers: int | None = None,  # run only the first `n_layers` layers (the Enhanced Mask Decoder)
 ):
     """Encode `input_ids`; `ValueError` for malformed inputs, `PositionRangeError` for positions outside a
-    learned table or
-    of size ≥ 2**62, `MemoryLimitError` if the pass does not fit in memory. Also returns `pos`, `mask`, `ctx`.
+    learned table or of size ≥ 2**62, `MemoryLimitError` if the pass does not fit in memory. Also returns
+    `pos`, `mask`, `ctx`.
     """
     input_ids, position_ids, token_type_ids = _check_inputs(
         input_ids, attention_mask, position_ids, token_type_ids
@@ -634,12 +634,11 @@ def check_state_dict(
     sd: dict,  # name -> tensor, as read from file `f`
     ref: dict,  # what the model expects: its `state_dict()`
     f,  # the file, for the message
-    strict: bool = True,
-) -> None:  # False: a partial load (only the names `sd` and `ref` share are checked)
+    strict: bool = True,  # False: a partial load (only the names `sd` and `ref` share are checked)
+) -> None:
     """`CheckpointError` naming file `f` and what differs from `ref`: missing or unexpected names (if
-    `strict`), a
-    tensor's kind (`check_weight_dtypes`), shape, or a non-finite (NaN, ±inf) weight. Every reader of weights
-    runs these.
+    `strict`), a tensor's kind (`check_weight_dtypes`), shape, or a non-finite (NaN, ±inf) weight. Every
+    reader of weights runs these.
     """
     missing, unexpected = sorted(set(ref) - set(sd)), sorted(set(sd) - set(ref))
     if strict and (missing or unexpected):
