@@ -46,9 +46,8 @@ def _read(run: Path, name: str):
 
 def study_rows(root) -> list[dict]:
     """One row per committed entry of `ENTRIES`: `entry`, `seeds`, held-out `loss` and its sample `std` over
-    the seeds (nats),
-    `sensitivity` (mean over seeds with diagnostics, nats; None without), `lengths` of seed 0
-    ({tokens: loss or None}), `tokens_per_s` of seed 0."""
+    the seeds (nats), `sensitivity` (mean over seeds with diagnostics, nats; None without), `lengths`
+    of seed 0 ({tokens: loss or None}), `tokens_per_s` of seed 0."""
     check_root(root)
     rows = []
     for entry in ENTRIES:
