@@ -60,8 +60,7 @@ def _num(root, parts: tuple, *keys) -> float:
 
 def seed_runs(root, entry: str) -> list[Path]:
     """The committed study runs of `entry`: `study/<entry>` (seed 0) first, then `study/<entry>-s1`, `-s2`,
-    ...
-    Raises FileNotFoundError (the claim is 'not measured yet') while seed 0 is not committed."""
+    ... Raises FileNotFoundError (the claim is 'not measured yet') while seed 0 is not committed."""
     base = Path(root, STUDY)
     first = base / entry / 'summary.json'
     if not first.is_file():
@@ -89,8 +88,7 @@ def eval_loss(root, entry: str) -> float:
 
 def loss_at(root, entry: str) -> tuple[int, dict]:
     """The training length of `entry` and `{block length: masked-token loss, or None where the encoding cannot
-    run}` from seed 0's
-    `lengths.json`."""
+    run}` from seed 0's `lengths.json`."""
     run = seed_runs(root, entry)[0]
     f = run / 'lengths.json'
     return int(_num(run, ('config.json',), 'seq_len')), {
@@ -137,8 +135,7 @@ def _mean_std(v: list, metric: str) -> dict:
 
 def downstream(root, pe: str, task: str = 'sentiment', study: str = STUDY) -> dict | None:
     """`{'mean', 'std', 'n', 'metric'}` of `pe`'s main test metric on `task` over the fine-tuning seeds
-    (sample
-    std); None while nothing of `pe` on `task` is committed. The word-order task reads
+    (sample std); None while nothing of `pe` on `task` is committed. The word-order task reads
     `study_order/<pe>/summary.json` (tools/run_order.sh); the other tasks a compare study,
     `compare/<study>/results.json` (the study's own: `posenc_lit compare --pretrained-dir runs/study`)."""
     if task == 'order' and study == STUDY:
