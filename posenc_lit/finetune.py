@@ -4,7 +4,7 @@
 
 # %% ../nbs/16_finetune.ipynb #e1990f37
 from __future__ import annotations
-import json, math, statistics, time
+import json, math, re, statistics, time
 from dataclasses import dataclass, field, asdict
 from pathlib import Path
 from typing import ClassVar
@@ -19,6 +19,7 @@ from .tasks import *
 from .heads import *
 from .heads import _context_mask, _is_hf_folder, _longest_run, _special
 from .loop import *
+from .loop import _listing
 
 # %% auto #0
 __all__ = ['FINETUNE_PRESETS', 'FinetuneConfig', 'make_finetune_config', 'finetune', 'finetune_seeds', 'format_summary']
@@ -97,23 +98,52 @@ def make_finetune_config(preset: str = 'quick', **overrides) -> FinetuneConfig:
     return cfg
 
 # %% ../nbs/16_finetune.ipynb #988abca8
-def _is_finetune_run(d: Path) -> bool:
-    """Whether folder `d` was written by `finetune` (its config.json is a `FinetuneConfig`) or
-    `finetune_seeds` (seed folders of those)."""
+_SEEDS_FILES = ('results.jsonl', 'summary.json')  # what `finetune_seeds` writes beside its seed<N>/ folders
 
-    def ft_config(f: Path) -> bool:
-        try:
-            c = json.loads(f.read_text())
-        except (OSError, ValueError):
-            return False
-        return isinstance(c, dict) and 'task' in c and 'checkpoint' in c
 
-    return ft_config(d / 'config.json') or any(ft_config(x / 'config.json') for x in d.glob('seed*'))
+def _is_finetune_config(f: Path) -> bool:
+    "Whether `f` is the config.json of a fine-tuning run (a `FinetuneConfig`); False if missing or damaged."
+    try:
+        c = json.loads(f.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(c, dict) and run_kind(c) == 'a fine-tuning run' and 'checkpoint' in c
+
+
+def _check_finetune_out(out: Path):
+    """`RunDirError` unless the non-empty folder `out` holds a fine-tuning run and nothing else: one
+    `finetune` run (its config.json a `FinetuneConfig`, with `loop.RUN_FILES`), or the seeds of
+    `finetune_seeds` (seed<N>/ folders of such runs, results.jsonl, summary.json). The names it did not
+    write are listed."""
+    if _is_finetune_config(out / 'config.json'):
+        check_replaceable(out, RUN_FILES, 'a fine-tuning run')
+        return
+    seeds = [
+        d
+        for d in sorted(out.iterdir())
+        if re.fullmatch(r'seed\d+', d.name)
+        and d.is_dir()
+        and not d.is_symlink()
+        and _is_finetune_config(d / 'config.json')
+    ]
+    if not seeds:
+        raise RunDirError(
+            f'{out} is not empty and holds no fine-tuning run (a pretraining run, a ViT run or other '
+            'files?): refusing to delete it with --overwrite; choose another --out'
+        )
+    other = foreign_files(out, (*(d.name for d in seeds), *_SEEDS_FILES))
+    if other:
+        raise RunDirError(
+            f'{out} holds files a fine-tuning run does not write ({_listing(other)}): refusing to '
+            'delete them with --overwrite; move them out of the folder or choose another --out'
+        )
+    for d in seeds:
+        check_replaceable(d, RUN_FILES, 'a fine-tuning run')
 
 
 def _prepare_out(out: Path, overwrite: bool, checkpoint: str | Path | None = None):
-    """Refuse a non-empty `out` unless `overwrite` and it holds a fine-tuning run (never the `checkpoint`
-    being fine-tuned); then empty it."""
+    """Refuse a non-empty `out` unless `overwrite` and it holds a fine-tuning run and nothing else (never the
+    `checkpoint` being fine-tuned); then empty it. `ValueError` (`RunDirError` for the folder's contents)."""
     if out.exists() and not out.is_dir():
         raise ValueError(f'{out} is a file, not a run directory; choose another --out')
     ck = Path(checkpoint).expanduser().resolve() if checkpoint else None
@@ -127,11 +157,7 @@ def _prepare_out(out: Path, overwrite: bool, checkpoint: str | Path | None = Non
                 f'run directory {out} exists and is not empty: pass --overwrite to replace it, or '
                 'choose another --out'
             )
-        if not _is_finetune_run(out):
-            raise ValueError(
-                f'{out} is not empty and holds no fine-tuning run (a pretraining run, a ViT run or other '
-                'files?): refusing to delete it with --overwrite; choose another --out'
-            )
+        _check_finetune_out(out)
         replace_run_dir(out)
 
 # %% ../nbs/16_finetune.ipynb #2b62c97f

@@ -238,6 +238,14 @@ def test_cli_finetune_end_to_end(ckpt, tmp_path):
                        capture_output=True, text=True, env=ENV)
     assert r.returncode == 2 and 'is a fine-tuning checkpoint (task sentiment), not a pretraining one' in r.stderr
     assert not (tmp_path / 'x').exists()
+    (out / 'notes.txt').write_text('notes')                                            # --overwrite deletes only a run
+    (out / 'other_experiment').mkdir()
+    (out / 'other_experiment' / 'model.bin').write_text('precious')
+    r = subprocess.run(cmd + ['--overwrite', '--no-baselines'], capture_output=True, text=True, env=ENV)
+    assert r.returncode == 2 and 'Traceback' not in r.stderr, r.stderr
+    assert 'holds files a fine-tuning run does not write (notes.txt, other_experiment)' in r.stderr
+    assert (out / 'notes.txt').is_file() and (out / 'other_experiment' / 'model.bin').is_file()
+    assert (out / 'seed0' / 'summary.json').is_file() and (out / 'summary.json').is_file()
 
 
 
