@@ -179,6 +179,14 @@ def cmd_pretrain(args) -> int:
     return _report_run(summary)
 
 
+def _status(name: str) -> int:
+    """The exit status after a stop by the signal `name`: 128 + its number (the shell's convention), 1 where
+    the
+    signal is not known (a process that stopped because another one got it)."""
+    sig = signal.Signals.__members__.get(name)
+    return 128 + int(sig) if sig is not None else 1
+
+
 def _report_run(summary: dict) -> int:
     """Print a training run's summary as JSON, or how it stopped (main process only); the exit status (128 + n
     after signal n)."""
@@ -191,8 +199,7 @@ def _report_run(summary: dict) -> int:
             f"interrupted by {summary['signal']} at step {summary['stopped_at_step']} of {summary['steps']}: "
             f"checkpoint saved; continue with --resume"
         )
-        sig = getattr(signal, summary['signal'], None)
-        return 128 + int(sig) if sig is not None else 1
+        return _status(summary['signal'])
     if 'stopped_at_step' in summary:
         print(f"stopped at step {summary['stopped_at_step']} of {summary['steps']}; continue with --resume")
     # standard JSON: a NaN prints as null
@@ -406,7 +413,7 @@ def cmd_finetune(args) -> int:
             f"{summary['steps']} (seed {summary['seed']}): fine-tuning does not resume; run the same "
             'command with --overwrite to start it again'
         )
-        return 128 + int(getattr(signal, summary['signal']))
+        return _status(summary['signal'])
     print(format_summary(summary))
     print(f'summary: {args.out}/summary.json')
     return 0
@@ -699,8 +706,7 @@ def cmd_compare(args) -> int:
             f"of {i['steps']}): {kept}; finished stages are kept: run the same command again to resume",
             file=sys.stderr,
         )
-        sig = getattr(signal, i.get('signal', ''), None)
-        return 128 + int(sig) if sig is not None else 1
+        return _status(i.get('signal', ''))
     print(format_results(res))
     print(f'results: {args.out}/results.json, figures: {args.out}/figures/')
     return 0

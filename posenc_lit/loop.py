@@ -171,10 +171,14 @@ def make_config(cls, presets: dict, preset: str, overrides: dict, what: str, kee
 
 # %% ../nbs/11a_loop.ipynb #b7e02acb
 class SignalStop:
-    "Context manager: the first SIGINT/SIGTERM sets `signum` instead of interrupting; a second acts as usual."
+    """Context manager: the first SIGINT/SIGTERM sets `signum` instead of interrupting; a second acts as
+    usual.
+    A signal that no loop acted on (`fit` sets `acted` when it stops for it) is raised again on exit, so that
+    it
+    is never lost."""
 
     def __init__(self, signals=('SIGINT', 'SIGTERM')):
-        self.signum, self._names, self._old = None, signals, {}
+        self.signum, self.acted, self._names, self._old = None, False, signals, {}
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():  # handlers: main thread only
@@ -193,6 +197,8 @@ class SignalStop:
 
     def __exit__(self, *exc):
         self._restore()
+        if self.signum is not None and not self.acted and exc[0] is None:
+            signal.raise_signal(self.signum)  # its usual effect, now
 
     @property
     def name(self) -> str | None:
@@ -561,7 +567,9 @@ def fit(
     stop: SignalStop | None = None,
     bar: tqdm | None = None,
 ) -> str | None:
-    "Train from `state['step']` to `loop.steps` (or `stop_at`); the signal that stopped it, or None."
+    """Train from `state['step']` to `loop.steps` (or `stop_at`); the signal that stopped it, or None. A
+    signal
+    stops it after the step in progress, the last one included, with a checkpoint of that step."""
     start = {'micro_step': state['step'] * loop.grad_accum, 'run_loss': 0.0, 'run_n': 0, 'run_counts': {}}
     for k, v in start.items():
         state.setdefault(k, v)
@@ -584,7 +592,7 @@ def fit(
             _evaluate(acc, loop, state, out, bar)
             loop.model.train()
             t0 += time.time() - te
-        signalled = stop is not None and step < loop.steps and any_process(acc, stop.signum is not None)
+        signalled = stop is not None and any_process(acc, stop.signum is not None)
         due = (loop.save_every and step % loop.save_every == 0) or step in (loop.steps, stop_at) or signalled
         if loop.save is not None and due:
             ts = time.time()
@@ -592,7 +600,8 @@ def fit(
             saved = step
             t0 += time.time() - ts
         if signalled:
-            return stop.name or 'signal'
+            stop.acted = True
+            return stop.name or 'signal'  # 'signal': another process got it
     return None
 
 # %% ../nbs/11a_loop.ipynb #06ae3a76
@@ -649,7 +658,7 @@ def done_summary(out: Path, state: dict | None, steps: int) -> dict | None:
 
 
 def stopped(state: dict, steps: int, sig: str | None) -> dict:
-    "What a run stopped before its last step returns."
+    "What a run stopped by a signal (its last step included) or by `stop_at` returns."
     return {'stopped_at_step': state['step'], 'steps': steps, **({'signal': sig} if sig else {})}
 
 

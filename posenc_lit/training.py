@@ -297,7 +297,7 @@ def pretrain(
         state = _start(cfg, out, acc, state)
         with progress_bar(acc, cfg.steps, f'pretrain {cfg.pe}', progress, state['step']) as bar:
             sig = fit(acc, loop, state, out, stop_at, stop, bar)
-    if state['step'] < cfg.steps:
+    if sig is not None or state['step'] < cfg.steps:  # a signal, the last step's too, or --stop-at
         return stopped(state, cfg.steps, sig)
     return _finish(cfg, out, acc, loop.model, state['step'], d)
 

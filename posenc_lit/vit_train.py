@@ -535,7 +535,7 @@ def _train(
             stop,
             d['bar'],
         )
-        if state['step'] < last:
+        if sig is not None or state['step'] < last:  # a signal, the phase's last step's too, or --stop-at
             return stopped(state, total, sig)
         state['results'][name] = _phase_results(cfg, acc, model, d, phase, state.pop('val_end', None))
         if name == 'train' and cfg.finetune_init and acc.is_main_process:
