@@ -889,6 +889,15 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+_AFTER_STOP = {  # what the user does after a command was stopped outside its training loop
+    'pretrain': 'what finished is kept: --resume continues from the last checkpoint',
+    'vit': 'what finished is kept: --resume continues from the last checkpoint',
+    'compare': 'what finished is kept: the same command continues from the last finished stage',
+    'finetune': 'fine-tuning keeps no checkpoint: run the same command with --overwrite to start it again',
+    'lengths': 'lengths.json is written whole or not at all: run the same command again',
+}
+
+
 class Interrupted(KeyboardInterrupt):
     """SIGTERM outside a training loop (a loop finishes its step and saves on its own), raised by `main`'s
     handler."""
@@ -924,11 +933,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt as e:  # a second signal during training, or the first outside a training loop
         sig = signal.Signals(getattr(e, 'signum', signal.SIGINT))
-        print(
-            f'posenc_lit: interrupted by {sig.name}; what finished is kept (pretrain and vit --resume, and '
-            'compare, continue from the last checkpoint or finished stage)',
-            file=sys.stderr,
-        )
+        again = _AFTER_STOP.get(args.command, 'nothing it wrote needs to be kept')
+        print(f'posenc_lit: interrupted by {sig.name}; {again}', file=sys.stderr)
         return 128 + int(sig)
     finally:
         if main_thread:
