@@ -133,6 +133,33 @@ def _mean_std(v: list, metric: str) -> dict:
     }
 
 
+def _order_values(f: Path, s, pe: str) -> list:
+    """The seeds' test accuracies in the word-order summary `f` (its JSON `s`) of study entry `pe`: a
+    fine-tuning summary of task 'order' whose `pe` is the entry's encoding (or, for a variant such as
+    tupe-a-tiecls, the encoding it varies with its options), with `test/accuracy/values` a non-empty list.
+    `ValueError` through `_damaged`, naming `f`, otherwise."""
+    if not isinstance(s, dict):
+        raise _damaged(f, f'holds a JSON {type(s).__name__}, not an object (a fine-tuning summary)')
+    run = s.get('pe')
+    variant = isinstance(run, str) and pe.startswith(f'{run}-') and bool(s.get('pe_kwargs'))
+    if s.get('task') != 'order' or not (run == pe or variant):
+        raise _damaged(
+            f,
+            f"is the summary of task {s.get('task')!r} with encoding {run!r}, not of task 'order' with "
+            f'{pe!r} (study_order/{pe}/ holds the order fine-tuning of study entry {pe})',
+        )
+    x = s
+    for k in ('test', 'accuracy', 'values'):
+        if not (isinstance(x, dict) and k in x):
+            raise _damaged(f, f"has no test/accuracy/values (the seeds' test accuracies): {k!r} is missing")
+        x = x[k]
+    if not isinstance(x, list) or not x:
+        raise _damaged(
+            f, f"has test/accuracy/values {x!r}: it must be a non-empty list of the seeds' test accuracies"
+        )
+    return x
+
+
 def downstream(root, pe: str, task: str = 'sentiment', study: str = STUDY) -> dict | None:
     """`{'mean', 'std', 'n', 'metric'}` of `pe`'s main test metric on `task` over the fine-tuning seeds
     (sample std); None while nothing of `pe` on `task` is committed. The word-order task reads
@@ -142,7 +169,7 @@ def downstream(root, pe: str, task: str = 'sentiment', study: str = STUDY) -> di
         f = Path(root, 'study_order', pe, 'summary.json')
         if not f.is_file():
             return None
-        acc = _json(f.parent, f.name)['test']['accuracy']['values']
+        acc = _order_values(f, _json(f.parent, f.name), pe)
         return _mean_std([_finite(a, f'order test accuracy of {pe} in {f}') for a in acc], 'accuracy')
     f = Path(root, 'compare', study, 'results.json')
     if not f.is_file():
@@ -230,7 +257,8 @@ def _with_task(root, text: str, verdict: str, order: tuple, task: str) -> tuple[
     have = {n: v for n, v in d.items() if v}
     if not have:
         return text, verdict
-    text += f"; {task} accuracy ({min(v['n'] for v in have.values())} seeds): " + ', '.join(
+    seeds = min(v['n'] for v in have.values())
+    text += f"; {task} accuracy ({'one seed' if seeds == 1 else f'{seeds} seeds'}): " + ', '.join(
         f"{n} {v['mean']:.3f} ± {v['std']:.3f}" for n, v in have.items()
     )
     if len(have) < len(order):
