@@ -607,5 +607,19 @@ def test_run_study_checks_every_name_before_the_first_run(tmp_path):
         assert f"unknown study entry '{names[1]}'; nothing was run" in p.stderr, p.stderr
         assert 'Known entries: learned sinusoidal none t5' in p.stderr, p.stderr
         assert not called.exists(), called.read_text()
+    for names, why in (
+        (['learned', 'learned sinusoidal'], "the name 'learned sinusoidal' holds whitespace; nothing was run"),
+        (['learned', 'none\t'], "holds whitespace; nothing was run"),
+        (['learned', 'learned-s99999999999999999999'], "the seed of 'learned-s99999999999999999999' is past"),
+        (['learned', 'learned-s4294967296'], "the seed of 'learned-s4294967296' is past the largest seed"),
+    ):
+        p = subprocess.run(['bash', str(RUN_STUDY), *names], env=env, capture_output=True, text=True,
+                           timeout=60)
+        assert p.returncode == 2 and why in p.stderr, (names, p.returncode, p.stderr)
+        assert not called.exists(), called.read_text()
+    p = subprocess.run(['bash', str(RUN_STUDY), 'learned-s4294967295'], env=env, capture_output=True, text=True,
+                       timeout=60)  # the largest seed passes the checks and reaches the (stand-in) CLI
+    assert ' --seed 4294967295 ' in called.read_text(), called.read_text()
+    called.unlink()
     p = subprocess.run(['bash', str(RUN_STUDY)], env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and p.stderr.startswith('usage: bash tools/run_study.sh NAME'), p.stderr

@@ -34,8 +34,20 @@ if [ $# -eq 0 ]; then
 fi
 known=$(python -c 'from posenc_lit.study import ENTRIES; print(*ENTRIES)')
 for name in "$@"; do
+  if [[ $name =~ [[:space:]] ]]; then
+    echo "run_study.sh: the name '$name' holds whitespace; nothing was run. Pass each study entry as its own" \
+      "argument (e.g. learned sinusoidal, not 'learned sinusoidal')" >&2
+    exit 2
+  fi
   entry=$name
-  if [[ $name =~ ^(.+)-s([1-9][0-9]*)$ ]]; then entry=${BASH_REMATCH[1]}; fi
+  if [[ $name =~ ^(.+)-s([1-9][0-9]*)$ ]]; then
+    entry=${BASH_REMATCH[1]} seed=${BASH_REMATCH[2]}
+    # the CLI takes seeds below 2**32; more than 10 digits would overflow bash's arithmetic
+    if (( ${#seed} > 10 )) || (( seed >= 4294967296 )); then
+      echo "run_study.sh: the seed of '$name' is past the largest seed, 4294967295 (2**32 - 1); nothing was run" >&2
+      exit 2
+    fi
+  fi
   if [[ " $known " != *" $entry "* ]]; then
     echo "run_study.sh: unknown study entry '$name'; nothing was run. Known entries: $known" \
       "(seed k > 0 of an entry: ENTRY-sk, e.g. learned-s1)" >&2
