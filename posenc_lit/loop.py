@@ -250,7 +250,19 @@ def _listing(names: list) -> str:
 
 # %% ../nbs/11a_loop.ipynb #d585997b
 def check_replaceable(out: Path, files: tuple, kind: str):
-    "`RunDirError` unless the non-empty folder `out` holds a `kind` ('a pretraining run') and nothing else."
+    """`RunDirError` unless the non-empty folder `out` holds a `kind` ('a pretraining run') and nothing else:
+    a config.json of that kind (or, without one, a checkpoint with its trainer state); never a symbolic link
+    (`replace_run_dir` would replace the link, not the run) nor a folder holding the current folder."""
+    if out.is_symlink():
+        raise RunDirError(
+            f'--out {out} is a symbolic link to {os.readlink(out)}: pass the folder itself (--overwrite '
+            'replaces a folder, not a link)'
+        )
+    if Path(os.path.abspath(out)).resolve() in Path.cwd().parents:
+        raise RunDirError(
+            f'--out {out} holds the current folder ({Path.cwd()}): --overwrite would delete the folder this '
+            'command runs in; run it from outside that folder'
+        )
     names, other = [p.name for p in out.iterdir()], foreign_files(out, files)
     what = kind.removeprefix('a ').removesuffix(' run')
     if len(other) == len(names):
@@ -264,6 +276,13 @@ def check_replaceable(out: Path, files: tuple, kind: str):
             'delete them with --overwrite; move them out of the folder or choose another --out'
         )
     f = out / 'config.json'
+    if not f.exists() and not any(
+        (out / ck / STATE_FILE).is_file() for ck in ('checkpoint', 'checkpoint.old')
+    ):
+        raise RunDirError(
+            f'{out} has no config.json and no checkpoint with its {STATE_FILE}: it only looks like a {what} '
+            f'run ({_listing(sorted(names))}); refusing to delete it with --overwrite; choose another --out'
+        )
     if f.exists():
         try:
             c = json.loads(f.read_text())
@@ -277,9 +296,16 @@ def check_replaceable(out: Path, files: tuple, kind: str):
 
 
 def replace_run_dir(out: Path):
-    "Delete the run in `out`; renamed aside first, so an interruption leaves the old run or none, never half."
-    aside = out.with_name(f'.{out.name}.replaced-{os.getpid()}')
-    out.rename(aside)
+    """Delete the run in `out`; renamed aside first, so an interruption leaves the old run or none.
+    `out` is taken as an absolute path (`--out .` has no name to rename); where it is the current folder
+    it is made again, empty, and becomes the current folder, so relative paths still name it."""
+    a = Path(os.path.abspath(out))
+    here = a.resolve() == Path.cwd()
+    aside = a.with_name(f'.{a.name}.replaced-{os.getpid()}')
+    a.rename(aside)
+    if here:
+        a.mkdir()
+        os.chdir(a)
     shutil.rmtree(aside)
 
 # %% ../nbs/11a_loop.ipynb #d4dcdf31

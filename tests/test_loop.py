@@ -137,3 +137,35 @@ def test_two_processes_save_waits_for_every_rank(corpus, tmp_path):
     r = subprocess.run([*launch, exe, *args, '--resume'], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert _strict_json((out / 'summary.json').read_text())['steps'] == 4
+
+
+def test_overwrite_replaces_only_the_run_folder_itself(corpus, tmp_path, monkeypatch):
+    """--overwrite deletes a run, and nothing that merely looks like one (breaker F3, F4, F5): a folder with a
+    checkpoint/ and a summary.json but no config.json and no trainer state is refused; a symbolic link `--out` is
+    refused naming its target (link and folder kept); `--out .` replaces the run in the current folder; a folder
+    holding the current folder is refused."""
+    from posenc_lit.loop import RunDirError
+    fake = tmp_path / 'fake'
+    (fake / 'checkpoint').mkdir(parents=True)
+    (fake / 'checkpoint' / 'model.bin').write_bytes(b'precious')
+    (fake / 'summary.json').write_text('{}')
+    with pytest.raises(RunDirError, match=r'has no config.json and no checkpoint with its trainer_state.json: it '
+                                          r'only looks like a pretraining run \(checkpoint, summary.json\)'):
+        pretrain(_cfg(corpus, steps=4), fake, overwrite=True, progress=False)
+    assert (fake / 'checkpoint' / 'model.bin').read_bytes() == b'precious' and (fake / 'summary.json').is_file()
+    run = tmp_path / 'run'
+    pretrain(_cfg(corpus, steps=4), run, progress=False)
+    link = tmp_path / 'link'
+    link.symlink_to(run)
+    with pytest.raises(RunDirError, match=f'--out {link} is a symbolic link to {run}: pass the folder itself'):
+        pretrain(_cfg(corpus, steps=4), link, overwrite=True, progress=False)
+    assert link.is_symlink() and link.resolve() == run and (run / 'summary.json').is_file()
+    monkeypatch.chdir(run / 'checkpoint')
+    with pytest.raises(RunDirError, match='holds the current folder'):
+        pretrain(_cfg(corpus, steps=4), run, overwrite=True, progress=False)
+    assert (run / 'checkpoint' / 'trainer_state.json').is_file()
+    monkeypatch.chdir(run)
+    s = pretrain(_cfg(corpus, steps=4, seed=1), Path('.'), overwrite=True, progress=False)
+    assert s['steps'] == 4 and Path.cwd() == run
+    assert json.loads((run / 'config.json').read_text())['seed'] == 1 and (run / 'summary.json').is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['fake', 'link', 'run']   # nothing left aside
