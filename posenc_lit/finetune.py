@@ -115,6 +115,7 @@ def _check_finetune_out(out: Path):
     `finetune` run (its config.json a `FinetuneConfig`, with `loop.RUN_FILES`), or the seeds of
     `finetune_seeds` (seed<N>/ folders of such runs, results.jsonl, summary.json). The names it did not
     write are listed."""
+    check_folder_to_replace(out)
     if _is_finetune_config(out / 'config.json'):
         check_replaceable(out, RUN_FILES, 'a fine-tuning run')
         return

@@ -19,10 +19,10 @@ from .model import CheckpointError, check_field_types
 # %% auto #0
 __all__ = ['SPLITS', 'MIXED_PRECISION', 'RUN_FILES', 'STATE_FILE', 'RunDirError', 'log_record', 'read_metrics', 'restart_metrics',
            'param_groups', 'lr_factor', 'scheduler', 'RunConfig', 'obeys', 'check_rules', 'make_config', 'SignalStop',
-           'any_process', 'check_creatable_dir', 'foreign_files', 'run_kind', 'check_replaceable', 'replace_run_dir',
-           'prepare_run_dir', 'read_trainer_state', 'save_checkpoint', 'load_checkpoint', 'NonFiniteLossError', 'Loop',
-           'fit', 'check_precision', 'accelerator', 'begin_run', 'progress_bar', 'replace_if_asked', 'done_summary',
-           'stopped', 'train_mean', 'end_run', 'eval_sums']
+           'any_process', 'check_creatable_dir', 'foreign_files', 'run_kind', 'check_folder_to_replace',
+           'check_replaceable', 'replace_run_dir', 'prepare_run_dir', 'read_trainer_state', 'save_checkpoint',
+           'load_checkpoint', 'NonFiniteLossError', 'Loop', 'fit', 'check_precision', 'accelerator', 'begin_run',
+           'progress_bar', 'replace_if_asked', 'done_summary', 'stopped', 'train_mean', 'end_run', 'eval_sums']
 
 # %% ../nbs/11a_loop.ipynb #c922c711
 class RunDirError(ValueError):
@@ -249,10 +249,9 @@ def _listing(names: list) -> str:
     return ', '.join(names[:5]) + (', …' if len(names) > 5 else '')
 
 # %% ../nbs/11a_loop.ipynb #d585997b
-def check_replaceable(out: Path, files: tuple, kind: str):
-    """`RunDirError` unless the non-empty folder `out` holds a `kind` ('a pretraining run') and nothing else:
-    a config.json of that kind (or, without one, a checkpoint with its trainer state); never a symbolic link
-    (`replace_run_dir` would replace the link, not the run) nor a folder holding the current folder."""
+def check_folder_to_replace(out: Path):
+    """`RunDirError` if `--overwrite` cannot replace folder `out` safely: `out` is a symbolic link
+    (`replace_run_dir` would replace the link, not the run), or holds the current folder."""
     if out.is_symlink():
         raise RunDirError(
             f'--out {out} is a symbolic link to {os.readlink(out)}: pass the folder itself (--overwrite '
@@ -263,6 +262,13 @@ def check_replaceable(out: Path, files: tuple, kind: str):
             f'--out {out} holds the current folder ({Path.cwd()}): --overwrite would delete the folder this '
             'command runs in; run it from outside that folder'
         )
+
+
+def check_replaceable(out: Path, files: tuple, kind: str):
+    """`RunDirError` unless the non-empty folder `out` holds a `kind` ('a pretraining run') and nothing else:
+    a config.json of that kind (or, without one, a checkpoint with its trainer state); never a symbolic link
+    (`replace_run_dir` would replace the link, not the run) nor a folder holding the current folder."""
+    check_folder_to_replace(out)
     names, other = [p.name for p in out.iterdir()], foreign_files(out, files)
     what = kind.removeprefix('a ').removesuffix(' run')
     if len(other) == len(names):
