@@ -153,7 +153,8 @@ COLLECT = r'''(async () => {
   return {
     title: document.title,
     links: q('a[href]').map(a => ({href: a.href, raw: a.getAttribute('href')})),
-    images: q('img').map(i => ({src: i.currentSrc || i.src, ok: i.complete && i.naturalWidth > 0})),
+    images: q('img').map(i => ({src: i.currentSrc || i.src, ok: i.complete && i.naturalWidth > 0,
+                                alt: (i.getAttribute('alt') || '').trim()})),
     ids: q('[id]').map(e => e.id).concat(q('a[name]').map(e => e.name)),
     math: q('span.math').length,
     mathRendered: q('span.math').filter(s => s.querySelector('.katex')).length,
@@ -292,6 +293,13 @@ def test_images_load(visits):
     bad = {p: v for p, v in bad.items() if v}
     assert not bad, f'images that did not load: {bad}'
     assert sum(len(f['images']) for f in visits.values()) > 10, 'almost no images on the site: are the figures missing?'
+
+
+def test_images_have_alt_text(visits):
+    "Every <img> on every page (figures, logos) has alt text a screen reader can read (issue 28)."
+    bad = {p: [i['src'][:120] for i in f['images'] if not i['alt']] for p, f in visits.items()}
+    bad = {p: v for p, v in bad.items() if v}
+    assert not bad, f'images without alt text: {bad}'
 
 
 def test_maths_rendered(visits):
