@@ -139,6 +139,9 @@ API_BAD = {   # id: (call that gets `tmp_path`, error type, what was wrong, what
     'unknown-encoding-option': (
         lambda tmp: ModelConfig(**TEXT, pe='t5', pe_kwargs={'bukets': 3}), ValueError,
         "pe_kwargs {'bukets': 3} are not accepted by pe='t5'", "pe='t5' accepts num_buckets, max_distance, bidirectional"),
+    'unknown-shaw-option': (
+        lambda tmp: ModelConfig(**TEXT, pe='shaw', pe_kwargs={'foo': 1}), ValueError,
+        "pe_kwargs {'foo': 1} are not accepted by pe='shaw'", "pe='shaw' accepts k, clip, values, share_layers, init_std"),
     'unknown-image-encoding-option': (
         lambda tmp: ViTConfig(pe='rope2d', pe_kwargs={'bse': 10}), ValueError,
         "pe_kwargs {'bse': 10} are not accepted by pe='rope2d'", "pe='rope2d' accepts base, pairing"),
