@@ -90,8 +90,8 @@ class LearnedEncoding(PositionEncoding):
                 self.max_len,
                 'the learned position table',
                 (
-                    ', or an encoding without a maximum length (sinusoidal, none, t5, or shaw/huang4 '
-                    'with clip=true)'
+                    ', or an encoding without a maximum length (sinusoidal, none, rope, alibi, t5, deberta, '
+                    'or shaw/huang4 with clip=true)'
                 ),
             )
         # a uint8 index would select rows as a boolean mask

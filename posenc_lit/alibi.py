@@ -64,7 +64,8 @@ def _alibi_bias(q_pos, k_pos, slopes, bidirectional):
 # %% ../nbs/08_alibi.ipynb #929d7a54
 class ALiBi(PositionEncoding):
     """ALiBi (Press et al. 2022): a fixed bias $-m_h|j-i|$ per head (slopes $m_h$ from `alibi_slopes`, or the
-    paper's causal form) added to the logits of every layer."""
+    paper's causal form) added to the logits of every layer. The causal form (`bidirectional=False`) must be
+    used with `causal=True` or a causal mask: alone it gives keys after the query bias 0, with no error."""
 
     kind = 'score'
 

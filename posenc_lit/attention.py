@@ -5,6 +5,7 @@
 # %% ../nbs/01_attention.ipynb #b4b05586
 from __future__ import annotations
 import math
+import typing
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -14,11 +15,17 @@ from .core import *
 from .checks import *
 
 # %% auto #0
-__all__ = ['causal_mask', 'scores', 'attend_manual', 'is_tracing', 'attend_fast', 'attend_compiled', 'attend', 'Context',
-           'LayerRef', 'PositionEncoding', 'default_positions', 'MultiHeadAttention', 'as_layer', 'layer_index',
-           'position_attention', 'position_scores', 'KVCache', 'CombinedContext', 'CombinedEncoding']
+__all__ = ['causal_mask', 'scores', 'attend_manual', 'is_tracing', 'attend_fast', 'attend_compiled', 'attend',
+           'Context', 'LayerRef', 'PositionEncoding', 'default_positions', 'MultiHeadAttention', 'as_layer',
+           'layer_index', 'position_attention', 'position_scores', 'KVCache', 'CombinedContext',
+           'CombinedEncoding']
 
 # %% ../nbs/01_attention.ipynb #43e4fd21
+# a score term that does not fit (b, h, i, j): position_attention names its encoding
+class _ScoreTermError(ValueError):
+    pass
+
+
 def _check_attend_inputs(q, k, v, score_terms, mask):
     for name, t in (('q', q), ('k', k), ('v', v)):
         if not isinstance(t, torch.Tensor) or t.ndim != 4 or not t.dtype.is_floating_point:
@@ -63,7 +70,7 @@ def _check_attend_inputs(q, k, v, score_terms, mask):
                 if isinstance(t, torch.Tensor)
                 else type(t).__name__
             )
-            raise ValueError(
+            raise _ScoreTermError(
                 f'score_terms[{a}] must be a float tensor broadcastable to (b, h, i, j) = {full}; got {got}'
             )
     if mask is not None:
@@ -452,6 +459,50 @@ def _check_mha_inputs(attn, x, kv, ctx, n_cached=0):
             )
 
 # %% ../nbs/01_attention.ipynb #d0dc2bef
+_SIGNATURE = 'position_attention(pe, q, k, v, ctx, layer, mask, causal=...)'
+_CTX_TYPES = {}  # encoding class -> the context type its `prepare` is annotated to return
+
+
+def _ctx_type(pe):  # the class `type(pe).prepare` returns; `(Context, dict)` where it names none
+    cls = type(pe)
+    if cls not in _CTX_TYPES:
+        try:
+            t = typing.get_type_hints(cls.prepare).get('return')
+        except Exception:  # an annotation that does not resolve: fall back to the base types
+            t = None
+        _CTX_TYPES[cls] = t if isinstance(t, type) else (Context, dict)
+    return _CTX_TYPES[cls]
+
+
+def _check_pe_call(pe, q, k, ctx):  # the public boundary: Python types and shape ints, no host sync
+    if not isinstance(pe, PositionEncoding):
+        raise TypeError(
+            f'pe must be a PositionEncoding (the first argument: {_SIGNATURE}); got {type(pe).__name__}'
+        )
+    want = _ctx_type(pe)
+    if not isinstance(ctx, want):
+        names = ' or '.join(t.__name__ for t in (want if isinstance(want, tuple) else (want,)))
+        raise TypeError(
+            f'ctx must be a {names}: ctx comes from pe.prepare(q_pos, k_pos) of this encoding '
+            f'({type(pe).__name__}), the fifth argument of {_SIGNATURE}; got {type(ctx).__name__}'
+        )
+    if is_tracing():
+        return
+    for name, t, key in (('q', q, 'q_pos'), ('k', k, 'k_pos')):
+        p = _ctx_get(ctx, key)
+        if (
+            isinstance(p, torch.Tensor)
+            and isinstance(t, torch.Tensor)
+            and t.ndim == 4
+            and p.shape[-1] != t.shape[2]
+        ):
+            raise ValueError(
+                f'ctx was prepared for {p.shape[-1]} {key} positions but {name} {tuple(t.shape)} has '
+                f'{t.shape[2]} at dim 2: q, k, v must be (b, h, n, d), and ctx must come from '
+                'pe.prepare(q_pos, k_pos) for the positions of this call'
+            )
+
+
 def _content_scale(pe, q):  # the head dimension as a Python int: under tracing `q.shape[-1]` is a tensor
     return pe.content_scale(int(q.shape[-1]))
 
@@ -472,20 +523,28 @@ def position_attention(
 ):
     """`attend` with `pe`'s signal: transformed `q, k`, its score terms, content scale and value terms;
     returns `(b, h, i, d_v)` (and probs)."""
+    _check_pe_call(pe, q, k, ctx)
     q, k = pe.transform_qk(q, k, ctx, layer)
-    return attend(
-        q,
-        k,
-        v,
-        pe.score_terms(q, k, ctx, layer),
-        mask,
-        scale=_content_scale(pe, q),
-        dropout_p=dropout_p,
-        return_probs=return_probs,
-        fast=fast,
-        value_terms=pe.value_terms(ctx, layer),
-        causal=causal,
-    )
+    try:
+        return attend(
+            q,
+            k,
+            v,
+            pe.score_terms(q, k, ctx, layer),
+            mask,
+            scale=_content_scale(pe, q),
+            dropout_p=dropout_p,
+            return_probs=return_probs,
+            fast=fast,
+            value_terms=pe.value_terms(ctx, layer),
+            causal=causal,
+        )
+    except _ScoreTermError as e:
+        raise ValueError(
+            f'the score terms of {type(pe).__name__} do not fit q {tuple(q.shape)} and k '
+            f"{tuple(k.shape)}: {e}. Likely causes: q, k, v must be (b, h, n, d); the encoding's number "
+            "of heads must be q's h; ctx must come from pe.prepare(q_pos, k_pos) for these positions"
+        ) from None
 
 
 def position_scores(
@@ -499,6 +558,7 @@ def position_scores(
 ) -> torch.Tensor:
     """The logits `(b, h, i, j)` that `position_attention` feeds its softmax (float32, float64 for float64 q;
     -inf where masked)."""
+    _check_pe_call(pe, q, k, ctx)
     q, k = pe.transform_qk(q, k, ctx, layer)
     return scores(q, k, pe.score_terms(q, k, ctx, layer), mask, _content_scale(pe, q), causal)
 

@@ -8,8 +8,8 @@ import contextlib, contextvars, re
 import torch
 
 # %% auto #0
-__all__ = ['POSITION_LIMIT', 'PositionRangeError', 'is_int', 'is_real', 'is_int_tensor', 'MemoryLimitError', 'memory_check',
-           'check_positions', 'check_position_limit', 'test_close_rel']
+__all__ = ['POSITION_LIMIT', 'PositionRangeError', 'is_int', 'is_real', 'is_int_tensor', 'MemoryLimitError',
+           'memory_check', 'check_positions', 'check_position_limit', 'test_close_rel']
 
 # %% ../nbs/00a_checks.ipynb #801254e8
 class PositionRangeError(ValueError):

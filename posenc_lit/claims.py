@@ -8,8 +8,9 @@ import errno, json, math, re, statistics
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['STUDY', 'VERDICTS', 'ABS_MARGIN', 'CLAIMS', 'seed_runs', 'study_loss', 'eval_loss', 'loss_at', 'eval_curve',
-           'downstream', 'absolute_works', 'check_root', 'claims', 'claims_markdown']
+__all__ = ['STUDY', 'VERDICTS', 'ABS_MARGIN', 'CLAIMS', 'seed_runs', 'study_loss', 'eval_loss', 'loss_at',
+           'eval_curve', 'downstream', 'absolute_works', 'seed_noise', 'study_noise', 'check_root', 'claims',
+           'claims_markdown']
 
 # %% ../nbs/25_claims.ipynb #e714711e
 STUDY = 'study'  # results/study/<entry>[-s<seed>]/ (tools/run_study.sh, the `study` preset; issue 29)
@@ -21,6 +22,9 @@ _WRITTEN_BY = {
     'diagnostics.json': '`python tools/regime_search.py diagnose RUN DEST` (tools/run_study.sh runs it)',
     STUDY: 'tools/run_study.sh (delete the folder first: it skips a finished entry)',
     'study_order': 'tools/run_order.sh',
+    'study_sentiment': 'TASK=sentiment tools/run_order.sh',
+    'study_rating': 'TASK=rating tools/run_order.sh',
+    'study_reviews': 'TASK=reviews tools/run_order.sh',
     'vit': 'tools/run_vit_study.sh',
     'minilm': '`posenc_lit finetune` (the commands on the Hugging Face page, 14_hf)',
     'compare': '`posenc_lit compare`',
@@ -133,44 +137,49 @@ def _mean_std(v: list, metric: str) -> dict:
     }
 
 
-def _order_values(f: Path, s, pe: str) -> list:
-    """The seeds' test accuracies in the word-order summary `f` (its JSON `s`) of study entry `pe`: a
-    fine-tuning summary of task 'order' whose `pe` is the entry's encoding (or, for a variant such as
-    tupe-a-tiecls, the encoding it varies with its options), with `test/accuracy/values` a non-empty list.
+def _task_values(f: Path, s, pe: str, task: str) -> list:
+    """The seeds' test values of the main metric in the fine-tuning summary `f` (its JSON `s`) of study entry
+    `pe` on `task` (`study_<task>/<pe>/summary.json`): a summary of `task` fine-tuned from the entry's checkpoint
+    (`checkpoint` ends in `/<pe>`; an ablation such as deberta-noemd names its encoding, `deberta`, as `pe`) or,
+    where it names no checkpoint, whose `pe` is the entry's name, with
+    `test/<main_metric>/values` a non-empty list (`main_metric` from the summary; accuracy where it names none).
     `ValueError` through `_damaged`, naming `f`, otherwise."""
     if not isinstance(s, dict):
         raise _damaged(f, f'holds a JSON {type(s).__name__}, not an object (a fine-tuning summary)')
     run = s.get('pe')
-    variant = isinstance(run, str) and pe.startswith(f'{run}-') and bool(s.get('pe_kwargs'))
-    if s.get('task') != 'order' or not (run == pe or variant):
+    ckpt = s.get('checkpoint')
+    entry = Path(ckpt).name if isinstance(ckpt, str) else run
+    if s.get('task') != task or entry != pe:
         raise _damaged(
             f,
-            f"is the summary of task {s.get('task')!r} with encoding {run!r}, not of task 'order' with "
-            f'{pe!r} (study_order/{pe}/ holds the order fine-tuning of study entry {pe})',
+            f"is the summary of task {s.get('task')!r} fine-tuned from study entry {entry!r} (encoding {run!r}), "
+            f'not of task {task!r} from {pe!r} (study_{task}/{pe}/ holds the {task} fine-tuning of study entry {pe})',
         )
+    metric = s.get('main_metric', 'accuracy')
+    where = f'test/{metric}/values'
     x = s
-    for k in ('test', 'accuracy', 'values'):
+    for k in ('test', metric, 'values'):
         if not (isinstance(x, dict) and k in x):
-            raise _damaged(f, f"has no test/accuracy/values (the seeds' test accuracies): {k!r} is missing")
+            raise _damaged(f, f"has no {where} (the seeds' test {metric}): {k!r} is missing")
         x = x[k]
     if not isinstance(x, list) or not x:
-        raise _damaged(
-            f, f"has test/accuracy/values {x!r}: it must be a non-empty list of the seeds' test accuracies"
-        )
+        raise _damaged(f, f"has {where} {x!r}: it must be a non-empty list of the seeds' test {metric}")
     return x
 
 
 def downstream(root, pe: str, task: str = 'sentiment', study: str = STUDY) -> dict | None:
     """`{'mean', 'std', 'n', 'metric'}` of `pe`'s main test metric on `task` over the fine-tuning seeds
-    (sample std); None while nothing of `pe` on `task` is committed. The word-order task reads
-    `study_order/<pe>/summary.json` (tools/run_order.sh); the other tasks a compare study,
-    `compare/<study>/results.json` (the study's own: `posenc_lit compare --pretrained-dir runs/study`)."""
-    if task == 'order' and study == STUDY:
-        f = Path(root, 'study_order', pe, 'summary.json')
+    (sample std); None while nothing of `pe` on `task` is committed. The study's fine-tuning is read from
+    `study_<task>/<pe>/summary.json` (`TASK=<task> tools/run_order.sh`; the order task by default); another
+    study from a compare run, `compare/<study>/results.json` (`posenc_lit compare`)."""
+    if study == STUDY:
+        f = Path(root, f'study_{task}', pe, 'summary.json')
         if not f.is_file():
             return None
-        acc = _order_values(f, _json(f.parent, f.name), pe)
-        return _mean_std([_finite(a, f'order test accuracy of {pe} in {f}') for a in acc], 'accuracy')
+        s = _json(f.parent, f.name)
+        v = _task_values(f, s, pe, task)
+        metric = s.get('main_metric', 'accuracy')
+        return _mean_std([_finite(a, f'{task} test {metric} of {pe} in {f}') for a in v], metric)
     f = Path(root, 'compare', study, 'results.json')
     if not f.is_file():
         return None
@@ -215,10 +224,30 @@ def _pts(x: float) -> str:
     return f'{100 * x:+.1f} pts'
 
 
-def _spread(s: dict) -> float | None:
-    """The larger sample std of the entries in `s` (from `study_loss`); None where one of them has a single
-    seed."""
-    return None if any(v['n'] < 2 for v in s.values()) else max(v['std'] for v in s.values())
+def seed_noise(losses: list[dict]) -> float | None:
+    """Pooled seed standard deviation σ (nats): the root of the mean sample variance over the `study_loss`
+    results (`{'mean', 'std', 'n'}`) with two or more seeds; None when none has two."""
+    v = [s['std'] ** 2 for s in losses if s['n'] > 1]
+    return math.sqrt(statistics.fmean(v)) if v else None
+
+
+def study_noise(root) -> float | None:
+    "`seed_noise` over every study entry under `root` with a second seed committed (`study/<entry>-s<k>`)."
+    d = Path(root, STUDY)
+    seeded = {m[1] for p in d.glob('*-s*') if (m := re.fullmatch(r'(.+)-s[1-9][0-9]*', p.name))}
+    return seed_noise([study_loss(root, n) for n in sorted(seeded) if (d / n / 'summary.json').is_file()])
+
+
+def _bar(sigma: float | None, a: dict, b: dict) -> float:
+    """Two standard errors of the gap between two study losses with n₁ and n₂ seeds, 2σ√(1/n₁ + 1/n₂); 0 while
+    σ is unknown (a gap then counts by its sign)."""
+    return 0.0 if sigma is None else 2 * sigma * math.sqrt(1 / a['n'] + 1 / b['n'])
+
+
+def _noise_note(sigma: float | None) -> str:
+    if sigma is None:
+        return '; no study entry has two seeds yet: the seed noise is unknown and each gap counts by its sign'
+    return f'; seed noise σ = {sigma:.3f} (pooled over the entries with two seeds)'
 
 
 def _losses_text(s: dict) -> str:
@@ -230,17 +259,34 @@ def _losses_text(s: dict) -> str:
     return text + (' (one seed)' if n == 1 else f' ({n} seeds, mean ± std)')
 
 
-def _ordered(s: dict, order: tuple) -> tuple[str, str]:
-    """The claim 'loss order[0] < order[1] < ...': holds if every gap is in that direction and clear (larger
-    than the seed spread), does not hold if no gap is in that direction, else in part; and a note on the gaps.
-    """
-    spread = _spread({n: s[n] for n in order})
-    gaps = [s[b]['mean'] - s[a]['mean'] for a, b in zip(order, order[1:])]
-    clear = [g > (spread or 0.0) for g in gaps]
-    verdict = 'holds' if all(clear) else 'does not hold' if not any(g > 0 for g in gaps) else 'in part'
-    within = [f'{a}–{b}' for a, b, g, c in zip(order, order[1:], gaps, clear) if g > 0 and not c]
-    note = f" (within the seed spread ±{spread:.3f}: {', '.join(within)})" if within else ''
-    return note, verdict
+def _verdict(gaps: list, bars: list) -> str:
+    """The verdict on `gaps` that the claim expects positive, each against its `bar` (two standard errors): holds
+    if every gap is clear, in part if one is, does not hold if one is clearly negative or none is positive, else
+    cannot test here (every gap is in the claim's direction or near zero, and within the seed noise)."""
+    if all(g > b for g, b in zip(gaps, bars)):
+        return 'holds'
+    if any(g > b for g, b in zip(gaps, bars)):
+        return 'in part'
+    if any(g < -b for g, b in zip(gaps, bars)) or not any(g > 0 for g in gaps):
+        return 'does not hold'
+    return 'cannot test here'
+
+
+def _ordered(s: dict, order: tuple, sigma: float | None) -> tuple[str, str]:
+    """The claim 'loss order[0] < order[1] < ...': `_verdict` on the gaps between neighbours, and a note on the
+    gaps within the noise and on the seed noise `sigma`."""
+    pairs = list(zip(order, order[1:]))
+    gaps = [s[b]['mean'] - s[a]['mean'] for a, b in pairs]
+    bars = [_bar(sigma, s[a], s[b]) for a, b in pairs]
+    clear = [g > bar for g, bar in zip(gaps, bars)]
+    verdict = _verdict(gaps, bars)
+    within = [
+        f'{a}–{b} {g:.3f} < {bar:.3f}'
+        for (a, b), g, bar, c in zip(pairs, gaps, bars, clear)
+        if g > 0 and not c
+    ]
+    note = f" (within two standard errors: {', '.join(within)})" if within else ''
+    return note + _noise_note(sigma), verdict
 
 
 def _with_downstream(root, text: str, verdict: str, order: tuple) -> tuple[str, str]:
@@ -258,7 +304,8 @@ def _with_task(root, text: str, verdict: str, order: tuple, task: str) -> tuple[
     if not have:
         return text, verdict
     seeds = min(v['n'] for v in have.values())
-    text += f"; {task} accuracy ({'one seed' if seeds == 1 else f'{seeds} seeds'}): " + ', '.join(
+    metric = next(iter(have.values()))['metric']
+    text += f"; {task} {metric} ({'one seed' if seeds == 1 else f'{seeds} seeds'}): " + ', '.join(
         f"{n} {v['mean']:.3f} ± {v['std']:.3f}" for n, v in have.items()
     )
     if len(have) < len(order):
@@ -274,13 +321,23 @@ def _with_task(root, text: str, verdict: str, order: tuple, task: str) -> tuple[
 def _abs_tables(root):
     s = {n: study_loss(root, n) for n in ('learned', 'sinusoidal')}
     d = s['sinusoidal']['mean'] - s['learned']['mean']
-    close = abs(d) < max(0.05, _spread(s) or 0.0)
-    return f'loss {_losses_text(s)}, Δ {d:+.3f}', 'holds' if close else 'does not hold'
+    sigma = study_noise(root)
+    close = abs(d) < max(0.05, _bar(sigma, s['learned'], s['sinusoidal']))
+    text = f'loss {_losses_text(s)}, Δ {d:+.3f}{_noise_note(sigma)}'
+    noisy = max((n for n in s if s[n]['n'] > 1), key=lambda n: s[n]['std'], default=None)
+    # the verdict rests on the pooled σ: say so where an entry's own seeds spread more
+    if sigma is not None and noisy and s[noisy]['std'] > sigma and not close:
+        wide = _bar(s[noisy]['std'], s['learned'], s['sinusoidal'])
+        text += (
+            f"; {noisy}'s own seeds spread more (std {s[noisy]['std']:.3f}): against that the gap is "
+            f"{'within' if abs(d) < wide else 'beyond'} two standard errors ({wide:.3f})"
+        )
+    return text, 'holds' if close else 'does not hold'
 
 
 def _shaw_vs_abs(root):
     s = {n: study_loss(root, n) for n in ('shaw', 'learned')}
-    note, verdict = _ordered(s, ('shaw', 'learned'))
+    note, verdict = _ordered(s, ('shaw', 'learned'), study_noise(root))
     return f"loss {_losses_text(s)}, Δ {s['shaw']['mean'] - s['learned']['mean']:+.3f}{note}", verdict
 
 # %% ../nbs/25_claims.ipynb #8deb9a8d
@@ -299,7 +356,7 @@ def _tupe_speed(root):
 
 def _tupe_order(root):
     s = {n: study_loss(root, n) for n in ('tupe-r', 'tupe-a', 'learned')}
-    note, verdict = _ordered(s, ('tupe-r', 'tupe-a', 'learned'))
+    note, verdict = _ordered(s, ('tupe-r', 'tupe-a', 'learned'), study_noise(root))
     return _with_downstream(root, f'loss {_losses_text(s)}{note}', verdict, ('tupe-r', 'tupe-a', 'learned'))
 
 
@@ -333,21 +390,29 @@ def _tupe_cls(root):
     return text, 'holds' if all(g > 0 for g, _ in gaps.values()) else 'in part'
 
 # %% ../nbs/25_claims.ipynb #e38ed1d0
+def _past(gap: float, bar: float) -> str:
+    "`'gap > bar'` with the fewest digits (three or more) that tell them apart: a gap just past its bar shows as one."
+    digits = next((k for k in range(3, 9) if f'{gap:.{k}f}' != f'{bar:.{k}f}'), 9)
+    return f'{gap:.{digits}f} > {bar:.{digits}f}'
+
+
 def _deberta_ablation(root):
     runs = {'−C2P': 'deberta-noc2p', '−P2C': 'deberta-nop2c', '−EMD': 'deberta-noemd'}
     s = {n: study_loss(root, n) for n in ('deberta', *runs.values())}
-    spread = _spread(s)
+    sigma = study_noise(root)
     d = {lab: s[run]['mean'] - s['deberta']['mean'] for lab, run in runs.items()}
-    clear = [lab for lab, g in d.items() if g > (spread or 0.0)]
-    verdict = (
-        'holds' if len(clear) == len(d) else 'in part' if any(g > 0 for g in d.values()) else 'does not hold'
-    )
-    text = f"loss deberta {_losses_text({'deberta': s['deberta']})}; " + ', '.join(
+    bars = {lab: _bar(sigma, s['deberta'], s[run]) for lab, run in runs.items()}
+    clear = [lab for lab, g in d.items() if g > bars[lab]]
+    verdict = _verdict(list(d.values()), list(bars.values()))
+    text = f"loss {_losses_text({'deberta': s['deberta']})}; " + ', '.join(
         f'{k} {v:+.3f}' for k, v in d.items()
     )
     if within := [lab for lab, g in d.items() if g > 0 and lab not in clear]:
-        text += f"; {', '.join(within)} within the seed spread ±{spread:.3f}"
-    return text + ('; the ablations have one seed' if spread is None else ''), verdict
+        text += f"; {', '.join(within)} within two standard errors ({', '.join(f'{bars[x]:.3f}' for x in within)})"
+    if clear:
+        past = ', '.join(_past(d[x], bars[x]) for x in clear)
+        text += f"; {', '.join(clear)} beyond two standard errors ({past})"
+    return text + _noise_note(sigma), verdict
 
 
 def _deberta_best(root):
@@ -358,6 +423,7 @@ def _deberta_best(root):
     note, verdict = _ordered(
         {'deberta': d, runner: s[runner], 'learned': s['learned']},
         ('deberta', runner) if runner != 'learned' else ('deberta', 'learned'),
+        study_noise(root),
     )
     if verdict != 'holds' and d['mean'] < s['learned']['mean']:
         verdict = 'in part'
@@ -370,7 +436,7 @@ def _deberta_best(root):
 # %% ../nbs/25_claims.ipynb #59db4d80
 def _huang_order(root):
     s = {n: study_loss(root, n) for n in ('huang4', 'shaw', 'learned')}
-    note, verdict = _ordered(s, ('huang4', 'shaw', 'learned'))
+    note, verdict = _ordered(s, ('huang4', 'shaw', 'learned'), study_noise(root))
     return _with_downstream(root, f'loss {_losses_text(s)}{note}', verdict, ('huang4', 'shaw', 'learned'))
 
 
@@ -462,37 +528,45 @@ def _vit_bicubic(root):
 def _alibi_long(root):
     n, long, da = _longer(root, 'alibi')
     dr = _longer(root, 'rope')[2]
+    at_n = {e: loss_at(root, e)[1][n] for e in ('alibi', 'rope')}
     return (
-        f'loss change from {n} to {long:,} tokens (trained at {n}): alibi {da:+.3f}, rope {dr:+.3f}',
+        (
+            f'loss change from {n} to {long:,} tokens (trained at {n}): alibi {da:+.3f}, rope {dr:+.3f}; at {n} '
+            f"tokens alibi is at {at_n['alibi']:.3f} against rope {at_n['rope']:.3f}: our encoder's symmetric "
+            'ALiBi cannot tell left from right (08_alibi)'
+        ),
         'holds' if da < 0.05 and da < dr else 'does not hold',
     )
+
+
+def _best_small(root) -> tuple[tuple[float, str], str]:
+    """Our best small encoder on sentiment, `((accuracy, entry), where)`: the study's fine-tuning
+    (`study_sentiment/`) where committed, else the reference compare, else the quick one (mean over seeds)."""
+    d = Path(root, 'study_sentiment')
+    entries = sorted(p.name for p in d.iterdir() if (p / 'summary.json').is_file()) if d.is_dir() else []
+    if entries:
+        acc, src = {e: downstream(root, e) for e in entries}, f'the study, best of {len(entries)} entries'
+    else:
+        ref = Path(root, 'compare', 'reference', 'results.json')
+        pes = _json(ref.parent, ref.name)['encodings'] if ref.is_file() else []
+        acc = {pe: d for pe in pes if (d := downstream(root, pe, study='reference'))}
+        src = f'reference compare, best of {len(acc)} encodings'
+    if acc:
+        pe = max(acc, key=lambda n: acc[n]['mean'])
+        return (acc[pe]['mean'], pe), f"{src}, mean of {acc[pe]['n']} seeds ± {acc[pe]['std']:.4f}"
+    q = Path(root, 'compare', 'quick', 'results.json')
+    recs = [r for r in _json(q.parent, q.name)['records'] if r['task'] == 'sentiment']
+    best = max(
+        (_finite(r['test']['accuracy'], f"sentiment test accuracy of {r['pe']} in {q}"), r['pe'])
+        for r in recs
+    )
+    return best, 'quick study'
 
 
 def _beats_bow(root):
     m = ('minilm', 'plain', 'summary.json')
     bow, acc = _num(root, m, 'baselines', 'bow', 'accuracy'), _num(root, m, 'test', 'accuracy', 'mean')
-    ref = Path(root, 'compare', 'reference', 'results.json')
-    pes = _json(root, 'compare', 'reference', 'results.json')['encodings'] if ref.is_file() else []
-    # the reference study: mean over seeds
-    if ref_acc := {pe: d for pe in pes if (d := downstream(root, pe, study='reference'))}:
-        pe = max(ref_acc, key=lambda n: ref_acc[n]['mean'])
-        ours, where = (
-            (ref_acc[pe]['mean'], pe),
-            (
-                f"reference compare, best of {len(ref_acc)} encodings, mean of {ref_acc[pe]['n']} seeds "
-                f"± {ref_acc[pe]['std']:.4f}"
-            ),
-        )
-    else:
-        q = Path(root, 'compare', 'quick', 'results.json')
-        ours, where = (
-            max(
-                (_finite(r['test']['accuracy'], f"sentiment test accuracy of {r['pe']} in {q}"), r['pe'])
-                for r in _json(q)['records']
-                if r['task'] == 'sentiment'
-            ),
-            'quick study',
-        )
+    ours, where = _best_small(root)
     return (
         f'sentiment accuracy: real MiniLM fine-tuned {acc:.4f}, bag-of-words {bow:.4f}, majority '
         f"{_num(root, m, 'baselines', 'majority', 'accuracy'):.4f}; our best small encoder ({where}) "

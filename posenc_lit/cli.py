@@ -9,8 +9,8 @@ from .core import *
 from .files import dumps
 
 # %% auto #0
-__all__ = ['UsageError', 'cmd_encodings', 'cmd_pretrain', 'cmd_lengths', 'cmd_finetune', 'cmd_tasks', 'cmd_vit', 'cmd_compare',
-           'cmd_probes', 'cmd_bench', 'build_parser', 'Interrupted', 'main']
+__all__ = ['UsageError', 'cmd_encodings', 'cmd_pretrain', 'cmd_lengths', 'cmd_finetune', 'cmd_tasks',
+           'cmd_vit', 'cmd_compare', 'cmd_probes', 'cmd_bench', 'build_parser', 'Interrupted', 'main']
 
 # %% ../nbs/13_cli.ipynb #90336ca0
 class UsageError(ValueError):

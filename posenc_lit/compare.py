@@ -10,7 +10,7 @@ from dataclasses import asdict
 from pathlib import Path
 import torch
 import matplotlib.pyplot as plt
-from .core import list_encodings
+from .core import get_encoding, list_encodings
 from .files import atomic_write, dumps, write_json
 from .model import CheckpointError
 from .training import make_train_config, pretrain
@@ -35,9 +35,10 @@ from posenc_lit.probes import (
 )
 
 # %% auto #0
-__all__ = ['COMPARE_PRESETS', 'ABLATIONS', 'WORSE', 'WORSE_LEGEND', 'FAMILIES', 'compare_plan', 'pretrained_runs', 'environment',
-           'compare', 'format_results', 'markdown_table', 'probes_markdown', 'results_markdown', 'encoding_families',
-           'plot_pretraining', 'plot_task', 'plot_lengths', 'plot_downstream', 'plot_vit', 'save_figures']
+__all__ = ['COMPARE_PRESETS', 'ABLATIONS', 'WORSE', 'WORSE_LEGEND', 'FAMILIES', 'compare_plan',
+           'pretrained_runs', 'environment', 'compare', 'format_results', 'markdown_table', 'probes_markdown',
+           'results_markdown', 'encoding_families', 'plot_pretraining', 'plot_task', 'plot_lengths',
+           'plot_downstream', 'plot_vit', 'save_figures']
 
 # %% ../nbs/19_compare.ipynb #acd90be7
 # fmt: off
@@ -87,6 +88,19 @@ ABLATIONS = {
 def _base(name: str) -> str:
     "The registered encoding a study name runs: itself, or the `pe` of its ablation."
     return ABLATIONS.get(name, {}).get('pe', name)
+
+
+def _check_no_shadowed_ablation():
+    """`ValueError` for an encoding registered under the name of an ablation: a study name means one of the
+    two, and the plan would run the ablation, not that encoding."""
+    for name in ABLATIONS:
+        if name in list_encodings():
+            f = get_encoding(name).factory
+            raise ValueError(
+                f'the encoding {name!r} registered by {f.__module__}.{getattr(f, "__qualname__", f)} has the '
+                f'name of an ablation in posenc_lit.compare.ABLATIONS ({ABLATIONS[name]}), which compare would '
+                'run instead: register it under another name'
+            )
 
 # %% ../nbs/19_compare.ipynb #8f0f06dc
 def _unknown(what: str, bad: list, valid) -> ValueError:
@@ -160,7 +174,8 @@ def compare_plan(
     probes: bool = True,  # run the position probes, where the preset has them
 ) -> dict:  # the resolved study: names, selection and the config of every stage
     """Every stage's configuration, checked before anything runs; `ValueError` naming an unknown encoding,
-    task or option. The default encodings are `list_encodings()`."""
+    task or option, or a registered encoding with the name of an ablation. The default encodings are
+    `list_encodings()`."""
     if isinstance(preset, str):
         if preset not in COMPARE_PRESETS:
             raise _unknown('preset', [preset], COMPARE_PRESETS)
@@ -169,6 +184,7 @@ def compare_plan(
         name, spec = 'custom', copy.deepcopy(preset)
     if lengths is not None:
         spec['lengths'] = list(lengths)
+    _check_no_shadowed_ablation()
     encodings = _pick(encodings, list_encodings(), [*list_encodings(), *ABLATIONS], 'encoding')
     from posenc_lit.tasks import TASKS
 

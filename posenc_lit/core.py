@@ -5,13 +5,14 @@
 # %% ../nbs/00_core.ipynb #2ce20e9d
 from __future__ import annotations
 import importlib
+import re
 from dataclasses import dataclass
 from typing import Callable
 import torch
 
 # %% auto #0
-__all__ = ['CONVENTIONS', 'KINDS', 'MODALITIES', 'ENCODING_MODULES', 'rel_pos', 'to_convention', 'EncodingSpec',
-           'register_encoding', 'list_encodings', 'get_encoding']
+__all__ = ['CONVENTIONS', 'KINDS', 'MODALITIES', 'ENCODING_MODULES', 'NAME_PATTERN', 'rel_pos',
+           'to_convention', 'EncodingSpec', 'register_encoding', 'list_encodings', 'get_encoding']
 
 # %% ../nbs/00_core.ipynb #2283af21
 def rel_pos(
@@ -92,6 +93,10 @@ class EncodingSpec:
 _REGISTRY: dict[tuple[str, str], EncodingSpec] = {}
 
 # %% ../nbs/00_core.ipynb #2b5d8e1a
+# an encoding's name: `posenc_lit pretrain --pe NAME` and folders named after it (`runs/<name>/`)
+NAME_PATTERN = r'[a-z0-9_][a-z0-9_.-]*'
+
+
 def register_encoding(
     name: str,  # the name users pass as `--pe NAME`
     kind: str,  # one of `KINDS`
@@ -103,13 +108,17 @@ def register_encoding(
     """Decorator registering `factory(config) -> encoding module` under `(modality, name)`.
     `ValueError` for a name already registered, unless `replace=True` or the factory is the registered one
     defined again (the same qualified name, in the same module or in `__main__`: a re-run notebook cell);
-    `ValueError` for a name that is not a non-empty word, an unknown kind or modality; `TypeError` for a
-    factory that is not callable.
+    `ValueError` for a name that a command line and a folder cannot both use (see `NAME_PATTERN`), an unknown
+    kind or modality; `TypeError` for a `replace` that is not a bool and a factory that is not callable.
     """
-    if not isinstance(name, str) or not name or any(c.isspace() for c in name):
+    if not isinstance(name, str) or not re.fullmatch(NAME_PATTERN, name):
         raise ValueError(
-            f'an encoding name is a non-empty string without spaces, e.g. \'my-rope\'; got {name!r}'
+            "an encoding name is a word of lowercase letters, digits, '-', '_' and '.' that starts with a "
+            "letter, a digit or '_' (it is passed as `--pe NAME` and names run folders), e.g. 'my-rope'; "
+            f"got {name!r}"
         )
+    if not isinstance(replace, bool):
+        raise TypeError(f'replace must be True or False; got {replace!r}')
     if kind not in KINDS:
         raise ValueError(f'kind must be one of {KINDS}; got {kind!r}')
     _check_modality(modality)

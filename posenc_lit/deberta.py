@@ -16,8 +16,8 @@ from .attention import *
 from .relative import rel_scores
 
 # %% auto #0
-__all__ = ['POS_ATT_TYPES', 'build_relative_position', 'deberta_delta', 'make_log_bucket_position', 'DebertaRelative',
-           'DebertaContext']
+__all__ = ['POS_ATT_TYPES', 'build_relative_position', 'deberta_delta', 'make_log_bucket_position',
+           'DebertaRelative', 'DebertaContext']
 
 # %% ../nbs/06_deberta.ipynb #2fd69ee3
 def build_relative_position(

@@ -4,9 +4,10 @@
 
 # %% ../nbs/00c_files.ipynb #ed7b5e87
 from __future__ import annotations
-import json, math, os, tempfile
+import json, math, os, stat, tempfile
 from pathlib import Path
 from typing import Callable
+import numpy as np
 
 # %% auto #0
 __all__ = ['atomic_write', 'json_safe', 'dumps', 'write_json']
@@ -16,26 +17,45 @@ def atomic_write(
     path,  # target file; its folder is created if needed
     write: Callable[[str], None],  # called with a temporary path in the same folder to write to
 ):
-    """Write `path` atomically: `write(tmp)` then `os.replace(tmp, path)`; the temporary file is removed on
-    error."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.')
-    os.close(fd)
+    """Write `path` atomically: `write(tmp)`, `fsync`, then `os.replace(tmp, path)`; the temporary file is
+    removed on error. A symbolic link `path` writes the file it points to; an existing file keeps its mode.
+    `OSError` (of the same subclass) naming `path` when a step fails, e.g. `PermissionError`."""
+    real = Path(os.path.realpath(path))  # through a symbolic link: its target
+    real.parent.mkdir(parents=True, exist_ok=True)  # its error names the folder
+    tmp = None
     try:
+        fd, tmp = tempfile.mkstemp(dir=real.parent, prefix=f'.{real.name}.')
+        os.close(fd)
         write(tmp)
+        with open(tmp, 'rb+') as f:
+            os.fsync(f.fileno())
+        os.chmod(tmp, _mode_for(real))  # mkstemp makes 0600 files
+        os.replace(tmp, real)
+    except OSError as e:
+        if e.errno is None:
+            raise
+        raise type(e)(e.errno, e.strerror, str(path)) from None  # the target, not the temporary file
+    finally:
+        if tmp is not None and os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def _mode_for(path: Path) -> int:
+    """The permission bits of the existing file `path`, else the usual ones of a new file (0o666 less the
+    umask)"""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
         umask = os.umask(0)
         os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600 files; give the usual permissions
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+        return 0o666 & ~umask
 
 # %% ../nbs/00c_files.ipynb #662afd47
 def json_safe(obj):
-    """`obj` with every non-finite float (NaN, ±inf) in its dicts, lists and tuples replaced by `None` (JSON
-    null)."""
+    """`obj` with every NumPy scalar in its dicts, lists and tuples made the Python number it holds, and every
+    non-finite float (NaN, ±inf) replaced by `None` (JSON null)."""
+    if isinstance(obj, np.generic):
+        obj = obj.item()  # np.float32 -> float, np.int64 -> int, np.bool_ -> bool
     if isinstance(obj, float) and not math.isfinite(obj):
         return None
     if isinstance(obj, dict):
@@ -50,8 +70,35 @@ def dumps(
     **kw,  # passed to json.dumps, e.g. indent=2, sort_keys=True
 ) -> str:
     """`json.dumps` of `json_safe(obj)`: standard JSON text, a number that is not finite written as `null`;
-    `TypeError` for an object JSON cannot hold (a set, a tensor)."""
-    return json.dumps(json_safe(obj), allow_nan=False, **kw)
+    `TypeError` naming where in `obj` a value JSON cannot hold is (a set, a tensor)."""
+    safe = json_safe(obj)
+    try:
+        return json.dumps(safe, allow_nan=False, **kw)
+    except TypeError as e:
+        where = _unserializable(safe)
+        if where is None:
+            raise
+        raise TypeError(
+            f'{where}: {e}; JSON holds dicts with string keys, lists, strings, numbers, booleans and None '
+            '(convert it, e.g. with list(...), float(...) or .tolist())'
+        ) from None
+
+
+def _unserializable(obj, where: str = 'obj') -> str | None:
+    """Where the first value in `obj` that json.dumps cannot write is (e.g. obj['metrics'][2]); None if
+    none"""
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            if not isinstance(k, (str, int, float, bool, type(None))):
+                return f'{where}: the key {k!r}'
+            if (found := _unserializable(v, f'{where}[{k!r}]')) is not None:
+                return found
+        return None
+    if isinstance(obj, (list, tuple)):
+        return next(
+            (f for i, v in enumerate(obj) if (f := _unserializable(v, f'{where}[{i}]')) is not None), None
+        )
+    return None if isinstance(obj, (str, int, float, bool, type(None))) else where
 
 
 def write_json(
@@ -59,6 +106,10 @@ def write_json(
     obj,  # dicts, lists, strings, numbers, booleans, None
     **kw,  # passed to json.dumps, e.g. indent=2, sort_keys=True
 ):
-    "Write `dumps(obj, **kw)` to `path` atomically (`atomic_write`): standard JSON, NaN and ±inf as `null`."
-    text = dumps(obj, **kw)
+    """Write `dumps(obj, **kw)` to `path` atomically (`atomic_write`): standard JSON, NaN and ±inf as `null`;
+    `TypeError` naming `path` and where in `obj` a value JSON cannot hold is."""
+    try:
+        text = dumps(obj, **kw)
+    except TypeError as e:
+        raise TypeError(f'cannot write {path}: {e}') from None
     atomic_write(path, lambda t: Path(t).write_text(text))

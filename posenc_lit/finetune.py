@@ -4,7 +4,7 @@
 
 # %% ../nbs/16_finetune.ipynb #e1990f37
 from __future__ import annotations
-import json, math, re, statistics, time
+import math, re, statistics, time
 from dataclasses import dataclass, field, asdict
 from pathlib import Path
 from typing import ClassVar
@@ -13,16 +13,16 @@ import torch.nn as nn
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 from .checks import *
-from .files import dumps, write_json
+from .files import atomic_write, dumps, write_json
 from .model import *
 from .tasks import *
 from .heads import *
 from .heads import _context_mask, _is_hf_folder, _longest_run, _special
 from .loop import *
-from .loop import _listing
 
 # %% auto #0
-__all__ = ['FINETUNE_PRESETS', 'FinetuneConfig', 'make_finetune_config', 'finetune', 'finetune_seeds', 'format_summary']
+__all__ = ['FINETUNE_PRESETS', 'FinetuneConfig', 'make_finetune_config', 'finetune', 'finetune_seeds',
+           'format_summary']
 
 # %% ../nbs/16_finetune.ipynb #a6318dc9
 @dataclass(kw_only=True)
@@ -57,6 +57,7 @@ class FinetuneConfig(RunConfig):
         'add_relative_lr': '≥ 0',
         'extend_positions': ('',) + EXTEND_METHODS,
     }
+    kind: ClassVar[str] = 'a fine-tuning run'
 
 # %% ../nbs/16_finetune.ipynb #b03b1ab3
 # fmt: off
@@ -101,64 +102,42 @@ def make_finetune_config(preset: str = 'quick', **overrides) -> FinetuneConfig:
 _SEEDS_FILES = ('results.jsonl', 'summary.json')  # what `finetune_seeds` writes beside its seed<N>/ folders
 
 
-def _is_finetune_config(f: Path) -> bool:
-    "Whether `f` is the config.json of a fine-tuning run (a `FinetuneConfig`); False if missing or damaged."
-    try:
-        c = json.loads(f.read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(c, dict) and run_kind(c) == 'a fine-tuning run' and 'checkpoint' in c
-
-
 def _check_finetune_out(out: Path):
     """`RunDirError` unless the non-empty folder `out` holds a fine-tuning run and nothing else: one
     `finetune` run (its config.json a `FinetuneConfig`, with `loop.RUN_FILES`), or the seeds of
     `finetune_seeds` (seed<N>/ folders of such runs, results.jsonl, summary.json). The names it did not
     write are listed."""
     check_folder_to_replace(out)
-    if _is_finetune_config(out / 'config.json'):
-        check_replaceable(out, RUN_FILES, 'a fine-tuning run')
-        return
-    seeds = [
-        d
-        for d in sorted(out.iterdir())
-        if re.fullmatch(r'seed\d+', d.name)
-        and d.is_dir()
-        and not d.is_symlink()
-        and _is_finetune_config(d / 'config.json')
-    ]
+
+    def ours(d: Path) -> bool:  # whether folder `d` holds the config.json of a fine-tuning run
+        c = read_config(d / 'config.json')
+        return run_kind(c) == FinetuneConfig.kind and 'checkpoint' in c
+
+    if ours(out):
+        return check_replaceable(out, RUN_FILES, FinetuneConfig.kind)
+    is_seed = lambda d: re.fullmatch(r'seed\d+', d.name) and d.is_dir() and not d.is_symlink()
+    seeds = [d for d in sorted(out.iterdir()) if is_seed(d) and ours(d)]
     if not seeds:
         raise RunDirError(
             f'{out} is not empty and holds no fine-tuning run (a pretraining run, a ViT run or other '
             'files?): refusing to delete it with --overwrite; choose another --out'
         )
-    other = foreign_files(out, (*(d.name for d in seeds), *_SEEDS_FILES))
-    if other:
-        raise RunDirError(
-            f'{out} holds files a fine-tuning run does not write ({_listing(other)}): refusing to '
-            'delete them with --overwrite; move them out of the folder or choose another --out'
-        )
+    check_own_files(out, (*(d.name for d in seeds), *_SEEDS_FILES), FinetuneConfig.kind)
     for d in seeds:
-        check_replaceable(d, RUN_FILES, 'a fine-tuning run')
+        check_replaceable(d, RUN_FILES, FinetuneConfig.kind)
 
 
 def _prepare_out(out: Path, overwrite: bool, checkpoint: str | Path | None = None):
-    """Refuse a non-empty `out` unless `overwrite` and it holds a fine-tuning run and nothing else (never the
-    `checkpoint` being fine-tuned); then empty it. `ValueError` (`RunDirError` for the folder's contents)."""
-    if out.exists() and not out.is_dir():
-        raise ValueError(f'{out} is a file, not a run directory; choose another --out')
+    """Refuse a non-empty `out` unless `overwrite` and it holds a fine-tuning run and nothing else
+    (`_check_finetune_out`; never the `checkpoint` being fine-tuned); then empty it. `ValueError`
+    (`RunDirError` for the folder's contents)."""
     ck = Path(checkpoint).expanduser().resolve() if checkpoint else None
-    if ck and out.exists() and (out.resolve() == ck or out.resolve() in ck.parents):
+    if ck and out.is_dir() and (out.resolve() == ck or out.resolve() in ck.parents):
         raise ValueError(
             f'--out {out} holds the checkpoint being fine-tuned ({checkpoint}); choose another --out'
         )
-    if out.exists() and any(out.iterdir()):
-        if not overwrite:
-            raise ValueError(
-                f'run directory {out} exists and is not empty: pass --overwrite to replace it, or '
-                'choose another --out'
-            )
-        _check_finetune_out(out)
+    prepare_run_dir(out, FinetuneConfig(), None, overwrite, replaceable=_check_finetune_out)
+    if overwrite and out.is_dir() and any(out.iterdir()):
         replace_run_dir(out)
 
 # %% ../nbs/16_finetune.ipynb #2b62c97f
@@ -208,12 +187,8 @@ def _batch(data: dict, idx, kind: str):
     return ids, am, y, (_context_mask(data, idx, ids.shape[1]) if kind == 'span' else None)
 
 
-def _better(a: float, b: float | None, metric: str) -> bool:
-    if b is None:
-        return True
-    if math.isnan(a):
-        return False
-    return a < b if metric == 'mse' else a > b or math.isnan(b)
+def _better(a: float, b: float | None, metric: str) -> bool:  # NaN never wins; a number beats NaN (but mse)
+    return b is None or not math.isnan(a) and (a < b if metric == 'mse' else a > b or math.isnan(b))
 
 # %% ../nbs/16_finetune.ipynb #436a315d
 def finetune(
@@ -231,34 +206,19 @@ def finetune(
     acc = accelerator(cfg.mixed_precision)
     if acc.is_main_process:
         _prepare_out(out, overwrite, cfg.checkpoint)
-    acc.wait_for_everyone()
     set_seed(cfg.seed)  # the head is drawn again from this seed (`_setup` drew it before)
     nn.init.normal_(model.head.proj.weight, std=model.encoder.cfg.initializer_range)
-    opt = torch.optim.AdamW(_param_groups(model, cfg), lr=cfg.lr)
     per_epoch = max(1, math.ceil(len(data['train']['input_ids']) / (cfg.batch_size * acc.num_processes)))
-    run = {
-        'spec': spec,
-        'tok': tok,
-        'dd': dd,
-        'data': data,
-        'steps': per_epoch * cfg.epochs,
-        'per_epoch': per_epoch,
-        't_start': t_start,
-        'best': None,
-        'best_step': 0,
-        'best_state': None,
-        'last': None,
-    }
-    sched = scheduler(opt, run['steps'], cfg.warmup)
-    model, opt = acc.prepare(model, opt)
-    begin_run(acc, out, asdict(cfg))
+    steps = per_epoch * cfg.epochs
+    run = dict(spec=spec, tok=tok, dd=dd, data=data, per_epoch=per_epoch, steps=steps, t_start=t_start)
+    parts = optimizer(acc, model, _param_groups(model, cfg), cfg.lr, steps, cfg.warmup)
     state = {'step': 0}
-    with SignalStop() as stop, progress_bar(acc, run['steps'], f'finetune {cfg.task}', progress) as bar:
-        sig = fit(acc, _task_loop(cfg, acc, model, opt, sched, run), state, out, stop=stop, bar=bar)
+    with running(acc, out, cfg, 0, steps, f'finetune {cfg.task}', progress) as (stop, bar):
+        sig = fit(acc, _task_loop(cfg, acc, parts, run), state, out, stop=stop, bar=bar)
     if sig is not None:
         return {'signal': sig, 'stopped_at_step': state['step'], 'steps': run['steps']}
-    acc.unwrap_model(model).load_state_dict(run['best_state'])
-    return _finish(cfg, out, acc, acc.unwrap_model(model), run)
+    model.load_state_dict(run['best_state'])  # the module inside the prepared one
+    return _finish(cfg, out, acc, model, run)
 
 # %% ../nbs/16_finetune.ipynb #9f6a351d
 def _param_groups(model: EncoderForTask, cfg: FinetuneConfig) -> list[dict]:
@@ -273,11 +233,13 @@ def _param_groups(model: EncoderForTask, cfg: FinetuneConfig) -> list[dict]:
     return groups + [{'params': added_group, 'weight_decay': cfg.weight_decay, 'lr': cfg.add_relative_lr}]
 
 # %% ../nbs/16_finetune.ipynb #797e8460
-def _task_loop(cfg: FinetuneConfig, acc: Accelerator, model, opt, sched, run: dict) -> Loop:
+def _task_loop(cfg: FinetuneConfig, acc: Accelerator, parts: tuple, run: dict) -> Loop:
     """What fine-tuning gives `fit`: the task loss of step `t`'s examples, and validation that keeps the best
     model."""
     rank, world, dev, kind = acc.process_index, acc.num_processes, acc.device, run['spec'].kind
-    inner, train, perms = acc.unwrap_model(model), run['data']['train'], []
+    model, train, perms = parts[0], run['data']['train'], []
+    inner = acc.unwrap_model(model)
+    run.update(best=None, best_step=0, best_state=None, last=None)  # the best validation so far, its model
     g = torch.Generator().manual_seed(cfg.seed)
 
     def loss(t):
@@ -288,9 +250,8 @@ def _task_loop(cfg: FinetuneConfig, acc: Accelerator, model, opt, sched, run: di
         glob = perms[epoch][b * cfg.batch_size * world : (b + 1) * cfg.batch_size * world]
         ids, am, y, cm = _batch(train, glob[rank::world] or glob[:1], kind)
         cm = None if cm is None else cm.to(dev)
-        return model(ids.to(dev), am.to(dev), labels=y.to(dev), context_mask=cm)['loss'], {
-            'tokens': int(am.sum())
-        }
+        out = model(ids.to(dev), am.to(dev), labels=y.to(dev), context_mask=cm)
+        return out['loss'], {'tokens': int(am.sum())}
 
     def validation(step):
         m, dd = run['spec'].main_metric, run['dd']
@@ -301,20 +262,9 @@ def _task_loop(cfg: FinetuneConfig, acc: Accelerator, model, opt, sched, run: di
             run.update(best=last, best_step=step, best_state=best_state)
         return {'epoch': (step - 1) // run['per_epoch'] + 1, **last}
 
-    return Loop(
-        model=model,
-        opt=opt,
-        sched=sched,
-        loss=loss,
-        evaluate=validation,
-        save=None,
-        steps=run['steps'],
-        log_every=cfg.log_every,
-        eval_every=cfg.eval_every or run['per_epoch'],
-        max_grad_norm=cfg.max_grad_norm,
-        eval_split='validation',
-        train_fields=lambda c, n, s: {'tokens_per_s': c['tokens'] * world / s},
-    )
+    per_s = lambda c, n, s: {'tokens_per_s': c['tokens'] * world / s}
+    kw = dict(steps=run['steps'], eval_every=cfg.eval_every or run['per_epoch'], eval_split='validation')
+    return Loop.of(cfg, parts, loss, validation, None, train_fields=per_s, **kw)  # no checkpoints
 
 # %% ../nbs/16_finetune.ipynb #b5fce545
 def _finish(cfg: FinetuneConfig, out: Path, acc: Accelerator, model, run: dict) -> dict:
@@ -322,30 +272,21 @@ def _finish(cfg: FinetuneConfig, out: Path, acc: Accelerator, model, run: dict) 
     `out/checkpoint`."""
     spec, tok, dd, data = run['spec'], run['tok'], run['dd'], run['data']
     test = score(model, data['test'], spec, dd['test'], 64, cfg.max_answer_len)
-    enc_cfg = model.encoder.cfg
+    enc = model.encoder.cfg  # as loaded, with what fine-tuning added
     summary = {
-        'task': cfg.task,
-        'pe': enc_cfg.pe,
-        'pe_kwargs': enc_cfg.pe_kwargs,
+        **{k: getattr(cfg, k) for k in ('task', 'seed', 'extend_positions', 'epochs', 'max_len')},
+        **{k: getattr(enc, k) for k in ('pe', 'pe_kwargs', 'add_relative', 'add_relative_kwargs')},
+        'max_position_embeddings': enc.max_position_embeddings,
         'checkpoint': str(cfg.checkpoint),
-        'seed': cfg.seed,
         'main_metric': spec.main_metric,
         'test': test,
         'validation': run['best'],
         'best_step': run['best_step'],
         'last_validation': run['last'],
-        'add_relative': enc_cfg.add_relative,
-        'add_relative_kwargs': enc_cfg.add_relative_kwargs,
-        'extend_positions': cfg.extend_positions,
-        'max_position_embeddings': enc_cfg.max_position_embeddings,
         'steps': run['steps'],
-        'epochs': cfg.epochs,
-        'max_len': cfg.max_len,
         'examples': {s: len(data[s]['input_ids']) for s in TASK_SPLITS},
         'truncated': {s: data[s]['truncated'] for s in TASK_SPLITS},
-        'parameters': count_parameters(model),
-        'processes': acc.num_processes,
-        'train_tokens_per_s': train_mean(out, run['steps'], 'tokens_per_s'),
+        **run_costs(acc, out, model, run['steps'], 'tokens_per_s'),
         'wall_s': time.time() - run['t_start'],
     }
     if 'dropped' in data['train']:
@@ -384,8 +325,7 @@ def finetune_seeds(
         raise ValueError(f'seeds must be distinct and at least one; got {seeds}')
     # every seed checked first
     cfgs = [make_finetune_config('quick', **{**asdict(cfg), 'seed': s}) for s in seeds]
-    # checkpoint, data and lengths checked before anything is written
-    _setup(cfgs[0])
+    spec, _, dd, _, _ = _setup(cfgs[0])  # checkpoint, data and lengths checked before anything is written
     _prepare_out(out, overwrite, cfg.checkpoint)
     out.mkdir(parents=True, exist_ok=True)
     runs = []
@@ -394,36 +334,22 @@ def finetune_seeds(
         if 'signal' in r:
             return {**r, 'seed': c.seed}
         runs.append(r)
-        with open(out / 'results.jsonl', 'a') as f:
-            f.write(dumps(result_record(runs[-1])) + '\n')
-    spec = get_task(cfg.task)
+        # the whole file again, atomically: a crash mid-write leaves the previous lines, never half a line
+        lines = ''.join(dumps(result_record(x)) + '\n' for x in runs)
+        atomic_write(out / 'results.jsonl', lambda tmp: Path(tmp).write_text(lines))
+    same = 'task checkpoint main_metric max_len pe pe_kwargs steps examples truncated'.split()
+    added = ('add_relative', 'add_relative_kwargs', 'add_relative_lr', 'extend_positions')  # where set
     summary = {
-        'task': cfg.task,
-        'pe': runs[0]['pe'],
-        'pe_kwargs': runs[0]['pe_kwargs'],
-        'checkpoint': str(cfg.checkpoint),
         'seeds': seeds,
-        'main_metric': spec.main_metric,
-        'max_len': cfg.max_len,
-        'steps': runs[0]['steps'],
-        'examples': runs[0]['examples'],
-        'truncated': runs[0]['truncated'],
-        **{
-            k: runs[0][k]
-            for k in ('add_relative', 'add_relative_kwargs', 'add_relative_lr', 'extend_positions')
-            if runs[0].get(k)
-        },
-        'test': {m: mean_std([r['test'][m] for r in runs]) for m in runs[0]['test']},
-        'validation': {m: mean_std([r['validation'][m] for r in runs]) for m in runs[0]['validation']},
+        **{k: runs[0][k] for k in same},  # the same in every seed's summary
+        **{k: runs[0][k] for k in added if runs[0].get(k)},
+        **{s: {m: mean_std([r[s][m] for r in runs]) for m in runs[0][s]} for s in ('test', 'validation')},
         'wall_s': sum(r['wall_s'] for r in runs),
         'train_tokens_per_s': statistics.fmean(r['train_tokens_per_s'] for r in runs),
     }
     if cfg.eval_lengths:
         summary['test_at_length'] = lengths_summary(runs)
     if baselines and spec.kind != 'span':
-        dd = load_task(cfg.task, cfg.data_files or None)
-        if cfg.max_train:
-            dd['train'] = train_subset(dd['train'], cfg.max_train)
         summary['baselines'] = {
             'majority': majority_baseline(dd, spec)['test'],
             'bow': bow_baseline(dd, spec)['test'],
@@ -435,26 +361,18 @@ def finetune_seeds(
 def format_summary(s: dict) -> str:
     "One line per test metric: the fine-tuned mean ± std over seeds, then the baselines."
     pm = lambda d: f"{d['mean']:.4f}" + ('' if d['std'] is None else f" ± {d['std']:.4f}")
-    lines = [
-        f"{s['task']} ({s['pe']}"
-        + (f" + {s['add_relative']}" if s.get('add_relative') else '')
-        + f"), {len(s['seeds'])} seed(s), {s['steps']} steps each:"
-    ]
+    added = f" + {s['add_relative']}" if s.get('add_relative') else ''
+    lines = [f"{s['task']} ({s['pe']}{added}), {len(s['seeds'])} seed(s), {s['steps']} steps each:"]
     for m, d in s['test'].items():
         base = ''.join(
-            f"  {b} " + ('n/a' if v[m] is None else f'{v[m]:.4f}')
+            f'  {b} ' + ('n/a' if v[m] is None else f'{v[m]:.4f}')
             for b, v in s.get('baselines', {}).items()
             if m in v
         )
-        lines.append(f"  test {m}: {pm(d)}" + (f'   baselines:{base}' if base else ''))
+        lines.append(f'  test {m}: {pm(d)}' + (f'   baselines:{base}' if base else ''))
     for r in s.get('test_at_length', []):
-        lines.append(
-            f"  test cut to {r['max_len']} tokens: "
-            + (
-                f"n/a ({r['error']})"
-                if 'error' in r
-                else '  '.join(f'{m} {pm(d)}' for m, d in r.items() if m not in ('max_len', 'truncated'))
-                + f"  ({r['truncated']} cut)"
-            )
-        )
+        # each metric's mean ± std
+        scores = '  '.join(f'{m} {pm(d)}' for m, d in r.items() if isinstance(d, dict))
+        got = f"n/a ({r['error']})" if 'error' in r else f"{scores}  ({r['truncated']} cut)"
+        lines.append(f"  test cut to {r['max_len']} tokens: {got}")
     return '\n'.join(lines)

@@ -4,8 +4,9 @@
 
 # %% ../nbs/11a_loop.ipynb #b78cf751
 from __future__ import annotations
-import errno, json, math, os, shutil, signal, tempfile, threading, time
-from dataclasses import dataclass, field, fields
+from contextlib import contextmanager
+import copy, errno, json, math, os, shutil, signal, tempfile, threading, time
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Callable, ClassVar
 import torch
@@ -13,16 +14,20 @@ from tqdm import tqdm
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState
 from accelerate.utils import load as load_state_file
+from .checks import is_int, is_real, memory_check
 from .files import atomic_write, dumps, write_json
-from .model import CheckpointError, check_field_types
+from .model import CheckpointError, check_field_types, count_parameters
 
 # %% auto #0
-__all__ = ['SPLITS', 'MIXED_PRECISION', 'RUN_FILES', 'STATE_FILE', 'RunDirError', 'log_record', 'read_metrics', 'restart_metrics',
-           'param_groups', 'lr_factor', 'scheduler', 'RunConfig', 'obeys', 'check_rules', 'make_config', 'SignalStop',
-           'any_process', 'check_creatable_dir', 'foreign_files', 'run_kind', 'check_folder_to_replace',
-           'check_replaceable', 'replace_run_dir', 'prepare_run_dir', 'read_trainer_state', 'save_checkpoint',
-           'load_checkpoint', 'NonFiniteLossError', 'Loop', 'fit', 'check_precision', 'accelerator', 'begin_run',
-           'progress_bar', 'replace_if_asked', 'done_summary', 'stopped', 'train_mean', 'end_run', 'eval_sums']
+__all__ = ['SPLITS', 'MIXED_PRECISION', 'RUN_FILES', 'STATE_FILE', 'RunDirError', 'log_record',
+           'read_metrics', 'restart_metrics', 'param_groups', 'lr_factor', 'scheduler', 'RunConfig', 'obeys',
+           'check_rules', 'make_config', 'config_from', 'SignalStop', 'any_process', 'check_creatable_dir',
+           'foreign_files', 'run_kind', 'read_config', 'check_own_files', 'check_folder_to_replace',
+           'check_replaceable', 'replace_run_dir', 'prepare_run_dir', 'read_trainer_state',
+           'check_loop_state', 'save_checkpoint', 'load_checkpoint', 'NonFiniteLossError', 'Loop', 'fit',
+           'check_precision', 'check_one_batch', 'accelerator', 'optimizer', 'build_model', 'begin_run',
+           'progress_bar', 'open_run', 'running', 'done_summary', 'stopped', 'train_mean', 'run_costs',
+           'end_run', 'eval_sums', 'loss_accuracy']
 
 # %% ../nbs/11a_loop.ipynb #c922c711
 class RunDirError(ValueError):
@@ -129,6 +134,8 @@ class RunConfig:
         'seed': 'in [0, 2**32)',
         'mixed_precision': MIXED_PRECISION,
     }
+    kind: ClassVar[str] = 'a run'  # in messages: 'a pretraining run' (run_kind tells it from a config.json)
+    run_files: ClassVar[tuple] = ()  # what such a run writes into its folder besides `RUN_FILES`
 
 # %% ../nbs/11a_loop.ipynb #309f6d6f
 def _bound(s: str) -> float:  # '0.5', '4', '2**32'
@@ -168,6 +175,13 @@ def make_config(cls, presets: dict, preset: str, overrides: dict, what: str, kee
     check_field_types(cfg)  # types first: `steps='10'` names the option, not a comparison deep inside
     check_rules(cfg)
     return cfg
+
+
+def config_from(cls, cfg, **given):
+    """`cls` (a model's configuration) with the options of run config `cfg` that it has too (copies), and
+    `given`."""
+    shared = {f.name: copy.deepcopy(getattr(cfg, f.name)) for f in fields(cls) if hasattr(cfg, f.name)}
+    return cls(**(shared | given))
 
 # %% ../nbs/11a_loop.ipynb #b7e02acb
 class SignalStop:
@@ -245,6 +259,25 @@ def run_kind(c: dict) -> str:
     return 'a pretraining run' if 'seq_len' in c else 'another kind of run'
 
 
+def read_config(f: Path) -> dict:
+    """The object in the config.json `f`; `{}` if it is missing, damaged or not an object (`run_kind`: another
+    kind)."""
+    try:
+        c = json.loads(f.read_text())
+    except (OSError, ValueError):
+        return {}
+    return c if isinstance(c, dict) else {}
+
+
+def check_own_files(out: Path, files: tuple, kind: str):
+    "`RunDirError` naming what in folder `out` a `kind` ('a fine-tuning run') writing `files` did not write."
+    if other := foreign_files(out, files):
+        raise RunDirError(
+            f'{out} holds files {kind} does not write ({_listing(other)}): refusing to '
+            'delete them with --overwrite; move them out of the folder or choose another --out'
+        )
+
+
 def _listing(names: list) -> str:
     return ', '.join(names[:5]) + (', …' if len(names) > 5 else '')
 
@@ -276,11 +309,7 @@ def check_replaceable(out: Path, files: tuple, kind: str):
             f'{out} is not empty and holds no {what} run (none of {", ".join(files)}): '
             'refusing to delete it with --overwrite; choose another --out'
         )
-    if other:
-        raise RunDirError(
-            f'{out} holds files a {what} run does not write ({_listing(other)}): refusing to '
-            'delete them with --overwrite; move them out of the folder or choose another --out'
-        )
+    check_own_files(out, files, kind)
     f = out / 'config.json'
     if not f.exists() and not any(
         (out / ck / STATE_FILE).is_file() for ck in ('checkpoint', 'checkpoint.old')
@@ -289,16 +318,11 @@ def check_replaceable(out: Path, files: tuple, kind: str):
             f'{out} has no config.json and no checkpoint with its {STATE_FILE}: it only looks like a {what} '
             f'run ({_listing(sorted(names))}); refusing to delete it with --overwrite; choose another --out'
         )
-    if f.exists():
-        try:
-            c = json.loads(f.read_text())
-        except (OSError, ValueError):
-            c = None
-        if not (isinstance(c, dict) and run_kind(c) == kind):
-            raise RunDirError(
-                f'{f} is not a {what} configuration (another kind of run or damaged): refusing '
-                f'to delete {out} with --overwrite; choose another --out'
-            )
+    if f.exists() and run_kind(read_config(f)) != kind:
+        raise RunDirError(
+            f'{f} is not a {what} configuration (another kind of run or damaged): refusing '
+            f'to delete {out} with --overwrite; choose another --out'
+        )
 
 
 def replace_run_dir(out: Path):
@@ -315,18 +339,21 @@ def replace_run_dir(out: Path):
     shutil.rmtree(aside)
 
 # %% ../nbs/11a_loop.ipynb #d4dcdf31
+def _json_object(f: Path, err: type, what: str, damaged: str) -> dict:
+    """The JSON object (`what`) in file `f`; else `err` (not JSON, or not an object) saying that it is
+    `damaged`."""
+    try:
+        v = json.loads(f.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise err(f'{f} is not valid JSON ({e}); {damaged}') from None
+    if not isinstance(v, dict):
+        raise err(f'{f} must hold a JSON object ({what}); got {type(v).__name__}: {damaged}')
+    return v
+
+
 def _saved_config(out: Path, config: dict, defaults: dict, kind: str):
     "`RunDirError` if `out/config.json` is damaged, of another kind, or another configuration than `config`."
-    f = out / 'config.json'
-    try:
-        old = json.loads(f.read_text())
-    except json.JSONDecodeError as e:
-        raise RunDirError(f'{f} is not valid JSON ({e}); the run directory is damaged') from None
-    if not isinstance(old, dict):
-        raise RunDirError(
-            f'{f} must hold a JSON object (the configuration); got {type(old).__name__}: '
-            'the run directory is damaged'
-        )
+    old = _json_object(out / 'config.json', RunDirError, 'the configuration', 'the run directory is damaged')
     if run_kind(old) != kind:
         raise RunDirError(
             f'{out} holds {run_kind(old)}, not {kind} (its config.json): --resume continues '
@@ -343,27 +370,35 @@ def _saved_config(out: Path, config: dict, defaults: dict, kind: str):
 
 def prepare_run_dir(
     out: Path,
-    config: dict,
-    defaults: dict,
-    kind: str,
-    resume: bool,
-    overwrite: bool,
-    files: tuple = RUN_FILES,
+    cfg,
+    resume: bool | None,
+    overwrite: bool = False,
+    *,
+    steps: int | None = None,
+    ends: tuple = (),
+    replaceable: Callable | None = None,
 ) -> dict | None:
-    "Check `out` against `config`; the trainer state of its checkpoint to resume from, or None: a fresh run."
+    """Check `out` against run config `cfg` (a dataclass: options it did not have when the run was saved take
+    their defaults); the trainer state of its checkpoint to resume from (checked by `check_loop_state` for a
+    run of `steps`, default `cfg.steps`, with phases ending at `ends`), or None: a fresh run. `resume=None`:
+    a kind of run that is never resumed; `replaceable(out)` checks what `overwrite` would delete (default
+    `check_replaceable`)."""
+    kind, files = cfg.kind, RUN_FILES + cfg.run_files
     if resume and overwrite:
         raise ValueError('resume and overwrite exclude each other: continue the run, or replace it')
     if out.exists() and not out.is_dir():
         raise RunDirError(f'{out} is a file, not a run directory; choose another --out')
     if not (out.exists() and any(out.iterdir())):
         return None
+    if overwrite and replaceable is not None:
+        return replaceable(out)
     if overwrite:
         check_replaceable(out, files, kind)
         return None
     if not resume:
+        how = 'pass --overwrite' if resume is None else 'pass --resume to continue it, --overwrite'
         raise RunDirError(
-            f'run directory {out} exists and is not empty: pass --resume to continue it, '
-            '--overwrite to replace it, or choose another --out'
+            f'run directory {out} exists and is not empty: {how} to replace it, or choose another --out'
         )
     if not (out / 'config.json').exists() and (other := foreign_files(out, files)):
         raise RunDirError(
@@ -371,11 +406,14 @@ def prepare_run_dir(
             'choose another --out (a new or empty folder starts a run)'
         )
     if (out / 'config.json').is_file():
-        _saved_config(out, config, defaults, kind)
+        _saved_config(out, asdict(cfg), asdict(type(cfg)()), kind)
     ck, old = out / 'checkpoint', out / 'checkpoint.old'
     if not ck.exists() and old.exists():
         old.rename(ck)  # interrupted between the two renames of a save
-    return read_trainer_state(ck) if ck.exists() else None
+    if not ck.exists():
+        return None
+    state, accum = read_trainer_state(ck), getattr(cfg, 'grad_accum', 1)
+    return check_loop_state(ck / STATE_FILE, state, steps or cfg.steps, accum, cfg.log_every, ends)
 
 # %% ../nbs/11a_loop.ipynb #a0bbe922
 STATE_FILE = 'trainer_state.json'
@@ -389,15 +427,39 @@ def read_trainer_state(ck: Path) -> dict:
             f'{ck} has no {STATE_FILE}: the checkpoint is damaged (it is written last, so '
             f'the other files are not known to be whole); {again}'
         )
-    try:
-        state = json.loads(f.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f'corrupt {f}: {e}; {again}') from None
-    if not isinstance(state, dict) or type(state.get('step')) is not int or state['step'] < 0:
+    state = _json_object(f, CheckpointError, 'the trainer state', f'the checkpoint is damaged; {again}')
+    if type(state.get('step')) is not int or state['step'] < 0:
         raise CheckpointError(
             f'{f} must hold an object with an integer step ≥ 0; got {str(state)[:120]}: '
             f'the checkpoint is damaged; {again}'
         )
+    return state
+
+
+def check_loop_state(st: Path, state: dict, steps: int, grad_accum: int, log_every: int, ends=()) -> dict:
+    """`state` if the fields `fit` and `save_checkpoint` write (step, micro_step, processes, run_n, run_loss)
+    have the type and range of a run of `steps` whose training records also fall on `ends` (the ends of its
+    phases); else `CheckpointError` naming `st` and the field."""
+
+    def bad(k, allowed):
+        raise CheckpointError(
+            f'{st}: {k} must be {allowed}; got {state.get(k)!r}: the checkpoint is damaged; '
+            '--overwrite (instead of --resume) starts the run again'
+        )
+
+    step, micro = state['step'], state.get('micro_step')
+    if not 0 <= step <= steps:
+        bad('step', f'an integer in [0, steps={steps}]')
+    if not is_int(micro) or micro != step * grad_accum:
+        bad('micro_step', f"step × grad_accum = {step} × {grad_accum} = {step * grad_accum}")
+    if 'processes' in state and (not is_int(state['processes']) or state['processes'] < 1):
+        bad('processes', 'an integer ≥ 1')
+    n = step - max(e for e in (step - step % log_every, steps, *ends) if e <= step)  # since the last record
+    if 'run_n' in state and (not is_int(state['run_n']) or state['run_n'] != n):
+        bad('run_n', f'the steps since the last training record, {n}')
+    v = state.get('run_loss', 0.0)
+    if not is_real(v) or not math.isfinite(v) or v < 0:
+        bad('run_loss', 'a finite number ≥ 0 (a sum of cross-entropies)')
     return state
 
 
@@ -421,7 +483,8 @@ def _save_failed(e: BaseException | None, tmp: Path, ck: Path, step: int) -> Exc
 
 
 def save_checkpoint(acc: Accelerator, out: Path, write: Callable[[Path], None], state: dict):
-    "Write a checkpoint: `write(tmp)` on every process, then `state` as `trainer_state.json`, then the swap."
+    """Write a checkpoint: accelerate's `save_state` on every process; on the main process `write(tmp)` (the
+    kind's own files), then `state` (and the number of processes) as `trainer_state.json`; then the swap."""
     ck, tmp, old = out / 'checkpoint', out / 'checkpoint.tmp', out / 'checkpoint.old'
     if acc.is_main_process:
         if tmp.exists():
@@ -432,9 +495,10 @@ def save_checkpoint(acc: Accelerator, out: Path, write: Callable[[Path], None], 
     acc.wait_for_everyone()
     err = None
     try:
-        write(tmp)
+        acc.save_state(str(tmp), safe_serialization=True)
         if acc.is_main_process:
-            (tmp / STATE_FILE).write_text(dumps(state))
+            write(tmp)
+            (tmp / STATE_FILE).write_text(dumps({**state, 'processes': acc.num_processes}))
     except (OSError, RuntimeError) as e:
         err = e
     if any_process(acc, err is not None):  # every process has finished writing: a barrier too
@@ -451,8 +515,15 @@ def save_checkpoint(acc: Accelerator, out: Path, write: Callable[[Path], None], 
 
 # %% ../nbs/11a_loop.ipynb #1c7cde87
 def load_checkpoint(acc: Accelerator, ck: Path, check: Callable[[Path], object] | None = None):
-    "Restore model, optimizer, scheduler and random states from checkpoint `ck` (`check(ck)` first)."
+    """Restore model, optimizer, scheduler and random states from checkpoint `ck` (`check(ck)` first);
+    `CheckpointError` if it is damaged or was written by another number of processes."""
     again = 'the checkpoint is damaged: --overwrite (instead of --resume) starts the run again'
+    n = read_trainer_state(ck).get('processes', acc.num_processes)
+    if n != acc.num_processes:  # the data order depends on it
+        raise CheckpointError(
+            f'{ck} was written by {n} processes and this run has {acc.num_processes}: '
+            f'resume with the same number (accelerate launch --num_processes {n})'
+        )
     try:
         if check is not None:
             check(ck)
@@ -491,6 +562,17 @@ class Loop:
     train_fields: Callable | None = None  # (mean counts, steps, seconds) -> more fields of the train record
     tags: dict = field(default_factory=dict)  # fields of every record (e.g. the ViT's phase)
     eval_split: str = 'eval'
+
+    @classmethod
+    def of(cls, cfg, parts: tuple, loss: Callable, evaluate: Callable, save: Callable | None, **kw) -> Loop:
+        """The `Loop` of `parts` (model, opt, sched) at the cadence of run config `cfg` (`_CADENCE`); `kw`
+        overrides."""
+        model, opt, sched = parts
+        every = {k: getattr(cfg, k) for k in _CADENCE if hasattr(cfg, k)}
+        return cls(model=model, opt=opt, sched=sched, loss=loss, evaluate=evaluate, save=save, **(every | kw))
+
+
+_CADENCE = ('steps', 'log_every', 'eval_every', 'save_every', 'grad_accum', 'max_grad_norm')
 
 # %% ../nbs/11a_loop.ipynb #060588de
 def _micro_step(acc: Accelerator, loop: Loop, t: int):
@@ -643,6 +725,15 @@ def check_precision(mixed_precision: str):
         raise ValueError("mixed_precision='fp16' needs a CUDA GPU; on CPU use 'bf16' or 'no'")
 
 
+def check_one_batch(n: int, what: str, batch_size: int, world: int = 1, err: type = ValueError):
+    "`err` unless `n` examples (`what`: 'training images') fill one global batch of `batch_size` per process."
+    if n < batch_size * world:
+        raise err(
+            f'{n} {what} are fewer than one global batch of {batch_size * world} '
+            f'(batch_size {batch_size} × {world} processes): use more data or a smaller batch'
+        )
+
+
 def accelerator(mixed_precision: str = 'no', grad_accum: int = 1) -> Accelerator:
     "A fresh `Accelerator` for a run (CPU processes share the cores); `ValueError` for fp16 without a GPU."
     check_precision(mixed_precision)
@@ -655,6 +746,27 @@ def accelerator(mixed_precision: str = 'no', grad_accum: int = 1) -> Accelerator
     if acc.num_processes > 1 and acc.device.type == 'cpu':
         torch.set_num_threads(max(1, (os.cpu_count() or 2) // acc.num_processes))
     return acc
+
+
+def optimizer(
+    acc: Accelerator, model, groups: list, lr: float, steps: int, warmup: float, schedule='linear', **adamw
+):
+    """`(model, opt, sched)`: AdamW on `groups` (`param_groups`) with its `scheduler` over `steps`; model and
+    optimizer prepared by `acc`, the schedule registered for `acc.save_state`."""
+    opt = torch.optim.AdamW(groups, lr=lr, **adamw)
+    sched = scheduler(opt, steps, warmup, schedule)
+    model, opt = acc.prepare(model, opt)
+    acc.register_for_checkpointing(sched)
+    return model, opt, sched
+
+
+def build_model(what: str, cls, mcfg, sizes: tuple = ('d_model', 'd_ff', 'n_layers')):
+    """`cls(mcfg)`; if it does not fit in memory, a `MemoryLimitError` naming `what` ('the model') and the
+    `sizes` of model config `mcfg`, the options to lower."""
+    given = ', '.join(f'{k}={getattr(mcfg, k)}' for k in sizes)
+    with memory_check(f'{what} ({given})', f'use a smaller {", ".join(sizes[:-1])} or {sizes[-1]}'):
+        return cls(mcfg)
+
 
 # %% ../nbs/11a_loop.ipynb #0b20ec49
 def begin_run(acc: Accelerator, out: Path, config: dict, step: int = 0):
@@ -676,11 +788,29 @@ def progress_bar(acc: Accelerator, total: int, desc: str, show: bool = True, ini
     )
 
 
-def replace_if_asked(acc: Accelerator, out: Path, overwrite: bool):
-    "Delete the run in `out` if `overwrite` (once every input is checked); every process waits for it."
+def open_run(cfg, out, resume: bool, overwrite: bool, **steps) -> tuple:
+    """`(out, acc, state, done)` of a run with checkpoints: `out` checked (`check_creatable_dir`, then
+    `prepare_run_dir` with `steps`), a fresh `accelerator`, the trainer state to resume from (None: a fresh
+    run), and the summary of a run that had finished (`done_summary`), else None."""
+    check_creatable_dir(out)
+    out, acc = Path(out), accelerator(cfg.mixed_precision, getattr(cfg, 'grad_accum', 1))
+    state = prepare_run_dir(out, cfg, resume, overwrite, **steps)
+    return out, acc, state, done_summary(out, state, steps.get('steps') or cfg.steps)
+
+
+@contextmanager
+def running(
+    acc: Accelerator, out: Path, cfg, step: int, total: int, desc: str, progress=True, overwrite=False
+):
+    """`(stop, bar)` for the steps of run config `cfg` from `step` to `total`: the run in `out` deleted first
+    if `overwrite` (every input is checked by now; every process waits for it), `begin_run`, a `SignalStop`
+    and a `progress_bar`."""
     if overwrite and acc.is_main_process and out.exists() and any(out.iterdir()):
         replace_run_dir(out)
     acc.wait_for_everyone()
+    begin_run(acc, out, asdict(cfg), step)
+    with SignalStop() as stop, progress_bar(acc, total, desc, progress, step) as bar:
+        yield stop, bar
 
 # %% ../nbs/11a_loop.ipynb #e827647a
 def done_summary(out: Path, state: dict | None, steps: int) -> dict | None:
@@ -698,6 +828,12 @@ def train_mean(out: Path, step: int, key: str) -> float:
     "The mean of `key` over the training records of `out/metrics.jsonl` up to `step` (0 if there are none)."
     values = [r[key] for r in read_metrics(out / 'metrics.jsonl', step) if r['split'] == 'train']
     return sum(values) / max(1, len(values))
+
+
+def run_costs(acc: Accelerator, out: Path, model, step: int, rate: str) -> dict:
+    "The costs in a summary: `parameters`, `processes`, and `train_{rate}`, the mean of `rate` to `step`."
+    n = count_parameters(acc.unwrap_model(model))
+    return {'parameters': n, 'processes': acc.num_processes, f'train_{rate}': train_mean(out, step, rate)}
 
 
 def end_run(acc: Accelerator, out: Path, summary: dict) -> dict:
@@ -728,3 +864,11 @@ def eval_sums(
         sums = accelerator.gather_for_metrics(sums[None].to(dev)).sum(0).cpu()  # (processes, k) → (k,)
     model.train(was)
     return sums
+
+
+def loss_accuracy(sums: torch.Tensor, count: str) -> dict:
+    """`{'loss', 'accuracy', count}` from the `(3,)` sums of `eval_sums`: losses, correct predictions,
+    examples."""
+    loss, accuracy = (sums[:2] / sums[2]).tolist()
+    return {'loss': loss, 'accuracy': accuracy, count: int(sums[2])}
+

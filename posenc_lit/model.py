@@ -19,10 +19,10 @@ from .attention import *
 from .absolute import four_terms
 
 # %% auto #0
-__all__ = ['check_field_types', 'ModelConfig', 'Embeddings', 'EncoderLayer', 'ConvLayer', 'build_encoding', 'Encoder',
-           'EnhancedMaskDecoder', 'EncoderForMLM', 'padding_invariance_error', 'CheckpointError', 'check_weight_dtypes',
-           'check_state_dict', 'read_weights', 'save_model', 'load_config', 'load_weights', 'load_model',
-           'four_term_scores', 'count_parameters']
+__all__ = ['check_field_types', 'ModelConfig', 'Embeddings', 'EncoderLayer', 'ConvLayer', 'build_encoding',
+           'Encoder', 'EnhancedMaskDecoder', 'EncoderForMLM', 'padding_invariance_error', 'CheckpointError',
+           'check_weight_dtypes', 'check_state_dict', 'read_weights', 'save_model', 'load_config',
+           'load_weights', 'load_model', 'four_term_scores', 'count_parameters']
 
 # %% ../nbs/10_model.ipynb #14ec465d
 _KINDS = {
@@ -81,6 +81,39 @@ def _pe_options(spec, cfg, e: TypeError) -> str:
     except Exception:  # a hint only: the error it adds to stands without it
         return ''
     return f'; pe={spec.name!r} accepts {", ".join(opts)}' if opts else f'; pe={spec.name!r} takes no options'
+
+
+def _pe_kwargs_error(spec, cfg, e: TypeError) -> ValueError | None:
+    """The `ValueError` for `e`, a `TypeError` raised building encoding `spec` from `cfg`: pe_kwargs it does
+    not take, when a call refused one of them as an unexpected keyword (with the options it takes); else, with
+    pe_kwargs given, their values, naming the factory and `e`. None without pe_kwargs: then `e` is the
+    factory's own error, to be raised as it is (it gets a note naming the encoding)."""
+    f = spec.factory
+    origin = f'{f.__module__}.{getattr(f, "__qualname__", f)}'
+    bad = re.search(r"got an unexpected keyword argument '(\w+)'", str(e))
+    if bad and bad[1] in cfg.pe_kwargs:
+        return ValueError(
+            f'pe_kwargs {cfg.pe_kwargs} are not accepted by pe={spec.name!r}: {e}{_pe_options(spec, cfg, e)}'
+        )
+    if cfg.pe_kwargs:
+        return ValueError(
+            f'pe={spec.name!r} with pe_kwargs {cfg.pe_kwargs}: its factory {origin} raised TypeError: {e}; '
+            'check the types of the values'
+        )
+    e.add_note(f'raised building pe={spec.name!r} (factory {origin})')
+    return None
+
+
+def _check_built(spec, enc):
+    "`TypeError` naming the encoding when its factory returned `enc` that is not a module"
+    if not isinstance(enc, nn.Module):
+        f = spec.factory
+        raise TypeError(
+            f'the factory of the {spec.modality} encoding {spec.name!r} '
+            f'({f.__module__}.{getattr(f, "__qualname__", f)}) returned {enc!r}; a factory registered with '
+            'register_encoding returns the encoding module (an nn.Module) built from the config'
+        )
+    return enc
 
 
 def _encoding_memory_check(cfg, pe: str, kwargs: dict):
@@ -170,7 +203,7 @@ class ModelConfig:
         # so do options the encoding does not accept (built once, RNG left untouched)
         try:
             with _encoding_memory_check(self, self.pe, self.pe_kwargs), torch.random.fork_rng(devices=[]):
-                spec.factory(self)
+                enc = spec.factory(self)
         except TypeError as e:
             # an argument the model passes itself
             taken = re.search(r"multiple values for argument '(\w+)'", str(e))
@@ -180,10 +213,11 @@ class ModelConfig:
                     f'(d_model={self.d_model}, n_heads={self.n_heads}, head dimension '
                     f'd_model/n_heads={self.d_model // self.n_heads})'
                 ) from None
-            raise ValueError(
-                f'pe_kwargs {self.pe_kwargs} are not accepted by pe={self.pe!r}: '
-                f'{e}{_pe_options(spec, self, e)}'
-            ) from None
+            err = _pe_kwargs_error(spec, self, e)
+            if err is None:
+                raise
+            raise err from None
+        _check_built(spec, enc)
         if self.add_relative:
             if not isinstance(self.add_relative_kwargs, dict):
                 raise ValueError(f'add_relative_kwargs must be a dict; got {self.add_relative_kwargs!r}')

@@ -18,9 +18,10 @@ from .files import write_json
 from .model import ModelConfig, Encoder, EncoderForMLM, check_field_types
 
 # %% auto #0
-__all__ = ['PAD', 'BOS', 'FIRST', 'PROBE_PRESETS', 'PROBES', 'ProbeConfig', 'make_probe_config', 'offset_batch', 'index_batch',
-           'precede_batch', 'Probe', 'ProbeModel', 'probe_loss', 'probe_accuracy', 'train_probe', 'score_probe',
-           'run_probe', 'probe_lengths', 'new_probe_results', 'run_probes', 'format_probe_table', 'plot_probes']
+__all__ = ['PAD', 'BOS', 'FIRST', 'PROBE_PRESETS', 'PROBES', 'ProbeConfig', 'make_probe_config',
+           'offset_batch', 'index_batch', 'precede_batch', 'Probe', 'ProbeModel', 'probe_loss',
+           'probe_accuracy', 'train_probe', 'score_probe', 'run_probe', 'probe_lengths', 'new_probe_results',
+           'run_probes', 'format_probe_table', 'plot_probes']
 
 # %% ../nbs/19a_probes.ipynb #b3bd4b09
 PAD, BOS, FIRST = 0, 1, 2  # token ids: padding (never drawn), the start token, the first content id

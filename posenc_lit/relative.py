@@ -14,7 +14,8 @@ from .checks import *
 from .attention import *
 
 # %% auto #0
-__all__ = ['rel_index', 'rel_scores', 'rel_values', 'RelativeVectors', 'RelativeContext', 'Shaw', 'HuangMethod4']
+__all__ = ['rel_index', 'rel_scores', 'rel_values', 'RelativeVectors', 'RelativeContext', 'Shaw',
+           'HuangMethod4']
 
 # %% ../nbs/03_relative.ipynb #f3349c1b
 def rel_index(

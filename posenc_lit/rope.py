@@ -13,8 +13,8 @@ from .checks import *
 from .attention import *
 
 # %% auto #0
-__all__ = ['PAIRINGS', 'SCALINGS', 'rope_inv_freq', 'rope_cos_sin', 'apply_rope', 'pairing_permutation', 'rope_frequencies',
-           'RoPE', 'RoPEContext']
+__all__ = ['PAIRINGS', 'SCALINGS', 'rope_inv_freq', 'rope_cos_sin', 'apply_rope', 'pairing_permutation',
+           'rope_frequencies', 'RoPE', 'RoPEContext']
 
 # %% ../nbs/07_rope.ipynb #f9a3ac40
 def _is_num(v):

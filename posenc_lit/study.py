@@ -6,11 +6,13 @@
 from __future__ import annotations
 import json, math, statistics
 from pathlib import Path
-from .claims import STUDY, _finite, _json, check_root, seed_runs, study_loss, eval_curve
+from .claims import _finite, _json, check_root, downstream, eval_curve
+from .claims import seed_noise, seed_runs, study_loss
+
 
 # %% auto #0
-__all__ = ['ENTRIES', 'FAMILIES', 'study_rows', 'study_markdown', 'plot_study_curves', 'lengths_markdown', 'order_rows',
-           'order_markdown']
+__all__ = ['ENTRIES', 'FAMILIES', 'study_rows', 'study_markdown', 'plot_study_curves', 'lengths_markdown',
+           'calls_markdown', 'task_rows', 'task_markdown']
 
 # %% ../nbs/19c_study.ipynb #6f74caee
 ENTRIES = (
@@ -157,46 +159,69 @@ def lengths_markdown(rows: list[dict]) -> str:
     out += [f"| {r['entry']} | " + ' | '.join(cell(r['lengths'].get(n), n) for n in ns) + ' |' for r in have]
     return '\n'.join(out)
 
+# %% ../nbs/19c_study.ipynb #d6380a03
+def calls_markdown(rows: list[dict]) -> str:
+    "The rows ranked by loss, each against the next: the gap, the two-standard-error bar, and whether it is called."
+    sigma = seed_noise([{'std': r['std'], 'n': r['seeds']} for r in rows])
+    ranked = sorted(rows, key=lambda r: r['loss'])
+    out = ['| entry | next | gap (nats) | 2σ√(1/n₁ + 1/n₂) | called |', '|---|---|---:|---:|---|']
+    for a, b in zip(ranked, ranked[1:]):
+        gap = b['loss'] - a['loss']
+        if sigma is None:
+            out.append(f"| {a['entry']} | {b['entry']} | {gap:.3f} | n/a | no: σ unknown (one seed each) |")
+            continue
+        bar = 2 * sigma * math.sqrt(1 / a['seeds'] + 1 / b['seeds'])
+        out.append(
+            f"| {a['entry']} | {b['entry']} | {gap:.3f} | {bar:.3f} | {'yes' if gap > bar else 'no'} |"
+        )
+    note = 'no entry has two seeds yet' if sigma is None else f'σ = {sigma:.4f} nats'
+    return '\n'.join(out) + f'\n\n{note}.'
+
 # %% ../nbs/19c_study.ipynb #bf538573
-def order_rows(root) -> list[dict]:
-    """One row per entry of `ENTRIES` with a committed `root/study_order/<entry>/summary.json`: `entry`,
-    `seeds` (fine-tuning seeds), test accuracy `acc` and its sample `std`, `val` (validation accuracy) and the
-    bag-of-words accuracy `bow` (fractions of the test pairs)."""
+def task_rows(root, task: str = 'order') -> list[dict]:
+    """One row per entry of `ENTRIES` with a committed `root/study_<task>/<entry>/summary.json`
+    (`TASK=<task> bash tools/run_order.sh`): `entry`, `seeds` (fine-tuning seeds), `metric` (the task's main
+    metric), its test mean `score` and sample `std` over the seeds (`claims.downstream`, which checks the file),
+    `val` (its validation mean) and the bag-of-words `bow` (None where the summary has none)."""
     check_root(root)
     rows = []
     for entry in ENTRIES:
-        f = Path(root, 'study_order', entry, 'summary.json')
-        s = _read(f.parent, f.name)
-        if s is None:
+        if (d := downstream(root, entry, task)) is None:
             continue
-        test = s['test']['accuracy']
+        f, m = Path(root, f'study_{task}', entry, 'summary.json'), d['metric']
+        s = _json(f.parent, f.name)
+        bow = s.get('baselines', {}).get('bow', {}).get(m)
         rows.append(
             {
                 'entry': entry,
-                'seeds': len(test['values']),
-                'acc': _finite(test['mean'], f'test accuracy of {f}'),
-                'std': _finite(test['std'], f'test accuracy spread of {f}'),
-                'val': _finite(s['validation']['accuracy']['mean'], f'validation accuracy of {f}'),
-                'bow': _finite(s['baselines']['bow']['accuracy'], f'bag-of-words accuracy of {f}'),
+                'seeds': d['n'],
+                'metric': m,
+                'score': d['mean'],
+                'std': d['std'],
+                'val': _finite(s['validation'][m]['mean'], f'validation {m} of {f}'),
+                'bow': None if bow is None else _finite(bow, f'bag-of-words {m} of {f}'),
             }
         )
     return rows
 
 
-def order_markdown(rows: list[dict]) -> str:
-    """The order rows as a Markdown table: test accuracy (higher is better; the best in bold) with the spread
-    over fine-tuning seeds, validation accuracy, and the gap to bag-of-words (⚠ where it is not above by more
-    than one standard deviation)."""
+def task_markdown(rows: list[dict], task: str = 'order') -> str:
+    """The rows of `task_rows` as a Markdown table: the test metric (higher is better; the best in bold) with the
+    spread over fine-tuning seeds, its validation mean, and the gap to bag-of-words (⚠ where it is not above by
+    more than one standard deviation)."""
     if not rows:
-        return '*No order fine-tuning is committed yet* (`bash tools/run_order.sh learned ...`).'
-    best = max(r['acc'] for r in rows)
+        return (
+            f'*No {task} fine-tuning is committed yet* (`TASK={task} bash tools/run_order.sh learned ...`).'
+        )
+    m, best = rows[0]['metric'], max(r['score'] for r in rows)
     out = [
-        '| entry | seeds | test accuracy ↑ | validation accuracy ↑ | vs bag-of-words ↑ |',
+        f'| entry | seeds | test {m} ↑ | validation {m} ↑ | vs bag-of-words ↑ |',
         '|---|---:|---:|---:|---:|',
     ]
     for r in rows:
-        acc = _pm(r['acc'], r['std'], r['seeds'])
-        acc = f'**{acc}**' if r['acc'] == best else acc
-        gap = f"{r['acc'] - r['bow']:+.3f}" + (' ⚠' if r['acc'] - r['bow'] <= r['std'] else '')
-        out.append(f"| {r['entry']} | {r['seeds']} | {acc} | {r['val']:.3f} | {gap} |")
+        score = _pm(r['score'], r['std'], r['seeds'])
+        score = f'**{score}**' if r['score'] == best else score
+        gap = '' if r['bow'] is None else f"{r['score'] - r['bow']:+.3f}"
+        gap += ' ⚠' if r['bow'] is not None and r['score'] - r['bow'] <= r['std'] else ''
+        out.append(f"| {r['entry']} | {r['seeds']} | {score} | {r['val']:.3f} | {gap} |")
     return '\n'.join(out)

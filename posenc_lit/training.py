@@ -4,7 +4,7 @@
 
 # %% ../nbs/12_training.ipynb #9b7f6945
 from __future__ import annotations
-import functools, math, sys, time
+import functools, sys, time
 from dataclasses import dataclass, field, asdict
 from pathlib import Path
 from typing import ClassVar
@@ -19,8 +19,8 @@ from .data import *
 from .loop import *
 
 # %% auto #0
-__all__ = ['PRESETS', 'TrainConfig', 'model_config', 'make_train_config', 'micro_batch', 'step_generator', 'eval_set', 'evaluate',
-           'pretrain']
+__all__ = ['PRESETS', 'TrainConfig', 'model_config', 'make_train_config', 'micro_batch', 'step_generator',
+           'eval_set', 'evaluate', 'pretrain']
 
 # %% ../nbs/12_training.ipynb #6eb4edc2
 @dataclass(kw_only=True)
@@ -53,24 +53,15 @@ class TrainConfig(RunConfig):
         'mlm_probability': 'in (0, 1)',
         'eval_blocks': '≥ 0',
     }
+    kind: ClassVar[str] = 'a pretraining run'
+    # written by evaluate_run and the locality study
+    run_files: ClassVar[tuple] = ('lengths.json', 'locality.json')
 
 # %% ../nbs/12_training.ipynb #a2935c6a
 def model_config(cfg: TrainConfig, vocab_size: int) -> ModelConfig:
     "The `ModelConfig` of a run: widths from `cfg`, vocabulary from the tokenizer."
-    return ModelConfig(
-        vocab_size=vocab_size,
-        d_model=cfg.d_model,
-        n_layers=cfg.n_layers,
-        n_heads=cfg.n_heads,
-        d_ff=cfg.d_ff,
-        max_position_embeddings=cfg.max_position_embeddings,
-        pe=cfg.pe,
-        pe_kwargs=dict(cfg.pe_kwargs),
-        dropout=cfg.dropout,
-        attn_dropout=cfg.dropout,
-        pad_token_id=SPECIAL_TOKENS['[PAD]'],
-        emd_steps=cfg.emd_steps,
-    )
+    pad = SPECIAL_TOKENS['[PAD]']
+    return config_from(ModelConfig, cfg, vocab_size=vocab_size, attn_dropout=cfg.dropout, pad_token_id=pad)
 
 # %% ../nbs/12_training.ipynb #6f1755d0
 # fmt: off
@@ -93,7 +84,6 @@ PRESETS = {
 def make_train_config(preset: str = 'quick', **overrides) -> TrainConfig:
     "`TrainConfig` from a preset name (`PRESETS`) with explicit overrides (`None` values are ignored)."
     cfg = make_config(TrainConfig, PRESETS, preset, overrides, 'training')
-    get_encoding(cfg.pe)
     if not cfg.data.strip():
         raise ValueError("data must not be empty: 'default', a local folder, or a hub dataset name")
     model_config(cfg, len(SPECIAL_TOKENS) + 1)  # the model's options, before any data is read
@@ -116,13 +106,8 @@ def micro_batch(
 ) -> torch.Tensor:
     """The `(batch_size, n)` blocks of process `rank` for micro-batch `t`: epochs are seeded permutations,
     split by rank."""
-    per_epoch = len(blocks) // (batch_size * world)
-    if per_epoch == 0:
-        raise ValueError(
-            f'{len(blocks)} training blocks are fewer than one global batch of {batch_size * world} '
-            f'(batch_size {batch_size} × {world} processes): use more data or a smaller batch'
-        )
-    e, m = divmod(t, per_epoch)
+    check_one_batch(len(blocks), 'training blocks', batch_size, world)
+    e, m = divmod(t, len(blocks) // (batch_size * world))
     perm = _epoch_permutation(len(blocks), seed, e)
     start = (m * world + rank) * batch_size
     return blocks[perm[start : start + batch_size]]
@@ -151,45 +136,7 @@ def evaluate(model, inputs, labels, batch_size: int, accelerator: Accelerator | 
         return torch.stack([out['loss'].double() * n, correct.double(), n.double()])
 
     sums = eval_sums(model, len(inputs), batch_size, sums_of, accelerator=accelerator)
-    loss, accuracy = (sums[:2] / sums[2]).tolist()
-    return {'loss': loss, 'accuracy': accuracy, 'tokens': int(sums[2])}
-
-# %% ../nbs/12_training.ipynb #a9271dfc
-# written by `evaluate_run` and the locality study
-_RUN_FILES = RUN_FILES + ('lengths.json', 'locality.json')
-
-
-def _prepare_run_dir(out: Path, cfg: TrainConfig, resume: bool, overwrite: bool = False) -> dict | None:
-    "Check `out` against `cfg`; the trainer state to resume from, or None for a fresh run."
-    kind = 'a pretraining run'
-    state = prepare_run_dir(out, asdict(cfg), asdict(TrainConfig()), kind, resume, overwrite, _RUN_FILES)
-    return None if state is None else _check_trainer_state(out / 'checkpoint' / STATE_FILE, state, cfg)
-
-# %% ../nbs/12_training.ipynb #1fef50cd
-def _check_trainer_state(st: Path, state: dict, cfg: TrainConfig) -> dict:
-    """`state` if every field has the type and range `cfg` implies; else `CheckpointError` naming `st` and the
-    field."""
-
-    def bad(k, allowed):
-        raise CheckpointError(
-            f'{st}: {k} must be {allowed}; got {state.get(k)!r}: the checkpoint is damaged; '
-            '--overwrite (instead of --resume) starts the run again'
-        )
-
-    step, micro = state['step'], state.get('micro_step')
-    if not 0 <= step <= cfg.steps:
-        bad('step', f'an integer in [0, steps={cfg.steps}]')
-    if not is_int(micro) or micro != step * cfg.grad_accum:
-        bad('micro_step', f"step × grad_accum = {step} × {cfg.grad_accum} = {step * cfg.grad_accum}")
-    if 'processes' in state and (not is_int(state['processes']) or state['processes'] < 1):
-        bad('processes', 'an integer ≥ 1')
-    n = 0 if step == cfg.steps else step % cfg.log_every  # steps since the last training-loss record
-    if 'run_n' in state and (not is_int(state['run_n']) or state['run_n'] != n):
-        bad('run_n', f"the steps since the last record, step % log_every = {n}")
-    v = state.get('run_loss', 0.0)
-    if not is_real(v) or not math.isfinite(v) or v < 0:
-        bad('run_loss', 'a finite number ≥ 0 (a sum of cross-entropies)')
-    return state
+    return loss_accuracy(sums, 'tokens')
 
 # %% ../nbs/12_training.ipynb #b1a2a03c
 def _setup(cfg: TrainConfig, world: int = 1) -> dict:
@@ -200,12 +147,7 @@ def _setup(cfg: TrainConfig, world: int = 1) -> dict:
     train = tokenize_blocks(ds['train'], tok, cfg.seq_len)
     val = tokenize_blocks(ds['validation'], tok, cfg.seq_len)
     V = tok.get_vocab_size()
-    if len(train) < cfg.batch_size * world:
-        raise ValueError(
-            f'{len(train)} training blocks of {cfg.seq_len} tokens are fewer than one global batch of '
-            f'{cfg.batch_size * world} (batch_size {cfg.batch_size} × {world} processes): use more data '
-            'or a smaller batch'
-        )
+    check_one_batch(len(train), f'training blocks of {cfg.seq_len} tokens', cfg.batch_size, world)
     inputs, labels = eval_set(val, cfg, V)
     if not (labels != -100).any():
         raise ValueError(
@@ -236,35 +178,13 @@ def _model(cfg: TrainConfig, acc: Accelerator, d: dict):
     "The MLM model (drawn from `cfg.seed`), AdamW and its schedule, prepared; one step probed."
     set_seed(cfg.seed)
     mcfg = model_config(cfg, d['vocab'])
-    with memory_check(
-        f'the model (d_model={cfg.d_model}, d_ff={cfg.d_ff}, n_layers={cfg.n_layers}, '
-        f'max_position_embeddings={cfg.max_position_embeddings}, vocabulary {mcfg.vocab_size:,})',
-        'use a smaller d_model, d_ff, n_layers or max_position_embeddings',
-    ):
-        model = EncoderForMLM(mcfg)
-    opt = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.98), eps=1e-6)
-    sched = scheduler(opt, cfg.steps, cfg.warmup)
-    model, opt = acc.prepare(model, opt)
-    acc.register_for_checkpointing(sched)
-    _probe_step(model, cfg, d['train'], d['vocab'], acc.device)
-    return model, opt, sched
-
-# %% ../nbs/12_training.ipynb #4c3bd0a5
-def _start(cfg: TrainConfig, out: Path, acc: Accelerator, state: dict | None) -> dict:
-    "Restore the checkpoint of `state` (or seed a fresh run); config.json written, later records dropped."
-    if state is None:
-        set_seed(cfg.seed, device_specific=True)
-        state = {'step': 0}
-    else:
-        ck, n = out / 'checkpoint', state.get('processes', acc.num_processes)
-        if n != acc.num_processes:  # the data order depends on it
-            raise CheckpointError(
-                f'{ck} was written by {n} processes and this run has {acc.num_processes}: '
-                f'resume with the same number (accelerate launch --num_processes {n})'
-            )
-        load_checkpoint(acc, ck, load_model)
-    begin_run(acc, out, asdict(cfg), state['step'])
-    return state
+    model = build_model(
+        'the model', EncoderForMLM, mcfg, ('d_model', 'd_ff', 'n_layers', 'max_position_embeddings')
+    )
+    groups = param_groups(model, cfg.weight_decay)
+    parts = optimizer(acc, model, groups, cfg.lr, cfg.steps, cfg.warmup, betas=(0.9, 0.98), eps=1e-6)
+    _probe_step(parts[0], cfg, d['train'], d['vocab'], acc.device)
+    return parts
 
 # %% ../nbs/12_training.ipynb #001d1f12
 def pretrain(
@@ -277,34 +197,35 @@ def pretrain(
 ) -> dict:  # the summary (`out/summary.json`); stopped: `{'stopped_at_step', 'steps'}` (+ `'signal'`)
     """Pretrain an `EncoderForMLM` on `cfg.data` (a config from `make_train_config`); runs unchanged under
     `accelerate launch` with several processes."""
-    check_creatable_dir(out)
-    out, acc = Path(out), accelerator(cfg.mixed_precision, cfg.grad_accum)
-    state = _prepare_run_dir(out, cfg, resume, overwrite)
+    out, acc, state, done = open_run(cfg, out, resume, overwrite)
     if resume and state is None and out.exists():
         acc.print(f'{out}: no checkpoint yet, starting from step 0')
-    if (done := done_summary(out, state, cfg.steps)) is not None:
+    if done is not None:
         return done
     d = _setup(cfg, acc.num_processes)
-    loop = _mlm_loop(cfg, out, acc, d, *_model(cfg, acc, d))
+    loop = _mlm_loop(cfg, out, acc, d, _model(cfg, acc, d))
     if cfg.eval_blocks > len(d['ev_in']) and acc.is_main_process:  # stderr: stdout carries the summary
         print(
             f"note: eval_blocks={cfg.eval_blocks} is more than the {len(d['ev_in'])} validation blocks: "
             'all are evaluated',
             file=sys.stderr,
         )
-    replace_if_asked(acc, out, overwrite)
-    with SignalStop() as stop:
-        state = _start(cfg, out, acc, state)
-        with progress_bar(acc, cfg.steps, f'pretrain {cfg.pe}', progress, state['step']) as bar:
-            sig = fit(acc, loop, state, out, stop_at, stop, bar)
+    if state is None:  # a fresh run's random state, else the checkpoint's
+        set_seed(cfg.seed, device_specific=True)
+    else:
+        load_checkpoint(acc, out / 'checkpoint', load_model)
+    state = state or {'step': 0}
+    run = running(acc, out, cfg, state['step'], cfg.steps, f'pretrain {cfg.pe}', progress, overwrite)
+    with run as (stop, bar):
+        sig = fit(acc, loop, state, out, stop_at, stop, bar)
     if sig is not None or state['step'] < cfg.steps:  # a signal, the last step's too, or --stop-at
         return stopped(state, cfg.steps, sig)
     return _finish(cfg, out, acc, loop.model, state['step'], d)
 
 # %% ../nbs/12_training.ipynb #f5385988
-def _mlm_loop(cfg: TrainConfig, out: Path, acc: Accelerator, d: dict, model, opt, sched) -> Loop:
+def _mlm_loop(cfg: TrainConfig, out: Path, acc: Accelerator, d: dict, parts: tuple) -> Loop:
     "What pretraining gives `fit`: the masked-token loss of micro-batch `t`, the evaluation, the checkpoint."
-    rank, world, dev = acc.process_index, acc.num_processes, acc.device
+    (model, _, sched), rank, world, dev = parts, acc.process_index, acc.num_processes, acc.device
 
     def loss(t):
         x = micro_batch(d['train'], t, cfg.batch_size, rank, world, cfg.seed)
@@ -322,49 +243,27 @@ def _mlm_loop(cfg: TrainConfig, out: Path, acc: Accelerator, d: dict, model, opt
             'unigram_loss': d['uni'],
         }
 
-    def write(tmp: Path):
-        acc.save_state(str(tmp), safe_serialization=True)
-        if acc.is_main_process:
-            (tmp / 'config.json').write_text(acc.unwrap_model(model).cfg.to_json())
-            (tmp / 'train_config.json').write_text(dumps(asdict(cfg), indent=2, sort_keys=True))
-            d['tok'].save(str(tmp / 'tokenizer.json'))
+    def write(tmp: Path):  # beside accelerate's state
+        (tmp / 'config.json').write_text(acc.unwrap_model(model).cfg.to_json())
+        (tmp / 'train_config.json').write_text(dumps(asdict(cfg), indent=2, sort_keys=True))
+        d['tok'].save(str(tmp / 'tokenizer.json'))
 
-    save = lambda state: save_checkpoint(acc, out, write, {**state, 'processes': world})
+    save = lambda state: save_checkpoint(acc, out, write, state)
     tokens = cfg.batch_size * world * cfg.grad_accum * cfg.seq_len  # per optimizer step
-    return Loop(
-        model=model,
-        opt=opt,
-        sched=sched,
-        loss=loss,
-        evaluate=evaluation,
-        save=save,
-        steps=cfg.steps,
-        log_every=cfg.log_every,
-        eval_every=cfg.eval_every,
-        save_every=cfg.save_every,
-        grad_accum=cfg.grad_accum,
-        max_grad_norm=cfg.max_grad_norm,
-        train_fields=lambda counts, n, s: {'tokens_per_s': tokens * n / s},
-    )
+    per_s = lambda counts, n, s: {'tokens_per_s': tokens * n / s}
+    return Loop.of(cfg, parts, loss, evaluation, save, train_fields=per_s)
 
 # %% ../nbs/12_training.ipynb #34659a33
 def _finish(cfg: TrainConfig, out: Path, acc: Accelerator, model, step: int, d: dict) -> dict:
     "The summary of a finished run, from its records; written to `out/summary.json`."
     ev = [r for r in read_metrics(out / 'metrics.jsonl', step) if r['split'] == 'eval'][-1]
-    world = acc.num_processes
-    return end_run(
-        acc,
-        out,
-        {
-            'pe': cfg.pe,
-            'steps': step,
-            'eval_loss': ev['loss'],
-            'eval_accuracy': ev['accuracy'],
-            'unigram_loss': d['uni'],
-            'eval_tokens': int((d['ev_lab'] != -100).sum()),
-            'parameters': count_parameters(acc.unwrap_model(model)),
-            'processes': world,
-            'tokens_per_step': cfg.batch_size * world * cfg.grad_accum * cfg.seq_len,
-            'train_tokens_per_s': train_mean(out, step, 'tokens_per_s'),
-        },
-    )
+    summary = {
+        'pe': cfg.pe,
+        'steps': step,
+        'eval_loss': ev['loss'],
+        'eval_accuracy': ev['accuracy'],
+        'unigram_loss': d['uni'],
+        'eval_tokens': int((d['ev_lab'] != -100).sum()),
+        'tokens_per_step': cfg.batch_size * acc.num_processes * cfg.grad_accum * cfg.seq_len,
+    }
+    return end_run(acc, out, summary | run_costs(acc, out, model, step, 'tokens_per_s'))

@@ -20,13 +20,13 @@ from .attention import *
 from .absolute import sinusoidal_table
 from .rope import rope_inv_freq, rope_cos_sin, apply_rope, PAIRINGS
 from .model import EncoderLayer, CheckpointError, save_model, load_weights, check_field_types
-from .model import _config_to_json, _config_from_dict, _pe_options
+from .model import _config_to_json, _config_from_dict, _check_built, _pe_kwargs_error
 
 # %% auto #0
-__all__ = ['INTERPOLATIONS', 'POOLS', 'STEMS', 'PatchEmbed', 'grid_positions', 'interpolate_pos_embed', 'VisionEncoding',
-           'LearnedPosEmbed', 'Learned2d', 'sincos_2d_table', 'SinCos2d', 'apply_rope_2d', 'RoPE2d', 'RelBias2d',
-           'ResBlock', 'HybridStem', 'ViTConfig', 'ViTLayer', 'ViT', 'resize_pos_embed_', 'reinit_pos_embed_',
-           'save_vit', 'load_vit', 'plot_pos_similarity']
+__all__ = ['INTERPOLATIONS', 'POOLS', 'STEMS', 'PatchEmbed', 'grid_positions', 'interpolate_pos_embed',
+           'VisionEncoding', 'LearnedPosEmbed', 'Learned2d', 'sincos_2d_table', 'SinCos2d', 'apply_rope_2d',
+           'RoPE2d', 'RelBias2d', 'ResBlock', 'HybridStem', 'ViTConfig', 'ViTLayer', 'ViT',
+           'resize_pos_embed_', 'reinit_pos_embed_', 'save_vit', 'load_vit', 'plot_pos_similarity']
 
 # %% ../nbs/09_vit.ipynb #3b9fc98e
 class PatchEmbed(nn.Conv2d):
@@ -635,11 +635,13 @@ def _check_vit_config(self):
             ),
             torch.random.fork_rng(devices=[]),
         ):
-            spec.factory(self)
+            enc = spec.factory(self)
     except TypeError as e:
-        raise ValueError(
-            f'pe_kwargs {self.pe_kwargs} are not accepted by pe={self.pe!r}: {e}{_pe_options(spec, self, e)}'
-        ) from None
+        err = _pe_kwargs_error(spec, self, e)
+        if err is None:
+            raise
+        raise err from None
+    _check_built(spec, enc)
 
 
 ViTConfig.to_json = _config_to_json

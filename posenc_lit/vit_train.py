@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 from .core import get_encoding
-from .checks import is_real, memory_check
-from .model import CheckpointError, count_parameters
+from .checks import is_real
+from .model import CheckpointError
 from .loop import *
 from .training import micro_batch, step_generator
 from .vision import *
@@ -22,8 +22,8 @@ from .vit import ViT, ViTConfig, load_vit, save_vit
 from .vit import reinit_pos_embed_, resize_pos_embed_
 
 # %% auto #0
-__all__ = ['EVAL_MODES', 'VIT_PRESETS', 'MAX_PATCHES', 'VitTrainConfig', 'vit_config', 'make_vit_config', 'vit_no_decay',
-           'evaluate_images', 'model_for', 'evaluate_sizes', 'total_steps', 'train_vit']
+__all__ = ['EVAL_MODES', 'VIT_PRESETS', 'MAX_PATCHES', 'VitTrainConfig', 'vit_config', 'make_vit_config',
+           'vit_no_decay', 'evaluate_images', 'model_for', 'evaluate_sizes', 'total_steps', 'train_vit']
 
 # %% ../nbs/18_vit_train.ipynb #adb82fe5
 # interpolate the table on the fly (two methods), or re-initialise it
@@ -77,8 +77,9 @@ class VitTrainConfig(RunConfig):
         'finetune_lr': '> 0',
         'label_smoothing': 'in [0, 1)',
         'schedule': ('cosine', 'linear'),
-        'stem': ('patch', 'hybrid'),
     }
+    kind: ClassVar[str] = 'a ViT training run'
+    run_files: ClassVar[tuple] = ('trained_model',)
 
 # %% ../nbs/18_vit_train.ipynb #f73fb0db
 # fmt: off
@@ -93,65 +94,40 @@ VIT_PRESETS = {
 # fmt: on
 
 # %% ../nbs/18_vit_train.ipynb #5268c41a
-def _sizes(v, name: str) -> list:
-    try:
-        return [list(parse_size(s)) for s in v]
-    except (TypeError, ValueError) as e:
-        raise ValueError(f'{name}: {e}') from None
-
-
 def vit_config(cfg: VitTrainConfig, n_classes: int = 10, image_size: tuple | None = None) -> ViTConfig:
     """The `ViTConfig` of a run (at `image_size`, default the training size); `ValueError` naming a bad model
     option."""
-    return ViTConfig(
-        image_size=tuple(image_size or cfg.image_size),
-        patch_size=cfg.patch_size,
-        in_chans=cfg.in_chans,
-        n_classes=n_classes,
-        d_model=cfg.d_model,
-        n_layers=cfg.n_layers,
-        n_heads=cfg.n_heads,
-        d_ff=cfg.d_ff,
-        dropout=cfg.dropout,
-        pe=cfg.pe,
-        pe_kwargs=dict(cfg.pe_kwargs),
-        pool=cfg.pool,
-        stem=cfg.stem,
-        interpolate=cfg.interpolate,
-    )
+    return config_from(ViTConfig, cfg, image_size=tuple(image_size or cfg.image_size), n_classes=n_classes)
 
 # %% ../nbs/18_vit_train.ipynb #798b4d5b
-MAX_PATCHES = 16384  # the largest patch grid `_check_sizes` lets a run evaluate or fine-tune at (128 × 128)
-
-
-def _check_patch_count(what: str, size, P: int):
-    "`ValueError` if an image of `size` (h, w) makes more than `MAX_PATCHES` patches of `P`×`P`."
-    h, w = size
-    if (h // P) * (w // P) > MAX_PATCHES:
-        raise ValueError(
-            f'{what} {h}x{w} makes {(h // P) * (w // P):,} patches of {P}x{P}, more than {MAX_PATCHES:,} '
-            f'(a 128×128 grid): exact attention would score {((h // P) * (w // P)) ** 2:,} pairs per head '
-            f'and image; use a size up to {128 * P}x{128 * P}, or a larger patch size'
-        )
+MAX_PATCHES = 16384  # the largest patch grid a run may train, evaluate or fine-tune at (128 × 128)
 
 
 def _check_sizes(cfg: VitTrainConfig):
-    """Every evaluation and fine-tuning size a multiple of the patch size; no grid change for a table that may
+    """At most `MAX_PATCHES` patches at every size (before any table is built); the model's own checks
+    (`vit_config`: the encoding, that it fits in memory, heads, the image size against the patch size, ...);
+    every evaluation and fine-tuning size a multiple of the patch size; no grid change for a table that may
     not be interpolated."""
-    P, grid = cfg.patch_size, tuple(s // cfg.patch_size for s in cfg.image_size)
-    sizes = [('eval size', s) for s in cfg.eval_sizes + (cfg.finetune_eval_sizes or [])] + (
-        [('finetune_res', cfg.finetune_res)] if cfg.finetune_res else []
-    )
+    P, (H, W) = cfg.patch_size, cfg.image_size
+    sizes = [('eval size', s) for s in cfg.eval_sizes + (cfg.finetune_eval_sizes or [])]
+    sizes += [('finetune_res', cfg.finetune_res)] if cfg.finetune_res else []
+    for what, (h, w) in [('image_size', cfg.image_size)] + sizes if P > 0 else []:
+        if (h // P) * (w // P) > MAX_PATCHES:
+            raise ValueError(
+                f'{what} {h}x{w} makes {(h // P) * (w // P):,} patches of {P}x{P}, more than '
+                f'{MAX_PATCHES:,} (a 128×128 grid): exact attention would score '
+                f'{((h // P) * (w // P)) ** 2:,} pairs per head and image; use a size up to '
+                f'{128 * P}x{128 * P}, or a larger patch size'
+            )
+    with torch.random.fork_rng(devices=[]):
+        has_table = get_encoding(cfg.pe, 'image').factory(vit_config(cfg)).table_grid is not None
+    grid = (H // P, W // P)
     for what, (h, w) in sizes:
         if h % P or w % P:
             raise ValueError(
                 f'{what} {h}x{w} is not a multiple of the patch size {P} on each side: use sizes such as '
                 f'{grid[0] * P}, {2 * grid[0] * P} or {grid[0] * P}x{2 * grid[1] * P}, or another patch size'
             )
-        _check_patch_count(what, (h, w), P)
-    # vit_config checks first that the encoding fits in memory (`memory_check`)
-    with torch.random.fork_rng(devices=[]):
-        has_table = get_encoding(cfg.pe, 'image').factory(vit_config(cfg)).table_grid is not None
     if cfg.finetune_init and len(cfg.finetune_init) > 1 and not has_table:
         raise ValueError(
             f'pe={cfg.pe!r} has no learned table, so every finetune_init {cfg.finetune_init} gives the '
@@ -160,39 +136,32 @@ def _check_sizes(cfg: VitTrainConfig):
     changed = [f'{h}x{w}' for what, (h, w) in sizes if (h // P, w // P) != grid]
     if cfg.interpolate is None and has_table and changed:
         raise ValueError(
-            f'{", ".join(changed)} change(s) the patch grid ({grid[0]}×{grid[1]} at '
-            f'{cfg.image_size[0]}x{cfg.image_size[1]}) but interpolation is off (interpolate=None) and '
-            f"pe={cfg.pe!r} has a learned table for that grid: set interpolate to 'bicubic' or 'bilinear' "
-            '(--interpolate bicubic), or evaluate at the training size only (--eval-sizes '
-            f'{cfg.image_size[0]}x{cfg.image_size[1]}) without --finetune-res'
+            f'{", ".join(changed)} change(s) the patch grid ({grid[0]}×{grid[1]} at {H}x{W}) but '
+            f"interpolation is off (interpolate=None) and pe={cfg.pe!r} has a learned table for that grid: "
+            "set interpolate to 'bicubic' or 'bilinear' (--interpolate bicubic), or evaluate at the training "
+            f'size only (--eval-sizes {H}x{W}) without --finetune-res'
         )
+
 
 # %% ../nbs/18_vit_train.ipynb #b6daa999
 def make_vit_config(preset: str = 'quick', **overrides) -> VitTrainConfig:
-    "`VitTrainConfig` from a preset (`VIT_PRESETS`) and overrides (`None` is ignored, except `interpolate`)."
+    """`VitTrainConfig` from a preset (`VIT_PRESETS`) and overrides (`None` is ignored, except `interpolate`),
+    its sizes as `[H, W]`; checked: what the rules of `VitTrainConfig` cannot say (non-empty lists, options
+    that go together; the model's options, the encoding's name among them, are `ViTConfig`'s), then
+    `_check_sizes`."""
     cfg = make_config(VitTrainConfig, VIT_PRESETS, preset, overrides, 'ViT training', ('interpolate',))
     cfg.image_size = list(parse_size(cfg.image_size))
-    cfg.eval_sizes = _sizes(cfg.eval_sizes, 'eval_sizes')
-    if cfg.finetune_eval_sizes is not None:
-        cfg.finetune_eval_sizes = _sizes(cfg.finetune_eval_sizes, 'finetune_eval_sizes')
     if cfg.finetune_res is not None:
         cfg.finetune_res = list(parse_size(cfg.finetune_res))
-    _check_options(cfg)
-    if cfg.patch_size > 0:
-        _check_patch_count('image_size', cfg.image_size, cfg.patch_size)  # before any table is built
-    # the model's own checks: encoding, heads, image size against the patch size, ...
-    vit_config(cfg)
-    _check_sizes(cfg)
-    return cfg
-
-# %% ../nbs/18_vit_train.ipynb #e939f890
-def _check_options(cfg: VitTrainConfig):
-    "What the rules of `VitTrainConfig` cannot say: names, non-empty lists, options that go together."
-    get_encoding(cfg.pe, 'image')  # an unknown name fails, listing the valid ones
+    for name in ('eval_sizes', 'finetune_eval_sizes'):
+        try:
+            v = getattr(cfg, name)
+            setattr(cfg, name, v if v is None else [list(parse_size(s)) for s in v])
+        except (TypeError, ValueError) as e:
+            raise ValueError(f'{name}: {e}') from None
     if not cfg.data.strip():
         raise ValueError(
-            "data must not be empty: 'default', 'auto', 'fashion-mnist-full', 'mnist', a folder "
-            'or a hub name'
+            "data must not be empty: 'default', 'auto', 'fashion-mnist-full', 'mnist', a folder or a hub name"
         )
     if not cfg.eval_sizes:
         raise ValueError('eval_sizes must name at least one size, e.g. [[28, 28]]')
@@ -208,6 +177,8 @@ def _check_options(cfg: VitTrainConfig):
         raise ValueError('finetune_init needs a fine-tune: add --finetune-res and --finetune-steps')
     if init is not None and (not init or set(init) - set(EVAL_MODES) or len(set(init)) < len(init)):
         raise ValueError(f'finetune_init must be distinct entries of {EVAL_MODES}; got {init}')
+    _check_sizes(cfg)
+    return cfg
 
 # %% ../nbs/18_vit_train.ipynb #0ea45f63
 def vit_no_decay(name: str) -> bool:
@@ -235,8 +206,7 @@ def evaluate_images(
         return torch.tensor([loss.item(), correct.item(), len(y)], dtype=torch.float64)
 
     sums = eval_sums(model, len(images), batch_size, sums_of, accelerator=accelerator)
-    loss, accuracy = (sums[:2] / sums[2]).tolist()
-    return {'loss': loss, 'accuracy': accuracy, 'images': int(sums[2])}
+    return loss_accuracy(sums, 'images')
 
 # %% ../nbs/18_vit_train.ipynb #495f49ce
 def model_for(model: ViT, size, mode: str) -> ViT:
@@ -287,101 +257,6 @@ def evaluate_sizes(
         out[f'{size[0]}x{size[1]}'] = res
     return out
 
-# %% ../nbs/18_vit_train.ipynb #feeebd30
-_VIT_RUN_FILES = RUN_FILES + ('trained_model',)
-
-
-def _prepare_vit_run_dir(out: Path, cfg: VitTrainConfig, resume: bool, overwrite: bool) -> dict | None:
-    "Check `out` against `cfg`; the checked trainer state to resume from, or None for a fresh run."
-    state = prepare_run_dir(
-        out, asdict(cfg), asdict(VitTrainConfig()), 'a ViT training run', resume, overwrite, _VIT_RUN_FILES
-    )
-    if state is None:
-        return None
-    total = total_steps(cfg)
-    ok = state['step'] <= total and isinstance(state.get('results'), dict) and is_real(state.get('elapsed'))
-    if not ok:
-        raise CheckpointError(
-            f"{out / 'checkpoint' / STATE_FILE} must hold an integer step in [0, {total}], results "
-            f'and elapsed; got {str(state)[:120]}: the checkpoint is damaged; --overwrite (instead '
-            'of --resume) starts the run again'
-        )
-    return state
-
-# %% ../nbs/18_vit_train.ipynb #46d277b2
-def _save_checkpoint(acc: Accelerator, out: Path, model, opt, sched, state: dict):
-    "A checkpoint of the phase in progress: the model (`save_vit`), optimizer, scheduler and random states."
-
-    def write(tmp: Path):
-        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
-        torch.save({'torch': torch.get_rng_state(), 'cuda': cuda}, tmp / f'rng_{acc.process_index}.pt')
-        if acc.is_main_process:
-            save_vit(acc.unwrap_model(model), tmp / 'model')
-            torch.save(opt.state_dict(), tmp / 'optimizer.pt')
-            torch.save(sched.state_dict(), tmp / 'scheduler.pt')
-
-    save_checkpoint(acc, out, write, state)
-
-# %% ../nbs/18_vit_train.ipynb #b580c59e
-def _load_checkpoint(ck: Path, rank: int):
-    "The model of checkpoint `ck`, and a function that restores optimizer, scheduler and this process's RNG."
-    try:
-        model = load_vit(ck / 'model')
-        rng = torch.load(ck / f'rng_{rank}.pt', weights_only=True)
-        opt_sd = torch.load(ck / 'optimizer.pt', weights_only=True)
-        sched_sd = torch.load(ck / 'scheduler.pt', weights_only=True)
-    except Exception as e:
-        raise CheckpointError(
-            f'cannot resume from {ck} ({type(e).__name__}: {str(e)[:200]}); the checkpoint is '
-            'damaged: --overwrite (instead of --resume) starts the run again'
-        ) from None
-
-    def restore(opt, sched, mid_phase: bool):
-        torch.set_rng_state(rng['torch'])
-        if rng['cuda'] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(rng['cuda'])
-        if mid_phase:
-            opt.load_state_dict(opt_sd)
-            sched.load_state_dict(sched_sd)
-
-    return model, restore
-
-# %% ../nbs/18_vit_train.ipynb #b520d593
-def _setup(cfg: VitTrainConfig, world: int = 1) -> tuple[dict, dict]:
-    "`(data, info)`: the splits of `load_images` and what the run needs to know about them."
-    src, note = cfg.data, None
-    if src == 'auto':
-        try:
-            resolve_source('fashion-mnist-full')
-            src = 'fashion-mnist-full'
-        except VisionDataError:
-            src, note = 'default', 'the full Fashion-MNIST is not here: the embedded subset was used'
-    data = load_images(src, cfg.val_every)
-    (X, y), C = data['train'], 1  # load_images gives greyscale (n, H, W)
-    if cfg.in_chans != C:
-        raise VisionDataError(
-            f'the images of {src!r} have {C} channel (greyscale) but the model takes '
-            f'in_chans={cfg.in_chans}: use in_chans={C} (--in-chans {C})'
-        )
-    if len(X) < cfg.batch_size * world:
-        raise VisionDataError(
-            f'{len(X)} training images are fewer than one global batch of {cfg.batch_size * world} '
-            f'(batch_size {cfg.batch_size} × {world} processes): use more data or a smaller batch'
-        )
-    n_classes = max(10, int(max(int(data[s][1].max()) for s in IMAGE_SPLITS if len(data[s][1]))) + 1)
-    mean, std = image_stats(X)
-    info = {
-        'data': src,
-        'location': resolve_source(src)[1],
-        'note': note,
-        'n_classes': n_classes,
-        'mean': mean,
-        'std': std,
-        'data_size': list(X.shape[1:]),
-        'images': {s: len(data[s][1]) for s in IMAGE_SPLITS},
-    }
-    return data, info
-
 # %% ../nbs/18_vit_train.ipynb #48e0d8df
 def _finetune_names(cfg: VitTrainConfig) -> list:
     if not cfg.finetune_steps:
@@ -403,29 +278,57 @@ def total_steps(cfg: VitTrainConfig) -> int:
     return _phases(cfg)[-1][3]
 
 
-def _optimizer(cfg: VitTrainConfig, model, phase: tuple, acc: Accelerator):
-    "A new AdamW and schedule for `phase`; the model and optimizer prepared by `acc`."
-    _, _, first, last, lr = phase
-    opt = torch.optim.AdamW(param_groups(model, cfg.weight_decay, vit_no_decay), lr=lr, betas=(0.9, 0.999))
-    sched = scheduler(opt, last - first, cfg.warmup, cfg.schedule)
-    model, opt = acc.prepare(model, opt)
-    return model, opt, sched
+# %% ../nbs/18_vit_train.ipynb #46d277b2
+def _save(acc: Accelerator, out: Path, model, state: dict):
+    "A checkpoint of the phase in progress: accelerate's state, and the model through `save_vit`."
+    save_checkpoint(acc, out, lambda tmp: save_vit(acc.unwrap_model(model), tmp / 'model'), state)
+
+# %% ../nbs/18_vit_train.ipynb #b520d593
+def _setup(cfg: VitTrainConfig, world: int = 1) -> tuple[dict, dict]:
+    "`(data, info)`: the splits of `load_images` and what the run needs to know about them."
+    src, note = cfg.data, None
+    if src == 'auto':
+        try:
+            resolve_source('fashion-mnist-full')
+            src = 'fashion-mnist-full'
+        except VisionDataError:
+            src, note = 'default', 'the full Fashion-MNIST is not here: the embedded subset was used'
+    data = load_images(src, cfg.val_every)
+    (X, y), C = data['train'], 1  # load_images gives greyscale (n, H, W)
+    if cfg.in_chans != C:
+        raise VisionDataError(
+            f'the images of {src!r} have {C} channel (greyscale) but the model takes '
+            f'in_chans={cfg.in_chans}: use in_chans={C} (--in-chans {C})'
+        )
+    check_one_batch(len(X), 'training images', cfg.batch_size, world, VisionDataError)
+    n_classes = max(10, int(max(int(data[s][1].max()) for s in IMAGE_SPLITS if len(data[s][1]))) + 1)
+    mean, std = image_stats(X)
+    info = {
+        'data': src,
+        'data_location': resolve_source(src)[1],
+        'n_classes': n_classes,
+        'mean': mean,
+        'std': std,
+        'data_image_size': list(X.shape[1:]),
+        'images': {s: len(data[s][1]) for s in IMAGE_SPLITS},
+    } | ({'data_note': note} if note else {})
+    return data, info
 
 # %% ../nbs/18_vit_train.ipynb #776ab3aa
 def _phase_loop(
-    cfg: VitTrainConfig, out: Path, acc: Accelerator, d: dict, phase: tuple, state: dict, prepared
+    cfg: VitTrainConfig, out: Path, acc: Accelerator, d: dict, phase: tuple, state: dict, parts
 ) -> Loop:
     """What `phase` gives `fit`: the cross-entropy of step `t`'s images (and correct predictions), validation,
     saves."""
-    (name, size, first, last, _), (model, opt, sched) = phase, prepared
-    (X, y), info, rank, world = d['data']['train'], d['info'], acc.process_index, acc.num_processes
-    # another order for fine-tunes, the same for each
-    seed = cfg.seed + (name != 'train')
+    (name, size, first, last, _), model, n = phase, parts[0], cfg.batch_size
+    (X, y), mean, std = d['data']['train'], d['info']['mean'], d['info']['std']
+    rank, world = acc.process_index, acc.num_processes
+    seed = cfg.seed + (name != 'train')  # another order for fine-tunes, the same for each
 
     def loss(t):
-        idx = micro_batch(torch.arange(len(X)), t - first, cfg.batch_size, rank, world, seed)
+        idx = micro_batch(torch.arange(len(X)), t - first, n, rank, world, seed)
         imgs = augment(X[idx], step_generator(seed, t - first, rank)) if cfg.augment else X[idx]
-        x, yb = to_float(imgs, info['mean'], info['std'], size).to(acc.device), y[idx].to(acc.device)
+        x, yb = to_float(imgs, mean, std, size).to(acc.device), y[idx].to(acc.device)
         logits = model(x)  # (b, n_classes)
         ce = F.cross_entropy(logits.float(), yb, label_smoothing=cfg.label_smoothing)
         return ce, {'correct': (logits.argmax(-1) == yb).sum().item()}
@@ -434,75 +337,37 @@ def _phase_loop(
         v = {'loss': None, 'accuracy': None}
         if len(d['data']['validation'][1]):
             v = evaluate_images(
-                acc.unwrap_model(model),
-                *d['data']['validation'],
-                info['mean'],
-                info['std'],
-                size,
-                accelerator=acc,
+                acc.unwrap_model(model), *d['data']['validation'], mean, std, size, accelerator=acc
             )
         if step == last and v['loss'] is not None:
-            # the phase's validation result, not computed again
-            state['val_end'] = v
+            state['val_end'] = v  # the phase's validation result, not computed again
         return {'image_size': list(size), 'loss': v['loss'], 'accuracy': v['accuracy']}
 
-    save = lambda st: _save_checkpoint(
-        acc, out, model, opt, sched, {**st, 'elapsed': time.time() - d['t_start']}
-    )
-    per_s = lambda c, n, s: {
-        'accuracy': c['correct'] / (n * cfg.batch_size),
-        'images_per_s': n * cfg.batch_size * world / s,
-    }
-    return Loop(
-        model=model,
-        opt=opt,
-        sched=sched,
-        loss=loss,
-        evaluate=evaluation,
-        save=save,
-        steps=last,
-        log_every=cfg.log_every,
-        eval_every=cfg.eval_every,
-        save_every=cfg.save_every,
-        max_grad_norm=cfg.max_grad_norm,
-        train_fields=per_s,
-        tags={'phase': name},
-    )
+    save = lambda st: _save(acc, out, model, {**st, 'elapsed': time.time() - d['t_start']})
+    per_s = lambda c, k, s: {'accuracy': c['correct'] / (k * n), 'images_per_s': k * n * world / s}
+    return Loop.of(cfg, parts, loss, evaluation, save, steps=last, train_fields=per_s, tags={'phase': name})
 
 # %% ../nbs/18_vit_train.ipynb #22deac7b
 def _phase_results(
-    cfg: VitTrainConfig, acc: Accelerator, model, d: dict, phase: tuple, val: dict | None = None
+    cfg: VitTrainConfig, acc: Accelerator, model: ViT, d: dict, phase: tuple, val=None
 ) -> dict:
     """Validation (unless `val` is given) and test at the phase's resolution, and test at every evaluation
     size and mode."""
-    m, size, data, info = acc.unwrap_model(model), phase[1], d['data'], d['info']
-
-    def ev(split):
-        if not len(data[split][1]):
-            return None
-        return evaluate_images(m, *data[split], info['mean'], info['std'], size, accelerator=acc)
-
-    test = ev('test')
-    sizes = (
-        cfg.eval_sizes if phase[0] == 'train' or cfg.finetune_eval_sizes is None else cfg.finetune_eval_sizes
+    (name, size, _, last, _), data, norm = phase, d['data'], (d['info']['mean'], d['info']['std'])
+    ev = lambda split: (
+        evaluate_images(model, *data[split], *norm, size, accelerator=acc) if len(data[split][1]) else None
     )
-    # the test at the phase's size is not repeated
-    known = {tuple(size): test['accuracy']} if test else None
-    return {
-        'image_size': list(size),
-        'step': phase[3],
-        'validation': val or ev('validation'),
-        'test': test,
-        'eval': evaluate_sizes(
-            m, *data['test'], info['mean'], info['std'], sizes, cfg.eval_modes, accelerator=acc, known=known
-        ),
-    }
+    test, val = ev('test'), val or ev('validation')
+    sizes = cfg.eval_sizes if name == 'train' or cfg.finetune_eval_sizes is None else cfg.finetune_eval_sizes
+    known = {tuple(size): test['accuracy']} if test else None  # the test at the phase's size is not repeated
+    evs = evaluate_sizes(model, *data['test'], *norm, sizes, cfg.eval_modes, accelerator=acc, known=known)
+    return dict(image_size=list(size), step=last, validation=val, test=test, eval=evs)
 
 # %% ../nbs/18_vit_train.ipynb #c0b7ad15
-def _finetune_start(cfg: VitTrainConfig, out: Path, acc: Accelerator, model, name: str, size) -> ViT:
+def _finetune_start(cfg: VitTrainConfig, out: Path, model: ViT, name: str, size) -> ViT:
     "The model fine-tune `name` starts from, its table made for `size`."
     if cfg.finetune_init is None:
-        return resize_pos_embed_(acc.unwrap_model(model), size, cfg.interpolate or 'bicubic')
+        return resize_pos_embed_(model, size, cfg.interpolate or 'bicubic')
     m, init = load_vit(out / 'trained_model'), name.removeprefix('finetune-')
     if init != 'none':
         return resize_pos_embed_(m, size, init)
@@ -511,76 +376,57 @@ def _finetune_start(cfg: VitTrainConfig, out: Path, acc: Accelerator, model, nam
         return reinit_pos_embed_(m, size)
 
 # %% ../nbs/18_vit_train.ipynb #e4bb5b8c
-def _train(
-    cfg: VitTrainConfig, out: Path, acc: Accelerator, model, d: dict, state: dict, stop_at, stop
-) -> dict:
+def _train(cfg: VitTrainConfig, out: Path, model: ViT, d: dict, state: dict) -> dict:
     "Run the phases from `state`; the summary, or `{'stopped_at_step', 'steps'}` (+ `'signal'`)."
-    total, restore = total_steps(cfg), d.pop('restore')
     for phase in _phases(cfg):
-        name, size, first, last, _ = phase
-        if state['step'] >= last and name in state['results']:
+        name, size, first, last, lr = phase
+        resume_here = d['resume'] and first < state['step'] <= last  # the checkpoint is of this phase
+        if name in state['results'] and not resume_here:
             continue
         if state['step'] == first and name != 'train':
-            model = _finetune_start(cfg, out, acc, model, name, size)
-        model, opt, sched = _optimizer(cfg, acc.unwrap_model(model), phase, acc)
-        if restore is not None:
-            restore(opt, sched, first < state['step'] < last)
-            restore = None
-        sig = fit(
-            acc,
-            _phase_loop(cfg, out, acc, d, phase, state, (model, opt, sched)),
-            state,
-            out,
-            stop_at,
-            stop,
-            d['bar'],
-        )
+            model = _finetune_start(cfg, out, model, name, size)
+        # a fresh accelerator per phase: the checkpoint holds this phase's optimizer and schedule only
+        acc = accelerator(cfg.mixed_precision)
+        groups = param_groups(model, cfg.weight_decay, vit_no_decay)
+        parts = optimizer(acc, model, groups, lr, last - first, cfg.warmup, cfg.schedule)
+        if resume_here:
+            load_checkpoint(acc, out / 'checkpoint')
+        if name in state['results']:  # resumed at the end of this phase
+            continue
+        loop = _phase_loop(cfg, out, acc, d, phase, state, parts)
+        sig = fit(acc, loop, state, out, d['stop_at'], d['stop'], d['bar'])
         if sig is not None or state['step'] < last:  # a signal, the phase's last step's too, or --stop-at
-            return stopped(state, total, sig)
+            return stopped(state, total_steps(cfg), sig)
         state['results'][name] = _phase_results(cfg, acc, model, d, phase, state.pop('val_end', None))
         if name == 'train' and cfg.finetune_init and acc.is_main_process:
-            save_vit(acc.unwrap_model(model), out / 'trained_model')
-        _save_checkpoint(acc, out, model, opt, sched, {**state, 'elapsed': time.time() - d['t_start']})
+            save_vit(model, out / 'trained_model')
+        _save(acc, out, model, {**state, 'elapsed': time.time() - d['t_start']})
     return _finish(cfg, out, acc, model, d, state)
 
 # %% ../nbs/18_vit_train.ipynb #42722ab7
-def _finish(cfg: VitTrainConfig, out: Path, acc: Accelerator, model, d: dict, state: dict) -> dict:
+def _finish(cfg: VitTrainConfig, out: Path, acc: Accelerator, m: ViT, d: dict, state: dict) -> dict:
     "The summary of a finished run, from its phase results and records; written to `out/summary.json`."
     r, info = state['results'], d['info']
-    m = acc.unwrap_model(model)
+    ft = lambda f, steps=cfg.finetune_steps: {  # what the summary says of a phase
+        'image_size': f['image_size'],
+        'steps': steps,
+        'test_accuracy': f['test']['accuracy'],
+        'val_accuracy': (f['validation'] or {}).get('accuracy'),
+        'eval': f['eval'],
+    }
     how = 'not applicable: the encoding has no table; every mode is the same model'
     if m.pe.table_grid is not None:
         how = 'the learned table, interpolated on the fly (bicubic, bilinear) or re-initialised (none)'
     summary = {
-        'pe': cfg.pe,
-        'pe_kwargs': cfg.pe_kwargs,
-        'data': info['data'],
-        'data_location': info['location'],
-        'images': info['images'],
-        'data_image_size': info['data_size'],
-        'image_size': cfg.image_size,
-        'patch_size': cfg.patch_size,
+        **{k: getattr(cfg, k) for k in ('pe', 'pe_kwargs', 'patch_size')},
+        **ft(r['train'], cfg.steps),
+        **{k: v for k, v in info.items() if k not in ('n_classes', 'mean', 'std')},  # the data's
         'grid': [s // cfg.patch_size for s in cfg.image_size],
-        'steps': cfg.steps,
         'epochs': cfg.steps * cfg.batch_size * acc.num_processes / info['images']['train'],
-        'test_accuracy': r['train']['test']['accuracy'],
         'test_loss': r['train']['test']['loss'],
-        'val_accuracy': (r['train']['validation'] or {}).get('accuracy'),
-        'eval': r['train']['eval'],
         'interpolation': how,
-        'parameters': count_parameters(m),
-        'processes': acc.num_processes,
+        **run_costs(acc, out, m, state['step'], 'images_per_s'),
         'wall_s': time.time() - d['t_start'],
-        'train_images_per_s': train_mean(out, state['step'], 'images_per_s'),
-    }
-    if info['note']:
-        summary['data_note'] = info['note']
-    ft = lambda f: {
-        'image_size': f['image_size'],
-        'steps': cfg.finetune_steps,
-        'test_accuracy': f['test']['accuracy'],
-        'val_accuracy': (f['validation'] or {}).get('accuracy'),
-        'eval': f['eval'],
     }
     if 'finetune' in r:
         summary['finetune'] = ft(r['finetune'])
@@ -588,17 +434,35 @@ def _finish(cfg: VitTrainConfig, out: Path, acc: Accelerator, model, d: dict, st
         summary['finetunes'] = {n.removeprefix('finetune-'): ft(r[n]) for n in _finetune_names(cfg)}
     return end_run(acc, out, summary)
 
+
 # %% ../nbs/18_vit_train.ipynb #876e4d30
-def _start_model(cfg: VitTrainConfig, out: Path, acc: Accelerator, info: dict, state: dict | None):
-    "The model to train and the function that restores the rest of the checkpoint (None for a fresh run)."
+_AGAIN = 'the checkpoint is damaged: --overwrite (instead of --resume) starts the run again'
+
+
+def _check_state(out: Path, state: dict | None):
+    """`CheckpointError` unless the trainer state to resume from (None: a fresh run) holds the results of the
+    phases (a dict) and the elapsed seconds (a finite number); checked before a finished run's summary is
+    returned too."""
+    if state is not None and not (isinstance(state.get('results'), dict) and is_real(state.get('elapsed'))):
+        raise CheckpointError(
+            f"{out / 'checkpoint' / STATE_FILE} must hold the results of the phases and elapsed; got "
+            f'{str(state)[:120]}: {_AGAIN}'
+        )
+
+
+def _start_model(cfg: VitTrainConfig, out: Path, info: dict, state: dict | None) -> ViT:
+    """The model to train: drawn from `cfg.seed` for a fresh run; to resume (`state` checked by
+    `_check_state`), the checkpoint's, of its phase's shape (`load_checkpoint` then restores the rest)."""
+    ck = out / 'checkpoint'
     if state is not None:
-        return _load_checkpoint(out / 'checkpoint', acc.process_index)
+        try:
+            return load_vit(ck / 'model')
+        except Exception as e:
+            raise CheckpointError(
+                f'cannot resume from {ck} ({type(e).__name__}: {str(e)[:200]}); {_AGAIN}'
+            ) from None
     set_seed(cfg.seed)
-    with memory_check(
-        f'the ViT (d_model={cfg.d_model}, d_ff={cfg.d_ff}, n_layers={cfg.n_layers})',
-        'use a smaller d_model, d_ff or n_layers',
-    ):
-        return ViT(vit_config(cfg, info['n_classes'])), None
+    return build_model('the ViT', ViT, vit_config(cfg, info['n_classes']))
 
 # %% ../nbs/18_vit_train.ipynb #efe69be1
 def train_vit(
@@ -611,18 +475,16 @@ def train_vit(
 ) -> dict:  # the summary (`out/summary.json`); stopped: `{'stopped_at_step', 'steps'}` (+ `'signal'`)
     """Train a `ViT` on `cfg.data` (a config from `make_vit_config`); evaluate it at every `cfg.eval_sizes` ×
     `cfg.eval_modes`; `accelerate launch` too."""
-    check_creatable_dir(out)
-    out, acc = Path(out), accelerator(cfg.mixed_precision)
-    state = _prepare_vit_run_dir(out, cfg, resume, overwrite)
-    if (done := done_summary(out, state, total_steps(cfg))) is not None:
+    ends = [phase[3] for phase in _phases(cfg)]
+    out, acc, state, done = open_run(cfg, out, resume, overwrite, steps=ends[-1], ends=ends)
+    _check_state(out, state)
+    if done is not None:
         return done  # finished: left as it is
     data, info = _setup(cfg, acc.num_processes)
-    model, restore = _start_model(cfg, out, acc, info, state)
-    replace_if_asked(acc, out, overwrite)
+    model = _start_model(cfg, out, info, state)
+    d = {'data': data, 'info': info, 'resume': state is not None, 'stop_at': stop_at}
     state = state or {'step': 0, 'results': {}, 'elapsed': 0.0}
-    d = {'data': data, 'info': info, 'restore': restore, 't_start': time.time() - state['elapsed']}
-    begin_run(acc, out, asdict(cfg), state['step'])  # the records after the checkpoint's are dropped
-    bar = progress_bar(acc, total_steps(cfg), f'vit {cfg.pe}', progress, state['step'])
-    with SignalStop() as stop, bar:
-        d['bar'] = bar
-        return _train(cfg, out, acc, model, d, state, stop_at, stop)
+    d['t_start'] = time.time() - state['elapsed']
+    run = running(acc, out, cfg, state['step'], ends[-1], f'vit {cfg.pe}', progress, overwrite)
+    with run as (d['stop'], d['bar']):
+        return _train(cfg, out, model, d, state)

@@ -20,6 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+import posenc_lit.core
 import posenc_lit.files
 from posenc_lit.cli import main
 from posenc_lit.checks import POSITION_LIMIT
@@ -28,6 +29,10 @@ from posenc_lit.files import write_json
 from posenc_lit.model import CheckpointError, ModelConfig, EncoderForMLM, load_model, save_model
 from posenc_lit.checks import PositionRangeError
 from posenc_lit.core import register_encoding, rel_pos
+from posenc_lit.attention import PositionEncoding, default_positions, position_attention
+from posenc_lit.relative import Shaw
+from posenc_lit.t5 import T5RelativeBias
+from posenc_lit.compare import compare_plan
 from posenc_lit.vit import ViT, ViTConfig, load_vit, save_vit
 
 
@@ -108,7 +113,22 @@ def _other_factory(config):
     return None
 
 
+def _registered(name, factory, call, modality='text'):
+    "`call()` with `factory` registered as `name` (removed again afterwards)"
+    register_encoding(name, 'none', 'a test entry', modality=modality)(factory)
+    try:
+        return call()
+    finally:
+        del posenc_lit.core._REGISTRY[modality, name]
+
+
+def _own_type_error(config):
+    return PositionEncoding() + 1   # the factory's own bug, not an option it refuses
+
+
 TEXT = dict(vocab_size=50, d_model=32, n_heads=4, d_ff=64)
+_QKV = tuple(torch.randn(2, 4, 10, 8) for _ in range(3))  # q, k, v (b, h, n, d)
+_POS, _T5 = default_positions(10), T5RelativeBias(4)
 API_BAD = {   # id: (call that gets `tmp_path`, error type, what was wrong, what would be right)
     'sequence-longer-than-learned-table': (
         lambda tmp: _mlm()(torch.randint(1, 50, (1, 20))), PositionRangeError,
@@ -177,10 +197,68 @@ API_BAD = {   # id: (call that gets `tmp_path`, error type, what was wrong, what
         lambda tmp: load_model(tmp), CheckpointError, 'no config.json in', 'a model folder holds config.json and model.safetensors'),
     'corrupt-vit-weights': (
         lambda tmp: load_vit(_damaged_vit(tmp)), CheckpointError, 'corrupt weights file', 're-save or re-train'),
+    'encoding-name-like-a-flag': (
+        lambda tmp: register_encoding('--pe', 'qk', 'x'), ValueError,
+        "got '--pe'", "an encoding name is a word of lowercase letters, digits, '-', '_' and '.' that starts with a letter"),
+    'encoding-name-with-a-slash': (
+        lambda tmp: register_encoding('a/b', 'qk', 'x'), ValueError, "got 'a/b'", "(it is passed as `--pe NAME` and names run folders)"),
+    'encoding-name-invisible': (lambda tmp: register_encoding('\u200b', 'qk', 'x'), ValueError, r"got '\u200b'", "e.g. 'my-rope'"),
+    'encoding-replace-not-a-bool': (
+        lambda tmp: register_encoding('t5', 'score', 'my T5', replace='no'), TypeError, "got 'no'", 'replace must be True or False'),
+    'encoding-shadows-an-ablation': (
+        lambda tmp: _registered('deberta-noemd', _other_factory, lambda: compare_plan('quick', encodings=['t5'], vit=False)),
+        ValueError, "the encoding 'deberta-noemd' registered by test_bad_input._other_factory has the name of an ablation",
+        'which compare would run instead: register it under another name'),
+    'factory-returns-none': (
+        lambda tmp: _registered('nothing', _other_factory, lambda: ModelConfig(**TEXT, pe='nothing')), TypeError,
+        "the factory of the text encoding 'nothing' (test_bad_input._other_factory) returned None",
+        'a factory registered with register_encoding returns the encoding module (an nn.Module)'),
+    'image-factory-returns-none': (
+        lambda tmp: _registered('nothing', _other_factory, lambda: ViTConfig(pe='nothing'), 'image'), TypeError,
+        "the factory of the image encoding 'nothing' (test_bad_input._other_factory) returned None",
+        'returns the encoding module (an nn.Module)'),
+    'encoding-option-of-wrong-type': (
+        lambda tmp: ModelConfig(**TEXT, pe='learned', pe_kwargs={'init_std': 'a'}), ValueError,
+        "pe='learned' with pe_kwargs {'init_std': 'a'}: its factory posenc_lit.absolute._learned raised TypeError",
+        'check the types of the values'),
+    'json-value-not-serializable': (
+        lambda tmp: write_json(tmp / 'r.json', {'runs': [{'acc': torch.tensor(0.5)}]}), TypeError,
+        "r.json: obj['runs'][0]['acc']: Object of type Tensor is not JSON serializable",
+        'JSON holds dicts with string keys, lists, strings, numbers, booleans and None'),
     'encoding-name-taken': (
         lambda tmp: register_encoding('t5', 'score', 'my T5')(_other_factory), ValueError,
         "the text encoding 't5' is already registered (by posenc_lit.t5._t5)", 'choose another name, or pass replace=True'),
+    # position_attention's boundary (new-user trial of the own-attention contract)
+    'attention-arguments-out-of-order': (
+        lambda tmp: position_attention(*_QKV, _T5, _T5.prepare(_POS, _POS)), TypeError, 'got Tensor',
+        'pe must be a PositionEncoding (the first argument: position_attention(pe, q, k, v, ctx, layer, mask'),
+    'attention-layer-in-the-place-of-ctx': (
+        lambda tmp: position_attention(_T5, *_QKV, 0, _T5.prepare(_POS, _POS)), TypeError,
+        'ctx must be a T5Context', 'got int'),
+    'attention-ctx-missing': (
+        lambda tmp: position_attention(_T5, *_QKV, None, 0), TypeError, 'got NoneType',
+        'ctx comes from pe.prepare(q_pos, k_pos) of this encoding (T5RelativeBias)'),
+    'attention-ctx-of-another-encoding': (
+        lambda tmp: position_attention(Shaw(8, 2, k=4), *_QKV, _T5.prepare(_POS, _POS), 0), TypeError,
+        'ctx must be a RelativeContext', 'got T5Context'),
+    'attention-qkv-layout-bnhd': (
+        lambda tmp: position_attention(_T5, *(t.transpose(1, 2) for t in _QKV), _T5.prepare(_POS, _POS), 0),
+        ValueError, 'q (2, 10, 4, 8) has 4 at dim 2', 'q, k, v must be (b, h, n, d)'),
+    'attention-ctx-for-other-length': (
+        lambda tmp: position_attention(_T5, *_QKV, _T5.prepare(*(default_positions(12),) * 2), 0), ValueError,
+        'ctx was prepared for 12 q_pos positions', 'pe.prepare(q_pos, k_pos) for the positions of this call'),
+    'attention-encoding-for-other-heads': (
+        lambda tmp: position_attention(T5RelativeBias(8), *_QKV, T5RelativeBias(8).prepare(_POS, _POS), 0),
+        ValueError, 'score terms of T5RelativeBias do not fit q (2, 4, 10, 8)', "number of heads must be q's h"),
 }
+
+
+def test_a_factorys_own_type_error_is_raised_as_it_is():
+    "A TypeError inside a factory (no pe_kwargs given) is not reported as options it does not accept"
+    with pytest.raises(TypeError, match=r'unsupported operand type\(s\) for \+') as e:
+        _registered('own-bug', _own_type_error, lambda: ModelConfig(**TEXT, pe='own-bug'))
+    assert 'not accepted' not in str(e.value)
+    assert e.value.__notes__ == ["raised building pe='own-bug' (factory test_bad_input._own_type_error)"]
 
 
 def _damaged_vit(tmp):

@@ -1,12 +1,13 @@
 """The claims table (nbs/25_claims.ipynb; issues 6 and 29): the table on the page is `claims` of the committed results,
 not typed numbers; every verdict is one of `VERDICTS`; a results folder without the study gives 'not measured yet',
 never an error; a loss is the mean over the committed seeds, and a gap within the seed spread is not called clear."""
-import json, math
+import json, math, shutil
 from pathlib import Path
 
 import pytest
 
-from posenc_lit.claims import ABS_MARGIN, CLAIMS, VERDICTS, absolute_works, claims, claims_markdown, seed_runs, study_loss
+from posenc_lit.claims import (ABS_MARGIN, CLAIMS, VERDICTS, absolute_works, claims, claims_markdown, seed_runs, study_loss,
+                               study_noise)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -93,15 +94,29 @@ def test_missing_results_are_not_measured_yet(tmp_path):
 
 
 def test_a_loss_is_the_mean_over_seeds_and_gaps_within_the_spread_are_not_clear(tmp_path):
-    fake_study(tmp_path, seeds=(0, 1), jitter=0.2)      # every entry: seeds 0.2 apart, std 0.141
+    fake_study(tmp_path, seeds=(0, 1), jitter=0.1)      # every entry: seeds 0.1 apart, std 0.0707 = σ
     s = study_loss(tmp_path, 'shaw')
-    assert s['n'] == 2 and s['mean'] == pytest.approx(LOSSES['shaw'] + 0.1) and s['std'] == pytest.approx(0.2 / 2 ** .5)
-    r = row(tmp_path, 'relative positions beat absolute')   # shaw 0.15 below learned: beyond ±0.141
-    assert r['verdict'] == 'holds' and 'shaw 4.550 ± 0.141' in r['ours'] and '(2 seeds, mean ± std)' in r['ours']
-    r = row(tmp_path, 'TUPE-R > TUPE-A')                      # gaps of 0.10 and 0.40: the first within the spread
-    assert r['verdict'] == 'in part' and 'within the seed spread ±0.141: tupe-r–tupe-a' in r['ours']
-    r = row(tmp_path, 'removing C2P')                         # ablations 0.05–0.08 worse: all within the spread
-    assert r['verdict'] == 'in part' and '−C2P, −P2C, −EMD within the seed spread' in r['ours']
+    assert s['n'] == 2 and s['mean'] == pytest.approx(LOSSES['shaw'] + 0.05) and s['std'] == pytest.approx(0.1 / 2 ** .5)
+    assert study_noise(tmp_path) == pytest.approx(0.1 / 2 ** .5)
+    r = row(tmp_path, 'relative positions beat absolute')   # shaw 0.15 below learned: beyond 2σ√(1/2 + 1/2) = 0.141
+    assert r['verdict'] == 'holds' and 'shaw 4.500 ± 0.071' in r['ours'] and '(2 seeds, mean ± std)' in r['ours']
+    r = row(tmp_path, 'TUPE-R > TUPE-A')                      # gaps of 0.10 and 0.40: the first within the bar
+    assert r['verdict'] == 'in part' and 'within two standard errors: tupe-r–tupe-a 0.100 < 0.141' in r['ours']
+    r = row(tmp_path, 'removing C2P')                         # ablations 0.05–0.08 worse: all within the bar
+    assert r['verdict'] == 'cannot test here' and '−C2P, −P2C, −EMD within two standard errors' in r['ours']
+
+
+def test_the_seed_noise_of_some_entries_calls_the_gaps_of_all(tmp_path):
+    "σ pooled over the entries with two seeds sets the bar for entries with one; with no second seed, signs decide."
+    fake_study(tmp_path)                                     # one seed each
+    assert study_noise(tmp_path) is None
+    r = row(tmp_path, 'TUPE-R > TUPE-A')
+    assert r['verdict'] == 'holds' and 'the seed noise is unknown' in r['ours']
+    for name in ('none', 'sinusoidal'):                      # two entries get a second seed 0.1 away: σ = 0.0707
+        write_run(tmp_path / 'study' / f'{name}-s1', LOSSES[name] + 0.1)
+    assert study_noise(tmp_path) == pytest.approx(0.1 / 2 ** .5)
+    r = row(tmp_path, 'TUPE-R > TUPE-A')                      # one seed each: bar 2σ√2 = 0.200 > the 0.10 gap
+    assert r['verdict'] == 'in part' and 'tupe-r–tupe-a 0.100 < 0.200' in r['ours'] and 'σ = 0.071' in r['ours']
 
 
 def test_seed_runs_of_an_entry_are_its_own(tmp_path):
@@ -135,10 +150,20 @@ def test_a_damaged_file_names_the_claim_and_the_file(tmp_path):
         claims(tmp_path)
 
 
-def _compare(root: Path, recs: list, pes) -> Path:
-    f = root / 'compare' / 'study' / 'results.json'
-    f.parent.mkdir(parents=True, exist_ok=True)
-    f.write_text(json.dumps({'encodings': list(pes), 'records': recs}))
+def _compare(root: Path, recs: list, pes=None) -> Path:
+    """Write the records (pe, task, main_metric, test) as the study's fine-tuning summaries,
+    study_<task>/<pe>/summary.json (tools/run_order.sh), after removing the earlier ones; the last file written."""
+    for d in root.glob('study_*'):
+        shutil.rmtree(d)
+    by, f = {}, None
+    for r in recs:
+        by.setdefault((r['pe'], r['task']), []).append(r)
+    for (pe, task), rs in by.items():
+        m = rs[0]['main_metric']
+        f = root / f'study_{task}' / pe / 'summary.json'
+        f.parent.mkdir(parents=True)
+        s = {'task': task, 'pe': pe, 'main_metric': m, 'test': {m: {'values': [r['test'][m] for r in rs]}}}
+        f.write_text(json.dumps(s))
     return f
 
 
@@ -180,3 +205,13 @@ def test_untied_cls_reads_the_ablation_on_every_task(tmp_path):
     assert flat['verdict'] == 'does not hold' and 'no gain beyond the seed spread' in flat['ours']
     _compare(tmp_path, [], ['tupe-a'])
     assert row(tmp_path, 'untying [CLS]')['verdict'] == 'not measured yet'
+
+
+def test_an_entry_whose_own_seeds_spread_more_than_the_pooled_noise_is_named(tmp_path):
+    # every entry: seeds 0.01 apart, but learned's 0.4 apart (std 0.283): the pooled σ (0.073) calls the gap
+    fake_study(tmp_path, losses={'sinusoidal': 4.30}, seeds=(0, 1), jitter=0.01)
+    (tmp_path / 'study' / 'learned-s1' / 'summary.json').write_text(json.dumps({'eval_loss': LOSSES['learned'] + 0.4}))
+    assert study_loss(tmp_path, 'learned')['std'] == pytest.approx(0.4 / 2 ** .5)
+    r = row(tmp_path, 'sinusoidal and learned')   # gap 0.495, beyond the pooled bar 0.147
+    assert r['verdict'] == 'does not hold' and "learned's own seeds spread more (std 0.283)" in r['ours'], r['ours']
+    assert 'against that the gap is within two standard errors (0.566)' in r['ours'], r['ours']

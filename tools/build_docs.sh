@@ -19,13 +19,16 @@ t0=$SECONDS
 echo "== 1/3 nbdev: process notebooks into _proc/"
 rm -rf _proc _site
 # `nbdev_proc_nbs` in nbdev 2.4.14 first calls `_ensure_quarto()`, which tries to download and `sudo` install
-# Quarto when it is missing. Everything else it does is what we want (refresh nbdev.yml, rebuild _modidx,
-# the sidebar step -- a no-op with custom_sidebar = True -- then `proc_nbs`), so run it with that check off.
+# Quarto when it is missing, then rebuilds posenc_lit/_modidx.py as a bare nbdev_export writes it (unwrapped, lines
+# over 120: tests/test_style.py, run beside the docs build by the other pytest worker, saw that file). The rest is
+# what we want (refresh nbdev.yml, the sidebar step -- a no-op with custom_sidebar = True -- then `proc_nbs`), so
+# run it with both off: the docs read the _modidx.py that `python tools/export.py` wrote (test.sh step 2 checks it).
 # (python -c, not a heredoc: proc_nbs uses spawned workers, which must be able to re-import __main__)
 "$PY" -c '
 import sys
-import nbdev.quarto as q
+import nbdev.doclinks, nbdev.quarto as q
 q._ensure_quarto = lambda: None   # no Quarto here, and we do not want it installed
+nbdev.doclinks._build_modidx = lambda *a, **k: None   # the docs build never writes the package
 q.nbdev_proc_nbs.__wrapped__(n_workers=int(sys.argv[1]))
 ' "${DOCS_WORKERS:-2}" || fail "notebook processing failed (see the traceback above). nbdev's docs step runs every cell that
 contains an \`import\` or \`#| export\` (to render show_doc), without the cells before it that do not: such a

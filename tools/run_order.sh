@@ -1,31 +1,34 @@
 #!/usr/bin/env bash
-# The order task (issue 29 item 3) fine-tuned from each study checkpoint, three seeds, the quick fine-tuning preset.
+# A fine-tuning task (default: the order task of issue 29 item 3) from each study checkpoint, three seeds, the quick
+# fine-tuning preset.
 #
-# Usage: bash tools/run_order.sh NAME [NAME ...]      NAME: a study run (runs/study/NAME; results/study/NAME)
+# Usage: [TASK=order] bash tools/run_order.sh NAME [NAME ...]   NAME: a study run (runs/study/NAME; results/study/NAME)
+# TASK: a task of `posenc_lit tasks` (order, sentiment, rating, reviews).
 # Waits until the study run NAME has finished (results/study/NAME/summary.json), fine-tunes it into
-# runs/study_order/NAME (a stopped fine-tune starts again: fine-tuning runs do not resume), copies the results without
-# checkpoints to results/study_order/NAME/ and commits them (COMMIT=0 to skip). A finished NAME is skipped.
+# runs/study_TASK/NAME (a stopped fine-tune starts again: fine-tuning runs do not resume), copies the results without
+# checkpoints to results/study_TASK/NAME/ and commits them (COMMIT=0 to skip). A finished NAME is skipped.
 # STUDY_ROOT: the checkout to read and write (the code may be a frozen copy, as in tools/run_study.sh).
 set -euo pipefail
 [ $# -gt 0 ] || { echo "usage: bash tools/run_order.sh NAME [NAME ...]   (study runs, e.g. learned tupe-a shaw-s1)" >&2; exit 2; }
 cd "${STUDY_ROOT:-$(dirname "$0")/..}"
+task=${TASK:-order}
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
 for name in "$@"; do
-  run=runs/study_order/$name dest=results/study_order/$name
+  run=runs/study_$task/$name dest=results/study_$task/$name
   if [ -f "$dest/summary.json" ]; then echo "done already: $name"; continue; fi
   if [ ! -f "results/study/$name/summary.json" ]; then
     [ -d "runs/study/$name" ] || echo "warning: runs/study/$name does not exist yet: is $name a study run?" >&2
     echo "waiting for the study run $name to finish (results/study/$name/summary.json)"
   fi
   until [ -f "results/study/$name/summary.json" ]; do sleep 60; done
-  posenc_lit finetune --checkpoint "runs/study/$name" --task order --preset quick --seeds 0 1 2 \
+  posenc_lit finetune --checkpoint "runs/study/$name" --task "$task" --preset quick --seeds 0 1 2 \
     --out "$run" --overwrite --quiet
   mkdir -p "$dest"
   tar -C "$run" --exclude=checkpoint -cf - . | tar -C "$dest" -xf -
   if [ "${COMMIT:-1}" = 1 ]; then
     for _ in 1 2 3 4 5 6 7 8 9 10; do
-      git add "$dest" && git commit -q -m "study order task: $name finished (tools/run_order.sh)" -- "$dest" && break
+      git add "$dest" && git commit -q -m "study $task task: $name finished (tools/run_order.sh)" -- "$dest" && break
       sleep 7
     done
   fi
