@@ -5,10 +5,10 @@
 # %% ../nbs/11a_loop.ipynb #b78cf751
 from __future__ import annotations
 from contextlib import contextmanager
-import copy, errno, json, math, os, shutil, signal, tempfile, threading, time
+import copy, errno, functools, json, math, os, shutil, signal, tempfile, threading, time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Callable, ClassVar
+from typing import Callable, ClassVar, NamedTuple
 import torch
 from tqdm import tqdm
 from accelerate import Accelerator
@@ -24,10 +24,11 @@ __all__ = ['SPLITS', 'MIXED_PRECISION', 'RUN_FILES', 'STATE_FILE', 'RunDirError'
            'check_rules', 'make_config', 'config_from', 'SignalStop', 'any_process', 'check_creatable_dir',
            'foreign_files', 'run_kind', 'read_config', 'check_own_files', 'check_folder_to_replace',
            'check_replaceable', 'replace_run_dir', 'prepare_run_dir', 'read_trainer_state',
-           'check_loop_state', 'save_checkpoint', 'load_checkpoint', 'NonFiniteLossError', 'Loop', 'fit',
-           'check_precision', 'check_one_batch', 'accelerator', 'optimizer', 'build_model', 'begin_run',
-           'progress_bar', 'open_run', 'running', 'done_summary', 'stopped', 'train_mean', 'run_costs',
-           'end_run', 'eval_sums', 'loss_accuracy']
+           'check_loop_state', 'save_checkpoint', 'load_resumed', 'load_checkpoint', 'NonFiniteLossError',
+           'Loop', 'fit', 'check_precision', 'check_one_batch', 'accelerator', 'optimizer', 'build_model',
+           'begin_run', 'progress_bar', 'open_run', 'running', 'done_summary', 'stopped', 'train_mean',
+           'run_costs', 'end_run', 'eval_sums', 'loss_accuracy', 'micro_batch', 'step_generator', 'Phase',
+           'phase_plan', 'PhaseRun', 'check_phase_state', 'fit_phases']
 
 # %% ../nbs/11a_loop.ipynb #c922c711
 class RunDirError(ValueError):
@@ -514,10 +515,22 @@ def save_checkpoint(acc: Accelerator, out: Path, write: Callable[[Path], None], 
     acc.wait_for_everyone()
 
 # %% ../nbs/11a_loop.ipynb #1c7cde87
+_AGAIN = 'the checkpoint is damaged: --overwrite (instead of --resume) starts the run again'
+
+
+def load_resumed(ck: Path, load: Callable):
+    "`load()`; any error it raises becomes a `CheckpointError`: `ck` cannot be resumed from (damaged)."
+    try:
+        return load()
+    except Exception as e:
+        raise CheckpointError(
+            f'cannot resume from {ck} ({type(e).__name__}: {str(e)[:300]}); {_AGAIN}'
+        ) from None
+
+
 def load_checkpoint(acc: Accelerator, ck: Path, check: Callable[[Path], object] | None = None):
     """Restore model, optimizer, scheduler and random states from checkpoint `ck` (`check(ck)` first);
     `CheckpointError` if it is damaged or was written by another number of processes."""
-    again = 'the checkpoint is damaged: --overwrite (instead of --resume) starts the run again'
     n = read_trainer_state(ck).get('processes', acc.num_processes)
     if n != acc.num_processes:  # the data order depends on it
         raise CheckpointError(
@@ -528,15 +541,14 @@ def load_checkpoint(acc: Accelerator, ck: Path, check: Callable[[Path], object] 
         if check is not None:
             check(ck)
     except CheckpointError as e:
-        raise CheckpointError(f'cannot resume from {ck}: {e}; {again}') from None
-    try:
+        raise CheckpointError(f'cannot resume from {ck}: {e}; {_AGAIN}') from None
+
+    def restore():
         if 'torch_manual_seed' not in load_state_file(ck / f'random_states_{acc.process_index}.pkl'):
             raise KeyError('torch_manual_seed')
         acc.load_state(str(ck))
-    except Exception as e:
-        raise CheckpointError(
-            f'cannot resume from {ck} ({type(e).__name__}: {str(e)[:300]}); {again}'
-        ) from None
+
+    load_resumed(ck, restore)
 
 # %% ../nbs/11a_loop.ipynb #df8b3ec1
 class NonFiniteLossError(ValueError):
@@ -872,3 +884,106 @@ def loss_accuracy(sums: torch.Tensor, count: str) -> dict:
     loss, accuracy = (sums[:2] / sums[2]).tolist()
     return {'loss': loss, 'accuracy': accuracy, count: int(sums[2])}
 
+
+# %% ../nbs/11a_loop.ipynb #0cd7dade
+@functools.lru_cache(maxsize=2)
+# drawn once per epoch, not once per micro-batch
+def _epoch_permutation(n: int, seed: int, e: int) -> torch.Tensor:
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + e))
+
+
+def micro_batch(
+    blocks: torch.Tensor,  # training examples `(N, ...)`: blocks, image indices
+    t: int,  # micro-batch number since the start of the run
+    batch_size: int,
+    rank: int = 0,
+    world: int = 1,
+    seed: int = 0,
+) -> torch.Tensor:
+    """The `(batch_size, ...)` examples of process `rank` for micro-batch `t`: epochs are seeded permutations,
+    split by rank."""
+    check_one_batch(len(blocks), 'training blocks', batch_size, world)
+    e, m = divmod(t, len(blocks) // (batch_size * world))
+    perm = _epoch_permutation(len(blocks), seed, e)
+    start = (m * world + rank) * batch_size
+    return blocks[perm[start : start + batch_size]]
+
+
+def step_generator(seed: int, t: int, rank: int) -> torch.Generator:
+    """The generator of micro-batch `t` on process `rank` (MLM masking, image augmentation): a function of its
+    arguments."""
+    return torch.Generator().manual_seed(((seed * 1_000_003 + t) * 1_009 + rank) % 2**63)
+
+# %% ../nbs/11a_loop.ipynb #0c5229c2
+class Phase(NamedTuple):
+    "A phase of a run: its optimizer steps `first` to `last` (numbered on through the run), its own optimizer."
+
+    name: str  # the key of its results, the phase of its records: 'train', 'finetune-bicubic', ...
+    size: tuple  # what it trains on (the ViT's image size (H, W))
+    first: int
+    last: int
+    lr: float  # peak learning rate
+
+
+def phase_plan(specs: list) -> list[Phase]:
+    "The `Phase`s of `specs`, `(name, size, steps, lr)` each, run one after the other from step 0."
+    phases, first = [], 0
+    for name, size, steps, lr in specs:
+        phases.append(Phase(name, tuple(size), first, first + steps, lr))
+        first += steps
+    return phases
+
+# %% ../nbs/11a_loop.ipynb #55aed099
+@dataclass(kw_only=True)
+class PhaseRun:
+    "What a run of `Phase`s gives `fit_phases`: what each phase needs from its kind of run, where the run stands."
+
+    out: Path  # the run directory
+    start: Callable  # (model, phase) -> the model the phase starts from, at its first step
+    groups: Callable  # model -> its AdamW groups (param_groups)
+    loop: Callable  # (acc, phase, parts) -> the Loop of the phase
+    results: Callable  # (acc, model, phase) -> the results of the finished phase, kept in the trainer state
+    write: Callable  # (acc, model, tmp) -> None: the kind's own files in a checkpoint (save_checkpoint)
+    t_start: float  # time.time() at the start, less the seconds the run took before it was resumed
+    stop_at: int | None = None  # stop after this step, as an interruption would
+    stop: SignalStop | None = None
+    bar: tqdm | None = None
+
+    def save(self, acc: Accelerator, model, state: dict):
+        "A checkpoint of `state` (and the seconds since the run began)."
+        write = lambda tmp: self.write(acc, model, tmp)
+        save_checkpoint(acc, self.out, write, {**state, 'elapsed': time.time() - self.t_start})
+
+
+def check_phase_state(out: Path, state: dict | None):
+    """`CheckpointError` unless the trainer state to resume from (None: a fresh run) holds the results of the
+    phases (a dict) and the elapsed seconds (a number); checked before a finished run's summary is too."""
+    if state is not None and not (isinstance(state.get('results'), dict) and is_real(state.get('elapsed'))):
+        raise CheckpointError(
+            f"{out / 'checkpoint' / STATE_FILE} must hold the results of the phases and elapsed; got "
+            f'{str(state)[:120]}: {_AGAIN}'
+        )
+
+# %% ../nbs/11a_loop.ipynb #1e653ed2
+def fit_phases(cfg, model, state: dict, phases: list, run: PhaseRun) -> tuple:
+    """`(acc, model, stop)`: `model` trained through `phases` from trainer state `state` (its `results`: of the
+    phases that finished), each with a fresh accelerator and AdamW (`cfg`'s `mixed_precision`, `warmup`,
+    `schedule`); `stop` is what `stopped` returns if a signal or `run.stop_at` stopped it, else None."""
+    for ph in phases:
+        here = ph.first < state['step'] <= ph.last  # resumed from a checkpoint of this phase
+        if ph.name in state['results'] and not here:
+            continue
+        if state['step'] == ph.first:
+            model = run.start(model, ph)
+        acc = accelerator(cfg.mixed_precision)
+        parts = optimizer(acc, model, run.groups(model), ph.lr, ph.last - ph.first, cfg.warmup, cfg.schedule)
+        if here:
+            load_checkpoint(acc, run.out / 'checkpoint')
+        if ph.name in state['results']:  # resumed at the end of this phase
+            continue
+        sig = fit(acc, run.loop(acc, ph, parts), state, run.out, run.stop_at, run.stop, run.bar)
+        if sig is not None or state['step'] < ph.last:  # a signal, the phase's last step's too, or stop_at
+            return acc, model, stopped(state, phases[-1].last, sig)
+        state['results'][ph.name] = run.results(acc, model, ph)
+        run.save(acc, model, state)
+    return acc, model, None

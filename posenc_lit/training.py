@@ -4,7 +4,7 @@
 
 # %% ../nbs/12_training.ipynb #9b7f6945
 from __future__ import annotations
-import functools, sys, time
+import sys, time
 from dataclasses import dataclass, field, asdict
 from pathlib import Path
 from typing import ClassVar
@@ -19,8 +19,7 @@ from .data import *
 from .loop import *
 
 # %% auto #0
-__all__ = ['PRESETS', 'TrainConfig', 'model_config', 'make_train_config', 'micro_batch', 'step_generator',
-           'eval_set', 'evaluate', 'pretrain']
+__all__ = ['PRESETS', 'TrainConfig', 'model_config', 'make_train_config', 'eval_set', 'evaluate', 'pretrain']
 
 # %% ../nbs/12_training.ipynb #6eb4edc2
 @dataclass(kw_only=True)
@@ -88,35 +87,6 @@ def make_train_config(preset: str = 'quick', **overrides) -> TrainConfig:
         raise ValueError("data must not be empty: 'default', a local folder, or a hub dataset name")
     model_config(cfg, len(SPECIAL_TOKENS) + 1)  # the model's options, before any data is read
     return cfg
-
-# %% ../nbs/12_training.ipynb #0cd7dade
-@functools.lru_cache(maxsize=2)
-# drawn once per epoch, not once per micro-batch
-def _epoch_permutation(n: int, seed: int, e: int) -> torch.Tensor:
-    return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + e))
-
-
-def micro_batch(
-    blocks: torch.Tensor,  # training blocks `(N, n)`
-    t: int,  # micro-batch number since the start of the run
-    batch_size: int,
-    rank: int = 0,
-    world: int = 1,
-    seed: int = 0,
-) -> torch.Tensor:
-    """The `(batch_size, n)` blocks of process `rank` for micro-batch `t`: epochs are seeded permutations,
-    split by rank."""
-    check_one_batch(len(blocks), 'training blocks', batch_size, world)
-    e, m = divmod(t, len(blocks) // (batch_size * world))
-    perm = _epoch_permutation(len(blocks), seed, e)
-    start = (m * world + rank) * batch_size
-    return blocks[perm[start : start + batch_size]]
-
-
-def step_generator(seed: int, t: int, rank: int) -> torch.Generator:
-    """The generator of micro-batch `t` on process `rank` (MLM masking, image augmentation): a function of its
-    arguments."""
-    return torch.Generator().manual_seed(((seed * 1_000_003 + t) * 1_009 + rank) % 2**63)
 
 # %% ../nbs/12_training.ipynb #347d44fa
 def eval_set(val_blocks: torch.Tensor, cfg: TrainConfig, vocab_size: int):

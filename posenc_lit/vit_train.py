@@ -13,10 +13,7 @@ import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 from .core import get_encoding
-from .checks import is_real
-from .model import CheckpointError
 from .loop import *
-from .training import micro_batch, step_generator
 from .vision import *
 from .vit import ViT, ViTConfig, load_vit, save_vit
 from .vit import reinit_pos_embed_, resize_pos_embed_
@@ -264,24 +261,16 @@ def _finetune_names(cfg: VitTrainConfig) -> list:
     return ['finetune'] if cfg.finetune_init is None else [f'finetune-{i}' for i in cfg.finetune_init]
 
 
-def _phases(cfg: VitTrainConfig) -> list:
-    "`(name, image_size, first step, last step, peak lr)` of each phase."
-    ph = [('train', tuple(cfg.image_size), 0, cfg.steps, cfg.lr)]
-    for k, name in enumerate(_finetune_names(cfg)):
-        first = cfg.steps + k * cfg.finetune_steps
-        ph.append((name, tuple(cfg.finetune_res), first, first + cfg.finetune_steps, cfg.finetune_lr))
-    return ph
+def _phases(cfg: VitTrainConfig) -> list[Phase]:
+    "The run's `Phase`s: training at `image_size`, then each fine-tune at `finetune_res`."
+    ft = [(name, cfg.finetune_res, cfg.finetune_steps, cfg.finetune_lr) for name in _finetune_names(cfg)]
+    return phase_plan([('train', cfg.image_size, cfg.steps, cfg.lr), *ft])
 
 
 def total_steps(cfg: VitTrainConfig) -> int:
     "Optimizer steps of the whole run: training, then each fine-tune."
-    return _phases(cfg)[-1][3]
+    return _phases(cfg)[-1].last
 
-
-# %% ../nbs/18_vit_train.ipynb #46d277b2
-def _save(acc: Accelerator, out: Path, model, state: dict):
-    "A checkpoint of the phase in progress: accelerate's state, and the model through `save_vit`."
-    save_checkpoint(acc, out, lambda tmp: save_vit(acc.unwrap_model(model), tmp / 'model'), state)
 
 # %% ../nbs/18_vit_train.ipynb #b520d593
 def _setup(cfg: VitTrainConfig, world: int = 1) -> tuple[dict, dict]:
@@ -315,9 +304,7 @@ def _setup(cfg: VitTrainConfig, world: int = 1) -> tuple[dict, dict]:
     return data, info
 
 # %% ../nbs/18_vit_train.ipynb #776ab3aa
-def _phase_loop(
-    cfg: VitTrainConfig, out: Path, acc: Accelerator, d: dict, phase: tuple, state: dict, parts
-) -> Loop:
+def _phase_loop(cfg: VitTrainConfig, acc: Accelerator, d: dict, phase: Phase, state: dict, parts) -> Loop:
     """What `phase` gives `fit`: the cross-entropy of step `t`'s images (and correct predictions), validation,
     saves."""
     (name, size, first, last, _), model, n = phase, parts[0], cfg.batch_size
@@ -343,29 +330,34 @@ def _phase_loop(
             state['val_end'] = v  # the phase's validation result, not computed again
         return {'image_size': list(size), 'loss': v['loss'], 'accuracy': v['accuracy']}
 
-    save = lambda st: _save(acc, out, model, {**st, 'elapsed': time.time() - d['t_start']})
+    save = lambda st: d['run'].save(acc, model, st)
     per_s = lambda c, k, s: {'accuracy': c['correct'] / (k * n), 'images_per_s': k * n * world / s}
     return Loop.of(cfg, parts, loss, evaluation, save, steps=last, train_fields=per_s, tags={'phase': name})
 
 # %% ../nbs/18_vit_train.ipynb #22deac7b
 def _phase_results(
-    cfg: VitTrainConfig, acc: Accelerator, model: ViT, d: dict, phase: tuple, val=None
+    cfg: VitTrainConfig, acc: Accelerator, model: ViT, d: dict, phase: Phase, state: dict
 ) -> dict:
-    """Validation (unless `val` is given) and test at the phase's resolution, and test at every evaluation
-    size and mode."""
+    """Validation (unless the phase's last evaluation left it in `state`) and test at the phase's resolution,
+    and test at every evaluation size and mode; after training, the model kept for `finetune_init`."""
     (name, size, _, last, _), data, norm = phase, d['data'], (d['info']['mean'], d['info']['std'])
     ev = lambda split: (
         evaluate_images(model, *data[split], *norm, size, accelerator=acc) if len(data[split][1]) else None
     )
-    test, val = ev('test'), val or ev('validation')
+    test, val = ev('test'), state.pop('val_end', None) or ev('validation')
     sizes = cfg.eval_sizes if name == 'train' or cfg.finetune_eval_sizes is None else cfg.finetune_eval_sizes
     known = {tuple(size): test['accuracy']} if test else None  # the test at the phase's size is not repeated
     evs = evaluate_sizes(model, *data['test'], *norm, sizes, cfg.eval_modes, accelerator=acc, known=known)
+    if name == 'train' and cfg.finetune_init and acc.is_main_process:
+        save_vit(model, d['run'].out / 'trained_model')
     return dict(image_size=list(size), step=last, validation=val, test=test, eval=evs)
 
 # %% ../nbs/18_vit_train.ipynb #c0b7ad15
-def _finetune_start(cfg: VitTrainConfig, out: Path, model: ViT, name: str, size) -> ViT:
-    "The model fine-tune `name` starts from, its table made for `size`."
+def _phase_start(cfg: VitTrainConfig, out: Path, model: ViT, phase: Phase) -> ViT:
+    "The model `phase` starts from: training, `model`; a fine-tune, the trained model with its table made for it."
+    name, size = phase.name, phase.size
+    if name == 'train':
+        return model
     if cfg.finetune_init is None:
         return resize_pos_embed_(model, size, cfg.interpolate or 'bicubic')
     m, init = load_vit(out / 'trained_model'), name.removeprefix('finetune-')
@@ -375,36 +367,8 @@ def _finetune_start(cfg: VitTrainConfig, out: Path, model: ViT, name: str, size)
         torch.manual_seed(cfg.seed)
         return reinit_pos_embed_(m, size)
 
-# %% ../nbs/18_vit_train.ipynb #e4bb5b8c
-def _train(cfg: VitTrainConfig, out: Path, model: ViT, d: dict, state: dict) -> dict:
-    "Run the phases from `state`; the summary, or `{'stopped_at_step', 'steps'}` (+ `'signal'`)."
-    for phase in _phases(cfg):
-        name, size, first, last, lr = phase
-        resume_here = d['resume'] and first < state['step'] <= last  # the checkpoint is of this phase
-        if name in state['results'] and not resume_here:
-            continue
-        if state['step'] == first and name != 'train':
-            model = _finetune_start(cfg, out, model, name, size)
-        # a fresh accelerator per phase: the checkpoint holds this phase's optimizer and schedule only
-        acc = accelerator(cfg.mixed_precision)
-        groups = param_groups(model, cfg.weight_decay, vit_no_decay)
-        parts = optimizer(acc, model, groups, lr, last - first, cfg.warmup, cfg.schedule)
-        if resume_here:
-            load_checkpoint(acc, out / 'checkpoint')
-        if name in state['results']:  # resumed at the end of this phase
-            continue
-        loop = _phase_loop(cfg, out, acc, d, phase, state, parts)
-        sig = fit(acc, loop, state, out, d['stop_at'], d['stop'], d['bar'])
-        if sig is not None or state['step'] < last:  # a signal, the phase's last step's too, or --stop-at
-            return stopped(state, total_steps(cfg), sig)
-        state['results'][name] = _phase_results(cfg, acc, model, d, phase, state.pop('val_end', None))
-        if name == 'train' and cfg.finetune_init and acc.is_main_process:
-            save_vit(model, out / 'trained_model')
-        _save(acc, out, model, {**state, 'elapsed': time.time() - d['t_start']})
-    return _finish(cfg, out, acc, model, d, state)
-
 # %% ../nbs/18_vit_train.ipynb #42722ab7
-def _finish(cfg: VitTrainConfig, out: Path, acc: Accelerator, m: ViT, d: dict, state: dict) -> dict:
+def _finish(cfg: VitTrainConfig, acc: Accelerator, m: ViT, d: dict, state: dict) -> dict:
     "The summary of a finished run, from its phase results and records; written to `out/summary.json`."
     r, info = state['results'], d['info']
     ft = lambda f, steps=cfg.finetune_steps: {  # what the summary says of a phase
@@ -425,42 +389,22 @@ def _finish(cfg: VitTrainConfig, out: Path, acc: Accelerator, m: ViT, d: dict, s
         'epochs': cfg.steps * cfg.batch_size * acc.num_processes / info['images']['train'],
         'test_loss': r['train']['test']['loss'],
         'interpolation': how,
-        **run_costs(acc, out, m, state['step'], 'images_per_s'),
-        'wall_s': time.time() - d['t_start'],
+        **run_costs(acc, d['run'].out, m, state['step'], 'images_per_s'),
+        'wall_s': time.time() - d['run'].t_start,
     }
     if 'finetune' in r:
         summary['finetune'] = ft(r['finetune'])
     if cfg.finetune_init:
         summary['finetunes'] = {n.removeprefix('finetune-'): ft(r[n]) for n in _finetune_names(cfg)}
-    return end_run(acc, out, summary)
+    return end_run(acc, d['run'].out, summary)
 
 
 # %% ../nbs/18_vit_train.ipynb #876e4d30
-_AGAIN = 'the checkpoint is damaged: --overwrite (instead of --resume) starts the run again'
-
-
-def _check_state(out: Path, state: dict | None):
-    """`CheckpointError` unless the trainer state to resume from (None: a fresh run) holds the results of the
-    phases (a dict) and the elapsed seconds (a finite number); checked before a finished run's summary is
-    returned too."""
-    if state is not None and not (isinstance(state.get('results'), dict) and is_real(state.get('elapsed'))):
-        raise CheckpointError(
-            f"{out / 'checkpoint' / STATE_FILE} must hold the results of the phases and elapsed; got "
-            f'{str(state)[:120]}: {_AGAIN}'
-        )
-
-
 def _start_model(cfg: VitTrainConfig, out: Path, info: dict, state: dict | None) -> ViT:
     """The model to train: drawn from `cfg.seed` for a fresh run; to resume (`state` checked by
-    `_check_state`), the checkpoint's, of its phase's shape (`load_checkpoint` then restores the rest)."""
-    ck = out / 'checkpoint'
+    `check_phase_state`), the checkpoint's, of its phase's shape (`load_checkpoint` restores the rest)."""
     if state is not None:
-        try:
-            return load_vit(ck / 'model')
-        except Exception as e:
-            raise CheckpointError(
-                f'cannot resume from {ck} ({type(e).__name__}: {str(e)[:200]}); {_AGAIN}'
-            ) from None
+        return load_resumed(out / 'checkpoint', lambda: load_vit(out / 'checkpoint' / 'model'))
     set_seed(cfg.seed)
     return build_model('the ViT', ViT, vit_config(cfg, info['n_classes']))
 
@@ -475,16 +419,27 @@ def train_vit(
 ) -> dict:  # the summary (`out/summary.json`); stopped: `{'stopped_at_step', 'steps'}` (+ `'signal'`)
     """Train a `ViT` on `cfg.data` (a config from `make_vit_config`); evaluate it at every `cfg.eval_sizes` ×
     `cfg.eval_modes`; `accelerate launch` too."""
-    ends = [phase[3] for phase in _phases(cfg)]
+    phases = _phases(cfg)
+    ends = [ph.last for ph in phases]
     out, acc, state, done = open_run(cfg, out, resume, overwrite, steps=ends[-1], ends=ends)
-    _check_state(out, state)
+    check_phase_state(out, state)
     if done is not None:
         return done  # finished: left as it is
     data, info = _setup(cfg, acc.num_processes)
     model = _start_model(cfg, out, info, state)
-    d = {'data': data, 'info': info, 'resume': state is not None, 'stop_at': stop_at}
     state = state or {'step': 0, 'results': {}, 'elapsed': 0.0}
-    d['t_start'] = time.time() - state['elapsed']
-    run = running(acc, out, cfg, state['step'], ends[-1], f'vit {cfg.pe}', progress, overwrite)
-    with run as (d['stop'], d['bar']):
-        return _train(cfg, out, model, d, state)
+    d = {'data': data, 'info': info}
+    r = d['run'] = PhaseRun(
+        out=out,
+        start=lambda m, phase: _phase_start(cfg, out, m, phase),
+        groups=lambda m: param_groups(m, cfg.weight_decay, vit_no_decay),
+        loop=lambda acc, phase, parts: _phase_loop(cfg, acc, d, phase, state, parts),
+        results=lambda acc, m, phase: _phase_results(cfg, acc, m, d, phase, state),
+        write=lambda acc, m, tmp: save_vit(acc.unwrap_model(m), tmp / 'model'),
+        t_start=time.time() - state['elapsed'],
+        stop_at=stop_at,
+    )
+    span = running(acc, out, cfg, state['step'], ends[-1], f'vit {cfg.pe}', progress, overwrite)
+    with span as (r.stop, r.bar):
+        acc, model, stop = fit_phases(cfg, model, state, phases, r)
+        return stop or _finish(cfg, acc, model, d, state)
