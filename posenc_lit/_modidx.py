@@ -1260,10 +1260,6 @@ d = {
                 'posenc_lit/vit_train.py',
             ),
             'posenc_lit.vit_train._check_sizes': ('vit_train.html#_check_sizes', 'posenc_lit/vit_train.py'),
-            'posenc_lit.vit_train._finetune_names': (
-                'vit_train.html#_finetune_names',
-                'posenc_lit/vit_train.py',
-            ),
             'posenc_lit.vit_train._finish': ('vit_train.html#_finish', 'posenc_lit/vit_train.py'),
             'posenc_lit.vit_train._phase_loop': ('vit_train.html#_phase_loop', 'posenc_lit/vit_train.py'),
             'posenc_lit.vit_train._phase_results': (

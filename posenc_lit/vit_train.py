@@ -91,10 +91,9 @@ VIT_PRESETS = {
 # fmt: on
 
 # %% ../nbs/18_vit_train.ipynb #5268c41a
-def vit_config(cfg: VitTrainConfig, n_classes: int = 10, image_size: tuple | None = None) -> ViTConfig:
-    """The `ViTConfig` of a run (at `image_size`, default the training size); `ValueError` naming a bad model
-    option."""
-    return config_from(ViTConfig, cfg, image_size=tuple(image_size or cfg.image_size), n_classes=n_classes)
+def vit_config(cfg: VitTrainConfig, n_classes: int = 10) -> ViTConfig:
+    "The `ViTConfig` of a run, at its training size; `ValueError` naming a bad model option."
+    return config_from(ViTConfig, cfg, image_size=tuple(cfg.image_size), n_classes=n_classes)
 
 # %% ../nbs/18_vit_train.ipynb #798b4d5b
 MAX_PATCHES = 16384  # the largest patch grid a run may train, evaluate or fine-tune at (128 × 128)
@@ -255,15 +254,10 @@ def evaluate_sizes(
     return out
 
 # %% ../nbs/18_vit_train.ipynb #48e0d8df
-def _finetune_names(cfg: VitTrainConfig) -> list:
-    if not cfg.finetune_steps:
-        return []
-    return ['finetune'] if cfg.finetune_init is None else [f'finetune-{i}' for i in cfg.finetune_init]
-
-
 def _phases(cfg: VitTrainConfig) -> list[Phase]:
     "The run's `Phase`s: training at `image_size`, then each fine-tune at `finetune_res`."
-    ft = [(name, cfg.finetune_res, cfg.finetune_steps, cfg.finetune_lr) for name in _finetune_names(cfg)]
+    names = ['finetune'] if cfg.finetune_init is None else [f'finetune-{i}' for i in cfg.finetune_init]
+    ft = [(n, cfg.finetune_res, cfg.finetune_steps, cfg.finetune_lr) for n in names if cfg.finetune_steps]
     return phase_plan([('train', cfg.image_size, cfg.steps, cfg.lr), *ft])
 
 
@@ -395,7 +389,7 @@ def _finish(cfg: VitTrainConfig, acc: Accelerator, m: ViT, d: dict, state: dict)
     if 'finetune' in r:
         summary['finetune'] = ft(r['finetune'])
     if cfg.finetune_init:
-        summary['finetunes'] = {n.removeprefix('finetune-'): ft(r[n]) for n in _finetune_names(cfg)}
+        summary['finetunes'] = {p.name.removeprefix('finetune-'): ft(r[p.name]) for p in _phases(cfg)[1:]}
     return end_run(acc, d['run'].out, summary)
 
 
