@@ -1,4 +1,8 @@
-"""Every notebook runs top to bottom in JupyterLab, through a real Jupyter client, not only in nbdev's own runner.
+"""Notebooks run top to bottom in JupyterLab, through a real Jupyter client, not only in nbdev's own runner.
+
+`nbdev_test` (tools/test.sh) already runs every notebook once; this second run, through another client, is for a
+few by default (`DEFAULT`: the core, the own-attention contract, a results page with tables and figures, the front
+page), so the test command stays within its time. `JUPYTER_TEST_NOTEBOOKS=all` runs every notebook.
 
 A JupyterLab server is started on 127.0.0.1 (a free port, a random token, a throw-away Jupyter config). Each
 notebook is opened through the server's contents API, gets a session with a fresh kernel (`/api/sessions`), and its
@@ -8,7 +12,7 @@ as JupyterLab itself speaks it); a cell that replies with an error fails the not
 flag of settings.ini (`#| slow`) unless JUPYTER_TEST_FLAGS names it; a notebook with `skip_exec: true` front matter
 is skipped.
 
-Env: JUPYTER_TEST_NOTEBOOKS  space-separated names or globs to run (default: every notebook, e.g. "00_core index")
+Env: JUPYTER_TEST_NOTEBOOKS  space-separated names or globs to run, or "all" (default: `DEFAULT`)
      JUPYTER_TEST_WORKERS    notebooks run at once (default 2: the machine's two cores, one torch thread each)
      JUPYTER_TEST_TIMEOUT    seconds per notebook (default 900)
      JUPYTER_TEST_FLAGS      tst_flags to run anyway (e.g. "slow")
@@ -33,11 +37,14 @@ WORKERS = int(os.environ.get('JUPYTER_TEST_WORKERS', 2))
 _re_ansi = re.compile(r'\x1b\[[0-9;]*[A-Za-z]')
 
 
+DEFAULT = '00_core 01a_your_attention 19c_study index'
+
+
 def selected():
-    "The notebooks to run: all of them, or those JUPYTER_TEST_NOTEBOOKS names."
-    pats = os.environ.get('JUPYTER_TEST_NOTEBOOKS', '').split()
+    "The notebooks to run: those JUPYTER_TEST_NOTEBOOKS names (`DEFAULT` if unset), or all of them for 'all'."
+    pats = (os.environ.get('JUPYTER_TEST_NOTEBOOKS') or DEFAULT).split()
     nbs = [nb.relative_to(NBS).as_posix() for nb in notebooks()]
-    if not pats: return nbs
+    if pats == ['all']: return nbs
     pick = [n for n in nbs if any(fnmatch.fnmatch(n, p) or fnmatch.fnmatch(n, p + '.ipynb') or n.startswith(p + '_') for p in pats)]
     assert pick, f'JUPYTER_TEST_NOTEBOOKS={pats} matches no notebook of {nbs}'
     return pick
