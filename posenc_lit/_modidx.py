@@ -195,6 +195,10 @@ d = {
                 'attention.html#_content_scale',
                 'posenc_lit/attention.py',
             ),
+            'posenc_lit.attention._cpu_math_path': (
+                'attention.html#_cpu_math_path',
+                'posenc_lit/attention.py',
+            ),
             'posenc_lit.attention._ctx_get': ('attention.html#_ctx_get', 'posenc_lit/attention.py'),
             'posenc_lit.attention._ctx_type': ('attention.html#_ctx_type', 'posenc_lit/attention.py'),
             'posenc_lit.attention._manual': ('attention.html#_manual', 'posenc_lit/attention.py'),
@@ -976,6 +980,7 @@ d = {
             'posenc_lit.relative.rel_index': ('relative.html#rel_index', 'posenc_lit/relative.py'),
             'posenc_lit.relative.rel_scores': ('relative.html#rel_scores', 'posenc_lit/relative.py'),
             'posenc_lit.relative.rel_values': ('relative.html#rel_values', 'posenc_lit/relative.py'),
+            'posenc_lit.relative.row_range': ('relative.html#row_range', 'posenc_lit/relative.py'),
         },
         'posenc_lit.rope': {
             'posenc_lit.rope.RoPE': ('rope.html#rope', 'posenc_lit/rope.py'),
@@ -996,6 +1001,7 @@ d = {
             'posenc_lit.rope._is_num': ('rope.html#_is_num', 'posenc_lit/rope.py'),
             'posenc_lit.rope._pairs': ('rope.html#_pairs', 'posenc_lit/rope.py'),
             'posenc_lit.rope._rope': ('rope.html#_rope', 'posenc_lit/rope.py'),
+            'posenc_lit.rope._scaled_theta': ('rope.html#_scaled_theta', 'posenc_lit/rope.py'),
             'posenc_lit.rope._theta': ('rope.html#_theta', 'posenc_lit/rope.py'),
             'posenc_lit.rope.apply_rope': ('rope.html#apply_rope', 'posenc_lit/rope.py'),
             'posenc_lit.rope.pairing_permutation': ('rope.html#pairing_permutation', 'posenc_lit/rope.py'),

@@ -177,6 +177,13 @@ def _attend_math(q, k, v, score_terms, mask, scale, dropout_p):
     )[0]
 
 
+# CPU only: the two exceptions above (a term with a gradient; a NaN query with no mask and no terms)
+def _cpu_math_path(q, score_terms, mask) -> bool:
+    if torch.is_grad_enabled() and any(t.requires_grad for t in score_terms):
+        return True
+    return mask is None and not score_terms and not is_tracing() and bool(q.isnan().any())
+
+
 def attend_fast(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -188,14 +195,7 @@ def attend_fast(
 ):
     """Fast path of `attend` through `F.scaled_dot_product_attention` (on CPU, `_attend_math` when a term
     needs a gradient); returns `out (b, h, i, d_v)`."""
-    if q.device.type == 'cpu' and (
-        torch.is_grad_enabled()
-        and any(t.requires_grad for t in score_terms)
-        or mask is None
-        and not score_terms
-        and not is_tracing()
-        and bool(q.isnan().any())
-    ):  # NaN: above
+    if q.device.type == 'cpu' and _cpu_math_path(q, score_terms, mask):
         return _attend_math(q, k, v, score_terms, mask, scale, dropout_p)
     bias = None
     for t in score_terms:
@@ -203,7 +203,7 @@ def attend_fast(
     if bias is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
     if mask is not None:
-        bias = torch.where(mask, bias, torch.tensor(float('-inf'), dtype=bias.dtype, device=bias.device))
+        bias = torch.where(mask, bias, float('-inf'))  # a Python scalar: no tensor copied to the device
     # (b|1, h|1, i, 1): a row -inf terms leave empty → 0
     live = bias.amax(-1, keepdim=True) > float('-inf')
     out = F.scaled_dot_product_attention(

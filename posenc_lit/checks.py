@@ -87,7 +87,7 @@ def check_positions(
         )
     if pos.numel() == 0:
         return
-    lo, hi = int(pos.min()), int(pos.max())
+    lo, hi = torch.stack(torch.aminmax(pos)).tolist()  # one host read
     if lo < 0 or hi >= max_len:
         raise PositionRangeError(
             f'position {lo if lo < 0 else hi} is outside {table} (max_position_embeddings={max_len}, '
@@ -107,7 +107,7 @@ def check_position_limit(
     - i` would overflow int64."""
     if pos.numel() == 0:
         return
-    lo, hi = int(pos.min()), int(pos.max())
+    lo, hi = torch.stack(torch.aminmax(pos)).tolist()  # one host read
     if lo <= -POSITION_LIMIT or hi >= POSITION_LIMIT:
         raise PositionRangeError(
             f'{name} must lie in (-2**62, 2**62), so that relative distances j - i fit in int64; '

@@ -939,3 +939,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if main_thread:
             signal.signal(signal.SIGTERM, signal.SIG_DFL if old is None else old)
+
+# %% ../nbs/13_cli.ipynb #05d40b6c
+if __name__ == '__main__' and '__file__' in globals():  # `python -m posenc_lit.cli`, not a kernel
+    sys.exit(main())

@@ -13,7 +13,7 @@ from fastcore.basics import patch
 from .core import *
 from .checks import *
 from .attention import *
-from .relative import rel_scores
+from .relative import rel_scores, row_range
 
 # %% auto #0
 __all__ = ['POS_ATT_TYPES', 'build_relative_position', 'deberta_delta', 'make_log_bucket_position',
@@ -217,10 +217,7 @@ def prepare(self: DebertaRelative, q_pos, k_pos) -> DebertaContext:
     uses, normalized (`P`), once per forward."""
     rel = build_relative_position(q_pos, k_pos, self.position_buckets, self.k)
     delta = deberta_delta(rel, self.span)  # (b|1, i, j)
-    if delta.numel() and not is_tracing():
-        lo, hi = int(delta.min()), int(delta.max())
-    else:
-        lo, hi = 0, 2 * self.span - 1
+    lo, hi = row_range(delta, 2 * self.span)  # one host read per forward; the layers reuse it
     P = self.rel_embeddings[lo : hi + 1]  # (r, D): the rows that occur
     if self.rel_norm is not None:
         P = self.rel_norm(P)  # row-wise: cut first, exact
@@ -264,9 +261,10 @@ def score_terms(self: DebertaRelative, q, k, ctx: DebertaContext, layer: int | L
     K_r, Q_r = self.rel_projections(ctx, layer)
     s, idx = self.content_scale(q.shape[-1]), ctx.idx
     # scale the (h, r, d) tables, not the (b, h, i, j) terms
-    c2p = [rel_scores(q, K_r * s, idx, 'query')] if K_r is not None else []
+    rows = (0, len(ctx.P) - 1)  # `idx` indexes the rows of P that `prepare` kept: no host read per layer
+    c2p = [rel_scores(q, K_r * s, idx, 'query', rows)] if K_r is not None else []
     # p2c with the code's index δ(i,j)
-    p2c = [rel_scores(k, Q_r * s, idx, 'key')] if Q_r is not None else []
+    p2c = [rel_scores(k, Q_r * s, idx, 'key', rows)] if Q_r is not None else []
     return c2p + p2c
 
 # %% ../nbs/06_deberta.ipynb #4b98bb87

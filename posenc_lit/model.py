@@ -397,8 +397,11 @@ def _check_inputs(input_ids, attention_mask, position_ids, token_type_ids: torch
 
 # token or segment ids must index their table (not checked in a traced graph)
 def _check_ids(t, size, name, field):
-    if t.numel() and not is_tracing() and (int(t.min()) < 0 or int(t.max()) >= size):
-        raise ValueError(f'{name} must lie in [0, {field}={size}); got values {int(t.min())}..{int(t.max())}')
+    if not t.numel() or is_tracing():
+        return
+    lo, hi = torch.stack(torch.aminmax(t)).tolist()  # one host read per forward
+    if lo < 0 or hi >= size:
+        raise ValueError(f'{name} must lie in [0, {field}={size}); got values {lo}..{hi}')
 
 
 # the segment ids the embeddings get, checked once per forward (a host sync)

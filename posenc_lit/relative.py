@@ -14,7 +14,7 @@ from .checks import *
 from .attention import *
 
 # %% auto #0
-__all__ = ['rel_index', 'rel_scores', 'rel_values', 'RelativeVectors', 'RelativeContext', 'Shaw',
+__all__ = ['rel_index', 'rel_scores', 'row_range', 'rel_values', 'RelativeVectors', 'RelativeContext', 'Shaw',
            'HuangMethod4']
 
 # %% ../nbs/03_relative.ipynb #f3349c1b
@@ -54,15 +54,17 @@ def rel_scores(
     table: torch.Tensor,  # `(2k+1, d)` (row r: distance r - k), per head `(h, rows, d)`
     idx: torch.Tensor,  # rows from rel_index, `(i, j)` or `(b|1, i, j)`
     side: str = 'query',  # 'query': x_i · a_ij; 'key': x_j · a_ij
+    rows: tuple | None = None,  # `(lo, hi)`: the first and last row `idx` uses (`row_range`); None: read here
 ) -> torch.Tensor:  # `(b, h, i, j)`, x's dtype
     """Relative term $x_i\\cdot a_{ij}$ or $x_j\\cdot a_{ij}$ through `x @ Eᵀ` over the
-    distinct rows and a gather (`idx` from `rel_index`); no `(i, j, d)` tensor."""
+    distinct rows and a gather (`idx` from `rel_index`); no `(i, j, d)` tensor. `ValueError` for a table
+    or `idx` that does not fit `x`."""
     idx = _check_rel_scores(x, idx, side)  # (b|1, i, j)
     if idx.numel() == 0:  # an empty sequence
         return x.new_zeros(x.shape[0], x.shape[1], idx.shape[-2], idx.shape[-1])
-    lo, hi = _used_rows(idx, table, x.shape[-1], x.shape[1])
-    rows = table[..., lo : hi + 1, :].to(x.dtype)  # the distances that occur
-    s = x @ rows.transpose(-1, -2)  # (b, h, n, r): one dot per distance
+    lo, hi = _used_rows(idx, table, x.shape[-1], x.shape[1], rows)
+    used = table[..., lo : hi + 1, :].to(x.dtype)  # the distances that occur
+    s = x @ used.transpose(-1, -2)  # (b, h, n, r): one dot per distance
     # (b|1, i, j) or (b|1, j, i)
     ix = (idx - lo) if side == 'query' else (idx - lo).transpose(-1, -2)
     ix = ix[:, None].expand(s.shape[0], s.shape[1], s.shape[2], ix.shape[-1])
@@ -70,8 +72,18 @@ def rel_scores(
     return t if side == 'query' else t.transpose(-1, -2)  # (b, h, i, j)
 
 # %% ../nbs/03_relative.ipynb #e755d6b0
-# first and last table row that `idx` uses; checks the table
-def _used_rows(idx, table, d: int | None = None, h: int | None = None):
+def row_range(idx: torch.Tensor, n_rows: int) -> tuple:  # rows from `rel_index`, any shape; rows of the table
+    """`(lo, hi)`, the first and last table row that `idx` uses, read with one host sync: an encoding's
+    `prepare` reads it once per forward, and every layer's `rel_scores`/`rel_values` reuse it (on a GPU, a
+    read per layer and term would stall each of them). Empty or traced `idx`: the whole table."""
+    if idx.numel() == 0 or is_tracing():
+        return 0, n_rows - 1  # a traced graph must hold for every length
+    lo, hi = torch.stack(torch.aminmax(idx)).tolist()
+    return lo, hi
+
+
+# first and last table row that `idx` uses (`rows` if given); checks the table
+def _used_rows(idx, table, d: int | None = None, h: int | None = None, rows: tuple | None = None):
     if (
         table.ndim not in (2, 3)
         or (d is not None and table.shape[-1] != d)
@@ -81,14 +93,12 @@ def _used_rows(idx, table, d: int | None = None, h: int | None = None):
             f'table must be (rows, d) or per head (h, rows, d) with h = {h}, d = {d} (from the '
             f'queries/keys); got {tuple(table.shape)}'
         )
-    rows = table.shape[-2]
-    if is_tracing():
-        return 0, rows - 1  # the whole table: a traced graph must hold for every length
-    lo, hi = int(idx.min()), int(idx.max())
-    if lo < 0 or hi >= rows:
+    n_rows = table.shape[-2]
+    lo, hi = row_range(idx, n_rows) if rows is None else rows
+    if lo < 0 or hi >= n_rows:
         raise ValueError(
-            f'rows {lo}..{hi} of a table with {rows} rows: build idx with rel_index(…, k) for k = '
-            f'{(rows - 1) // 2}'
+            f'rows {lo}..{hi} of a table with {n_rows} rows: build idx with rel_index(…, k) for k = '
+            f'{(n_rows - 1) // 2}'
         )
     return lo, hi
 
@@ -110,13 +120,14 @@ def rel_values(
     probs: torch.Tensor,  # attention probabilities `(b, h, i, j)`
     table: torch.Tensor,  # relative value vectors `(2k+1, d_v)`, or `(h, rows, d_v)`
     idx: torch.Tensor,  # rows from rel_index, `(i, j)` or `(b|1, i, j)`
+    rows: tuple | None = None,  # `(lo, hi)`: the first and last row `idx` uses (`row_range`); None: read here
 ) -> torch.Tensor:  # `(b, h, i, d_v)`, probs' dtype
     """$\\sum_j \\alpha_{ij}\\, a^V_{ij}$ (Shaw et al. 2018, eq. 3) by summing
     probabilities per distance, then one matmul (`idx` from `rel_index`)."""
     idx = idx if idx.ndim == 3 else idx[None]
     if idx.numel() == 0:  # no keys (or no queries)
         return probs.new_zeros(*probs.shape[:3], table.shape[-1])
-    lo, hi = _used_rows(idx, table, h=probs.shape[1])
+    lo, hi = _used_rows(idx, table, h=probs.shape[1], rows=rows)
     ix = (idx - lo)[:, None].expand_as(probs)  # (b, h, i, j)
     per_row = probs.new_zeros(*probs.shape[:3], hi - lo + 1)  # (b, h, i, r)
     per_row.scatter_add_(-1, ix, probs)  # Σ_j α_ij per distance
@@ -185,6 +196,7 @@ class RelativeContext(Context):
 
     # `(b|1, i, j)` int64, rows `clip(j - i, k) + k` (rel_index)
     rel_idx: torch.Tensor
+    rows: tuple | None = None  # `(lo, hi)`: the first and last row of `rel_idx` (row_range); None: read it
 
 
 @patch
@@ -196,8 +208,9 @@ def _table(self: RelativeVectors, tables, layer):
 
 @patch
 def prepare(self: RelativeVectors, q_pos, k_pos) -> RelativeContext:
-    "Table row of every pair, `rel_idx` `(b|1, i, j)`, computed once per forward."
-    return RelativeContext(q_pos, k_pos, rel_index(q_pos, k_pos, self.k, self.clip))
+    "Table row of every pair, `rel_idx` `(b|1, i, j)`, and the rows it uses, computed once per forward."
+    idx = rel_index(q_pos, k_pos, self.k, self.clip)
+    return RelativeContext(q_pos, k_pos, idx, row_range(idx, 2 * self.k + 1))
 
 
 @patch
@@ -206,11 +219,11 @@ def score_terms(self: RelativeVectors, q, k, ctx: RelativeContext, layer: int | 
     with layer `layer`'s table (`as_layer`)."""
     if self.key_tables is None:
         return []
-    a, idx = self._table(self.key_tables, layer), ctx.rel_idx
+    a, idx, rows = self._table(self.key_tables, layer), ctx.rel_idx, ctx.rows
     # scale the (2k+1, d) table, not the (b, h, i, j) terms: two full passes fewer
     a = a * self.content_scale(q.shape[-1])
-    terms = [rel_scores(q, a, idx, 'query')] if self.query_term else []
-    return terms + ([rel_scores(k, a, idx, 'key')] if self.key_term else [])
+    terms = [rel_scores(q, a, idx, 'query', rows)] if self.query_term else []
+    return terms + ([rel_scores(k, a, idx, 'key', rows)] if self.key_term else [])
 
 
 @patch
@@ -220,7 +233,7 @@ def value_terms(self: RelativeVectors, ctx: RelativeContext, layer: int | LayerR
     if self.value_tables is None:
         return []
     a_v, idx = self._table(self.value_tables, layer), ctx.rel_idx
-    return [lambda probs: rel_values(probs, a_v, idx)]
+    return [lambda probs: rel_values(probs, a_v, idx, ctx.rows)]
 
 # %% ../nbs/03_relative.ipynb #d7f91a99
 def Shaw(

@@ -239,14 +239,18 @@ def rope_frequencies(
     _check_base(base)
     _check_scaling(scaling, factor, rotary_dim)
     what = f'base={base!r}, scaling={scaling!r}, factor={factor!r}'
+    return _check_freqs(_scaled_theta(rotary_dim, base, scaling, factor, device), what)
+
+
+def _scaled_theta(rotary_dim, base, scaling, factor, device):  # unchecked: `rope_frequencies` checks
     if scaling == 'ntk':
         # b' = b·s^(d_r/(d_r-2))
         try:
             base = base * factor ** (rotary_dim / (rotary_dim - 2))
         except OverflowError:
-            base = math.inf  # then θ_i = 0, refused below
+            base = math.inf  # then θ_i = 0, refused by `_check_freqs`
     inv_freq = _theta(rotary_dim, base, device)
-    return _check_freqs(inv_freq / factor if scaling == 'linear' else inv_freq, what)
+    return inv_freq / factor if scaling == 'linear' else inv_freq
 
 # %% ../nbs/07_rope.ipynb #849bff7d
 class RoPE(PositionEncoding):
@@ -274,13 +278,14 @@ class RoPE(PositionEncoding):
         _check_scaling(scaling, factor, self.rotary_dim)
         self.base, self.pairing, self.scaling, self.factor = base, pairing, scaling, factor
         # frequencies that leave float32 fail here, not in the first forward
-        self.inv_freq()
+        rope_frequencies(self.rotary_dim, base, scaling, factor)
 
 # %% ../nbs/07_rope.ipynb #a6f50eae
 @patch
 def inv_freq(self: RoPE, device: torch.device | str | None = None) -> torch.Tensor:
-    "θ `(d_r/2,)`, float32, recomputed on each call (no buffer: the model's dtype never touches it)."
-    return rope_frequencies(self.rotary_dim, self.base, self.scaling, self.factor, device)
+    """θ `(d_r/2,)`, float32, recomputed on each call (no buffer: the model's dtype never touches it); checked
+    once, when the RoPE was built (a check here would read the GPU's result once per forward)."""
+    return _scaled_theta(self.rotary_dim, self.base, self.scaling, self.factor, device)
 
 
 @dataclass(eq=False)

@@ -18,7 +18,7 @@ from .core import *
 from .checks import *
 from .attention import *
 from .absolute import sinusoidal_table
-from .rope import rope_inv_freq, rope_cos_sin, apply_rope, PAIRINGS
+from .rope import rope_inv_freq, rope_cos_sin, apply_rope, PAIRINGS, _theta
 from .model import EncoderLayer, CheckpointError, save_model, load_weights, check_field_types
 from .model import _config_to_json, _config_from_dict, _check_built, _pe_kwargs_error
 
@@ -371,7 +371,8 @@ class RoPE2d(VisionEncoding):
             raise ValueError(
                 'rope2d needs the token grid: make the context with pe.prepare(pos, pos, grid=(gh, gw))'
             )
-        inv_freq = rope_inv_freq(self.d_head // 2, self.base, q.device).to(
+        # θ checked when built (a check here would read the GPU's result in every layer)
+        inv_freq = _theta(self.d_head // 2, self.base, q.device).to(
             torch.promote_types(q.dtype, torch.float32)
         )
         return apply_rope_2d(q, ctx['rc'], inv_freq, self.pairing), apply_rope_2d(
