@@ -4,7 +4,7 @@
 
 # %% ../nbs/16_finetune.ipynb #e1990f37
 from __future__ import annotations
-import math, re, statistics, time
+import math, statistics, time
 from dataclasses import dataclass, field, asdict
 from pathlib import Path
 from typing import ClassVar
@@ -48,6 +48,7 @@ class FinetuneConfig(RunConfig):
     add_relative_lr: float = 0.0  # peak learning rate of the added relative parameters; 0: the same as `lr`
     eval_lengths: list = field(default_factory=list)  # also score test cut to each of these lengths (tokens)
     rules: ClassVar[dict] = RunConfig.rules | {
+        'max_len': 'an integer ≥ 4',
         'epochs': '≥ 1',
         'eval_every': '≥ 0',
         'max_train': '≥ 0',
@@ -56,8 +57,15 @@ class FinetuneConfig(RunConfig):
         'head_dropout': 'in [0, 1)',
         'add_relative_lr': '≥ 0',
         'extend_positions': ('',) + EXTEND_METHODS,
+        'eval_lengths': ListOf('an integer ≥ 4', least=0),  # tokens, special tokens included
+    }
+    needs: ClassVar[dict] = {
+        'add_relative_lr': 'add_relative',
+        'add_relative_kwargs': 'add_relative',
+        'trained_len': 'extend_positions',
     }
     kind: ClassVar[str] = 'a fine-tuning run'
+    seeds_files: ClassVar[tuple] = ('results.jsonl', 'summary.json')  # what `finetune_seeds` writes
 
 # %% ../nbs/16_finetune.ipynb #b03b1ab3
 # fmt: off
@@ -73,72 +81,8 @@ def make_finetune_config(preset: str = 'quick', **overrides) -> FinetuneConfig:
     "`FinetuneConfig` from a preset (`FINETUNE_PRESETS`) and overrides (`None` is ignored, except `max_len`)."
     cfg = make_config(FinetuneConfig, FINETUNE_PRESETS, preset, overrides, 'fine-tuning', ('max_len',))
     get_task(cfg.task)
-    if cfg.max_len is not None and not (is_int(cfg.max_len) and cfg.max_len >= 4):
-        raise ValueError(f'max_len must be None or an integer ≥ 4; got {cfg.max_len!r}')
-    for opt, needs in (
-        ('add_relative_lr', 'add_relative'),
-        ('add_relative_kwargs', 'add_relative'),
-        ('trained_len', 'extend_positions'),
-    ):
-        if getattr(cfg, opt) and not getattr(cfg, needs):
-            raise ValueError(
-                f"{opt} (--{opt.replace('_', '-')}) only applies with {needs} "
-                f"(--{needs.replace('_', '-')}); set both or neither"
-            )
-    lengths = cfg.eval_lengths
-    if not (
-        isinstance(lengths, (list, tuple))
-        and all(is_int(x) and x >= 4 for x in lengths)
-        and len(set(lengths)) == len(lengths)
-    ):
-        raise ValueError(
-            'eval_lengths (--eval-lengths) must be distinct integers ≥ 4 (tokens, special '
-            f'tokens included); got {lengths!r}'
-        )
-    cfg.eval_lengths = sorted(lengths)
+    cfg.eval_lengths = sorted(cfg.eval_lengths)
     return cfg
-
-# %% ../nbs/16_finetune.ipynb #988abca8
-_SEEDS_FILES = ('results.jsonl', 'summary.json')  # what `finetune_seeds` writes beside its seed<N>/ folders
-
-
-def _check_finetune_out(out: Path):
-    """`RunDirError` unless the non-empty folder `out` holds a fine-tuning run and nothing else: one
-    `finetune` run (its config.json a `FinetuneConfig`, with `loop.RUN_FILES`), or the seeds of
-    `finetune_seeds` (seed<N>/ folders of such runs, results.jsonl, summary.json). The names it did not
-    write are listed."""
-    check_folder_to_replace(out)
-
-    def ours(d: Path) -> bool:  # whether folder `d` holds the config.json of a fine-tuning run
-        c = read_config(d / 'config.json')
-        return run_kind(c) == FinetuneConfig.kind and 'checkpoint' in c
-
-    if ours(out):
-        return check_replaceable(out, RUN_FILES, FinetuneConfig.kind)
-    is_seed = lambda d: re.fullmatch(r'seed\d+', d.name) and d.is_dir() and not d.is_symlink()
-    seeds = [d for d in sorted(out.iterdir()) if is_seed(d) and ours(d)]
-    if not seeds:
-        raise RunDirError(
-            f'{out} is not empty and holds no fine-tuning run (a pretraining run, a ViT run or other '
-            'files?): refusing to delete it with --overwrite; choose another --out'
-        )
-    check_own_files(out, (*(d.name for d in seeds), *_SEEDS_FILES), FinetuneConfig.kind)
-    for d in seeds:
-        check_replaceable(d, RUN_FILES, FinetuneConfig.kind)
-
-
-def _prepare_out(out: Path, overwrite: bool, checkpoint: str | Path | None = None):
-    """Refuse a non-empty `out` unless `overwrite` and it holds a fine-tuning run and nothing else
-    (`_check_finetune_out`; never the `checkpoint` being fine-tuned); then empty it. `ValueError`
-    (`RunDirError` for the folder's contents)."""
-    ck = Path(checkpoint).expanduser().resolve() if checkpoint else None
-    if ck and out.is_dir() and (out.resolve() == ck or out.resolve() in ck.parents):
-        raise ValueError(
-            f'--out {out} holds the checkpoint being fine-tuned ({checkpoint}); choose another --out'
-        )
-    prepare_run_dir(out, FinetuneConfig(), None, overwrite, replaceable=_check_finetune_out)
-    if overwrite and out.is_dir() and any(out.iterdir()):
-        replace_run_dir(out)
 
 # %% ../nbs/16_finetune.ipynb #2b62c97f
 def _setup(cfg: FinetuneConfig):
@@ -205,7 +149,7 @@ def finetune(
     spec, tok, dd, data, model = _setup(cfg)
     acc = accelerator(cfg.mixed_precision)
     if acc.is_main_process:
-        _prepare_out(out, overwrite, cfg.checkpoint)
+        clear_run_dir(out, cfg, overwrite, cfg.checkpoint)
     set_seed(cfg.seed)  # the head is drawn again from this seed (`_setup` drew it before)
     nn.init.normal_(model.head.proj.weight, std=model.encoder.cfg.initializer_range)
     per_epoch = max(1, math.ceil(len(data['train']['input_ids']) / (cfg.batch_size * acc.num_processes)))
@@ -216,7 +160,7 @@ def finetune(
     with running(acc, out, cfg, 0, steps, f'finetune {cfg.task}', progress) as (stop, bar):
         sig = fit(acc, _task_loop(cfg, acc, parts, run), state, out, stop=stop, bar=bar)
     if sig is not None:
-        return {'signal': sig, 'stopped_at_step': state['step'], 'steps': run['steps']}
+        return stopped(state, run['steps'], sig)
     model.load_state_dict(run['best_state'])  # the module inside the prepared one
     return _finish(cfg, out, acc, model, run)
 
@@ -326,7 +270,7 @@ def finetune_seeds(
     # every seed checked first
     cfgs = [make_finetune_config('quick', **{**asdict(cfg), 'seed': s}) for s in seeds]
     spec, _, dd, _, _ = _setup(cfgs[0])  # checkpoint, data and lengths checked before anything is written
-    _prepare_out(out, overwrite, cfg.checkpoint)
+    clear_run_dir(out, cfg, overwrite, cfg.checkpoint)
     out.mkdir(parents=True, exist_ok=True)
     runs = []
     for c in cfgs:

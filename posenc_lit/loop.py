@@ -5,7 +5,7 @@
 # %% ../nbs/11a_loop.ipynb #b78cf751
 from __future__ import annotations
 from contextlib import contextmanager
-import copy, errno, functools, json, math, os, shutil, signal, tempfile, threading, time
+import copy, errno, functools, json, math, os, re, shutil, signal, tempfile, threading, time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Callable, ClassVar, NamedTuple
@@ -20,15 +20,16 @@ from .model import CheckpointError, check_field_types, count_parameters
 
 # %% auto #0
 __all__ = ['SPLITS', 'MIXED_PRECISION', 'RUN_FILES', 'STATE_FILE', 'RunDirError', 'log_record',
-           'read_metrics', 'restart_metrics', 'param_groups', 'lr_factor', 'scheduler', 'RunConfig', 'obeys',
-           'check_rules', 'make_config', 'config_from', 'SignalStop', 'any_process', 'check_creatable_dir',
-           'foreign_files', 'run_kind', 'read_config', 'check_own_files', 'check_folder_to_replace',
-           'check_replaceable', 'replace_run_dir', 'prepare_run_dir', 'read_trainer_state',
-           'check_loop_state', 'save_checkpoint', 'load_resumed', 'load_checkpoint', 'NonFiniteLossError',
-           'Loop', 'fit', 'check_precision', 'check_one_batch', 'accelerator', 'optimizer', 'build_model',
-           'begin_run', 'progress_bar', 'open_run', 'running', 'done_summary', 'stopped', 'train_mean',
-           'run_costs', 'end_run', 'eval_sums', 'loss_accuracy', 'micro_batch', 'step_generator', 'Phase',
-           'phase_plan', 'PhaseRun', 'check_phase_state', 'fit_phases']
+           'read_metrics', 'restart_metrics', 'param_groups', 'lr_factor', 'scheduler', 'RunConfig', 'ListOf',
+           'obeys', 'check_rules', 'make_config', 'config_from', 'SignalStop', 'any_process',
+           'check_creatable_dir', 'foreign_files', 'run_kind', 'read_config', 'check_own_files',
+           'check_folder_to_replace', 'check_replaceable', 'check_replaceable_runs', 'replace_run_dir',
+           'prepare_run_dir', 'clear_run_dir', 'read_trainer_state', 'check_loop_state', 'save_checkpoint',
+           'load_resumed', 'load_checkpoint', 'NonFiniteLossError', 'Loop', 'fit', 'check_precision',
+           'check_one_batch', 'accelerator', 'optimizer', 'build_model', 'probe_step', 'begin_run',
+           'progress_bar', 'open_run', 'running', 'done_summary', 'stopped', 'train_mean', 'run_costs',
+           'end_run', 'eval_sums', 'loss_accuracy', 'micro_batch', 'step_generator', 'Phase', 'phase_plan',
+           'PhaseRun', 'check_phase_state', 'fit_phases']
 
 # %% ../nbs/11a_loop.ipynb #c922c711
 class RunDirError(ValueError):
@@ -135,8 +136,11 @@ class RunConfig:
         'seed': 'in [0, 2**32)',
         'mixed_precision': MIXED_PRECISION,
     }
+    needs: ClassVar[dict] = {}  # option: the option it only applies with (`check_rules`)
     kind: ClassVar[str] = 'a run'  # in messages: 'a pretraining run' (run_kind tells it from a config.json)
     run_files: ClassVar[tuple] = ()  # what such a run writes into its folder besides `RUN_FILES`
+    # a folder of runs (`check_replaceable_runs`): what its driver writes beside the seed<N>/ runs; None: none
+    seeds_files: ClassVar[tuple | None] = None
 
 # %% ../nbs/11a_loop.ipynb #309f6d6f
 def _bound(s: str) -> float:  # '0.5', '4', '2**32'
@@ -144,10 +148,27 @@ def _bound(s: str) -> float:  # '0.5', '4', '2**32'
     return float(base) ** float(exp or 1)
 
 
+class ListOf(NamedTuple):
+    "The rule of a list option: distinct entries, each keeping `rule`; at least `least` of them."
+
+    rule: tuple | str
+    least: int = 1
+
+
 def obeys(v, rule) -> bool:
-    "Whether `v` keeps `rule`: a tuple of allowed values, '≥ a', '> a', or an interval 'in [a, b)'."
+    """Whether `v` keeps `rule`: a tuple of allowed values; a number '≥ a', '> a' or in an interval 'in [a, b)',
+    an integer if the rule begins 'an integer '; 'non-empty …' (a string or a list); or a `ListOf`."""
+    if isinstance(rule, ListOf):
+        entries = isinstance(v, (list, tuple)) and all(obeys(x, rule.rule) for x in v)
+        return entries and len(v) >= rule.least and not any(x in v[:i] for i, x in enumerate(v))
     if isinstance(rule, tuple):
         return v in rule
+    if rule.startswith('non-empty'):
+        return bool(v.strip() if isinstance(v, str) else v)
+    if rule.startswith('an integer '):
+        return is_int(v) and obeys(v, rule.removeprefix('an integer '))
+    if not is_real(v):
+        return False
     if rule.startswith('in '):
         lo, hi = map(_bound, rule[4:-1].split(', '))
         return (lo <= v if rule[3] == '[' else lo < v) and (v <= hi if rule[-1] == ']' else v < hi)
@@ -155,13 +176,26 @@ def obeys(v, rule) -> bool:
     return v >= _bound(x) if op == '≥' else v > _bound(x)
 
 
+def _rule_text(rule) -> str:  # 'one of (...)', '≥ 1', 'a list of distinct entries (at least 1), each ...'
+    if isinstance(rule, ListOf):
+        least = f' (at least {rule.least})' if rule.least else ''
+        return f'a list of distinct entries{least}, each {_rule_text(rule.rule)}'
+    return f'one of {rule}' if isinstance(rule, tuple) else rule
+
+
 def check_rules(cfg):
-    "`ValueError` naming the first option of `cfg` that breaks its rule in `cfg.rules`."
+    """`ValueError` naming the first option of dataclass `cfg` that breaks its rule in `cfg.rules` (`None` keeps
+    the rule of an option whose type allows it), then the first option set without the option it `needs`."""
+    optional = {f.name for f in fields(cfg) if 'None' in str(f.type)}
     for name, rule in cfg.rules.items():
         v = getattr(cfg, name)
-        if not obeys(v, rule):
-            what = f'one of {rule}' if isinstance(rule, tuple) else rule
+        if not (v is None and name in optional or obeys(v, rule)):
+            what = ('None or ' if name in optional else '') + _rule_text(rule)
             raise ValueError(f'{name} must be {what}; got {v!r}')
+    flag = lambda name: f"{name} (--{name.replace('_', '-')})"
+    for name, other in cfg.needs.items():
+        if getattr(cfg, name) and not getattr(cfg, other):
+            raise ValueError(f'{flag(name)} only applies with {flag(other)}; set both or neither')
 
 # %% ../nbs/11a_loop.ipynb #70706373
 def make_config(cls, presets: dict, preset: str, overrides: dict, what: str, keep_none: tuple = ()):
@@ -326,6 +360,28 @@ def check_replaceable(out: Path, files: tuple, kind: str):
         )
 
 
+def check_replaceable_runs(out: Path, cfg):
+    """`RunDirError` unless the non-empty folder `out` holds what `--overwrite` may delete for run config `cfg`:
+    one run of its kind (`check_replaceable`), or, for a kind with `seeds_files`, a folder of runs: seed<N>/
+    folders, each such a run, and the `seeds_files` its driver writes beside them. The names it did not write
+    are listed."""
+    kind, files = cfg.kind, RUN_FILES + cfg.run_files
+    ours = lambda d: run_kind(read_config(d / 'config.json')) == kind
+    if cfg.seeds_files is None or ours(out):
+        return check_replaceable(out, files, kind)
+    check_folder_to_replace(out)
+    is_seed = lambda d: re.fullmatch(r'seed\d+', d.name) and d.is_dir() and not d.is_symlink() and ours(d)
+    seeds = [d.name for d in sorted(out.iterdir()) if is_seed(d)]
+    if not seeds:
+        raise RunDirError(
+            f'{out} is not empty and holds no {kind.removeprefix("a ")} (another kind of run, or other files): '
+            'refusing to delete it with --overwrite; choose another --out'
+        )
+    check_own_files(out, (*seeds, *cfg.seeds_files), kind)
+    for d in seeds:
+        check_replaceable(out / d, files, kind)
+
+
 def replace_run_dir(out: Path):
     """Delete the run in `out`; renamed aside first, so an interruption leaves the old run or none.
     `out` is taken as an absolute path (`--out .` has no name to rename); where it is the current folder
@@ -377,13 +433,11 @@ def prepare_run_dir(
     *,
     steps: int | None = None,
     ends: tuple = (),
-    replaceable: Callable | None = None,
 ) -> dict | None:
     """Check `out` against run config `cfg` (a dataclass: options it did not have when the run was saved take
     their defaults); the trainer state of its checkpoint to resume from (checked by `check_loop_state` for a
     run of `steps`, default `cfg.steps`, with phases ending at `ends`), or None: a fresh run. `resume=None`:
-    a kind of run that is never resumed; `replaceable(out)` checks what `overwrite` would delete (default
-    `check_replaceable`)."""
+    a kind of run that is never resumed; `check_replaceable_runs` checks what `overwrite` would delete."""
     kind, files = cfg.kind, RUN_FILES + cfg.run_files
     if resume and overwrite:
         raise ValueError('resume and overwrite exclude each other: continue the run, or replace it')
@@ -391,10 +445,8 @@ def prepare_run_dir(
         raise RunDirError(f'{out} is a file, not a run directory; choose another --out')
     if not (out.exists() and any(out.iterdir())):
         return None
-    if overwrite and replaceable is not None:
-        return replaceable(out)
     if overwrite:
-        check_replaceable(out, files, kind)
+        check_replaceable_runs(out, cfg)
         return None
     if not resume:
         how = 'pass --overwrite' if resume is None else 'pass --resume to continue it, --overwrite'
@@ -415,6 +467,20 @@ def prepare_run_dir(
         return None
     state, accum = read_trainer_state(ck), getattr(cfg, 'grad_accum', 1)
     return check_loop_state(ck / STATE_FILE, state, steps or cfg.steps, accum, cfg.log_every, ends)
+
+
+def clear_run_dir(out: Path, cfg, overwrite: bool, source=None):
+    """For a kind of run that is never resumed: `out` checked (`prepare_run_dir`), then emptied if `overwrite`.
+    `ValueError` if `out` holds `source`, the path the run reads (`--overwrite` would delete it); `RunDirError`
+    for what else is in the folder."""
+    src = Path(source).expanduser().resolve() if source else None
+    if src and out.is_dir() and (out.resolve() == src or out.resolve() in src.parents):
+        raise ValueError(
+            f'--out {out} holds {source}, which this {cfg.kind.removeprefix("a ")} reads: choose another --out'
+        )
+    prepare_run_dir(out, cfg, None, overwrite)
+    if overwrite and out.is_dir() and any(out.iterdir()):
+        replace_run_dir(out)
 
 # %% ../nbs/11a_loop.ipynb #a0bbe922
 STATE_FILE = 'trainer_state.json'
@@ -778,6 +844,20 @@ def build_model(what: str, cls, mcfg, sizes: tuple = ('d_model', 'd_ff', 'n_laye
     given = ', '.join(f'{k}={getattr(mcfg, k)}' for k in sizes)
     with memory_check(f'{what} ({given})', f'use a smaller {", ".join(sizes[:-1])} or {sizes[-1]}'):
         return cls(mcfg)
+
+
+def probe_step(model: torch.nn.Module, loss: Callable, what: str, remedy: str, dev: torch.device):
+    """One forward and backward of `loss(model)` (the loss of one batch) on device `dev`, the random state,
+    weights and gradients left as they were; if it does not fit in memory, a `MemoryLimitError` naming `what`
+    (the step) and `remedy` (the options to lower)."""
+    try:
+        with (
+            memory_check(what, remedy, dev.type),
+            torch.random.fork_rng(devices=[dev] if dev.type == 'cuda' else []),
+        ):
+            loss(model.train()).backward()
+    finally:
+        model.zero_grad(set_to_none=True)
 
 
 # %% ../nbs/11a_loop.ipynb #0b20ec49

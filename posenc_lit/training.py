@@ -51,6 +51,7 @@ class TrainConfig(RunConfig):
         'save_every': '≥ 1',
         'mlm_probability': 'in (0, 1)',
         'eval_blocks': '≥ 0',
+        'data': "non-empty ('default', a local folder, or a hub dataset name)",
     }
     kind: ClassVar[str] = 'a pretraining run'
     # written by evaluate_run and the locality study
@@ -83,8 +84,6 @@ PRESETS = {
 def make_train_config(preset: str = 'quick', **overrides) -> TrainConfig:
     "`TrainConfig` from a preset name (`PRESETS`) with explicit overrides (`None` values are ignored)."
     cfg = make_config(TrainConfig, PRESETS, preset, overrides, 'training')
-    if not cfg.data.strip():
-        raise ValueError("data must not be empty: 'default', a local folder, or a hub dataset name")
     model_config(cfg, len(SPECIAL_TOKENS) + 1)  # the model's options, before any data is read
     return cfg
 
@@ -128,24 +127,9 @@ def _setup(cfg: TrainConfig, world: int = 1) -> dict:
     return {'tok': tok, 'train': train, 'ev_in': inputs, 'ev_lab': labels, 'uni': uni, 'vocab': V}
 
 # %% ../nbs/12_training.ipynb #b6fde310
-def _probe_step(model, cfg: TrainConfig, train: torch.Tensor, vocab_size: int, dev):
-    """One forward and backward on `batch_size` blocks, RNG, weights and gradients unchanged; `ValueError`: no
-    memory."""
-    g = torch.Generator().manual_seed(0)
-    inputs, labels = mask_tokens(train[: cfg.batch_size], g, vocab_size, cfg.mlm_probability)
-    what = f'one training step of batch_size={cfg.batch_size} blocks of seq_len={cfg.seq_len} tokens'
-    try:
-        with (
-            memory_check(what, 'use a smaller seq_len or batch_size', dev.type),
-            torch.random.fork_rng(devices=[dev] if dev.type == 'cuda' else []),
-        ):
-            model.train()(inputs.to(dev), labels=labels.to(dev))['loss'].backward()
-    finally:
-        model.zero_grad(set_to_none=True)
-
-
 def _model(cfg: TrainConfig, acc: Accelerator, d: dict):
-    "The MLM model (drawn from `cfg.seed`), AdamW and its schedule, prepared; one step probed."
+    """The MLM model (drawn from `cfg.seed`), AdamW and its schedule, prepared; one step of `batch_size` blocks
+    probed (`probe_step`: `MemoryLimitError` if it does not fit)."""
     set_seed(cfg.seed)
     mcfg = model_config(cfg, d['vocab'])
     model = build_model(
@@ -153,7 +137,11 @@ def _model(cfg: TrainConfig, acc: Accelerator, d: dict):
     )
     groups = param_groups(model, cfg.weight_decay)
     parts = optimizer(acc, model, groups, cfg.lr, cfg.steps, cfg.warmup, betas=(0.9, 0.98), eps=1e-6)
-    _probe_step(parts[0], cfg, d['train'], d['vocab'], acc.device)
+    g, dev = torch.Generator().manual_seed(0), acc.device
+    x, y = mask_tokens(d['train'][: cfg.batch_size], g, d['vocab'], cfg.mlm_probability)
+    what = f'one training step of batch_size={cfg.batch_size} blocks of seq_len={cfg.seq_len} tokens'
+    step = lambda m: m(x.to(dev), labels=y.to(dev))['loss']
+    probe_step(parts[0], step, what, 'use a smaller seq_len or batch_size', dev)
     return parts
 
 # %% ../nbs/12_training.ipynb #001d1f12

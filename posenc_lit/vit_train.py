@@ -74,6 +74,15 @@ class VitTrainConfig(RunConfig):
         'finetune_lr': '> 0',
         'label_smoothing': 'in [0, 1)',
         'schedule': ('cosine', 'linear'),
+        'data': "non-empty ('default', 'auto', 'fashion-mnist-full', 'mnist', a folder or a hub name)",
+        'eval_sizes': 'non-empty (e.g. [[28, 28]])',
+        'eval_modes': ListOf(EVAL_MODES),
+        'finetune_init': ListOf(EVAL_MODES),
+    }
+    needs: ClassVar[dict] = {
+        'finetune_res': 'finetune_steps',
+        'finetune_steps': 'finetune_res',
+        'finetune_init': 'finetune_res',
     }
     kind: ClassVar[str] = 'a ViT training run'
     run_files: ClassVar[tuple] = ('trained_model',)
@@ -142,9 +151,7 @@ def _check_sizes(cfg: VitTrainConfig):
 # %% ../nbs/18_vit_train.ipynb #b6daa999
 def make_vit_config(preset: str = 'quick', **overrides) -> VitTrainConfig:
     """`VitTrainConfig` from a preset (`VIT_PRESETS`) and overrides (`None` is ignored, except `interpolate`),
-    its sizes as `[H, W]`; checked: what the rules of `VitTrainConfig` cannot say (non-empty lists, options
-    that go together; the model's options, the encoding's name among them, are `ViTConfig`'s), then
-    `_check_sizes`."""
+    checked by its rules, its sizes as `[H, W]`; then `_check_sizes` (the model's options among them)."""
     cfg = make_config(VitTrainConfig, VIT_PRESETS, preset, overrides, 'ViT training', ('interpolate',))
     cfg.image_size = list(parse_size(cfg.image_size))
     if cfg.finetune_res is not None:
@@ -155,24 +162,6 @@ def make_vit_config(preset: str = 'quick', **overrides) -> VitTrainConfig:
             setattr(cfg, name, v if v is None else [list(parse_size(s)) for s in v])
         except (TypeError, ValueError) as e:
             raise ValueError(f'{name}: {e}') from None
-    if not cfg.data.strip():
-        raise ValueError(
-            "data must not be empty: 'default', 'auto', 'fashion-mnist-full', 'mnist', a folder or a hub name"
-        )
-    if not cfg.eval_sizes:
-        raise ValueError('eval_sizes must name at least one size, e.g. [[28, 28]]')
-    if not cfg.eval_modes or set(cfg.eval_modes) - set(EVAL_MODES):
-        raise ValueError(f'eval_modes must be some of {EVAL_MODES}; got {cfg.eval_modes}')
-    if (cfg.finetune_res is None) != (cfg.finetune_steps == 0):
-        raise ValueError(
-            'finetune_res and finetune_steps go together (--finetune-res 56 --finetune-steps '
-            f'200); got {cfg.finetune_res} and {cfg.finetune_steps}'
-        )
-    init = cfg.finetune_init
-    if init is not None and not cfg.finetune_res:
-        raise ValueError('finetune_init needs a fine-tune: add --finetune-res and --finetune-steps')
-    if init is not None and (not init or set(init) - set(EVAL_MODES) or len(set(init)) < len(init)):
-        raise ValueError(f'finetune_init must be distinct entries of {EVAL_MODES}; got {init}')
     _check_sizes(cfg)
     return cfg
 
