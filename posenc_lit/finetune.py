@@ -65,7 +65,7 @@ class FinetuneConfig(RunConfig):
         'trained_len': 'extend_positions',
     }
     kind: ClassVar[str] = 'a fine-tuning run'
-    seeds_files: ClassVar[tuple] = ('results.jsonl', 'summary.json')  # what `finetune_seeds` writes
+    seeds_files: ClassVar[tuple] = ('results.jsonl', 'summary.json')  # what the seeds' driver writes
 
 # %% ../nbs/16_finetune.ipynb #b03b1ab3
 # fmt: off

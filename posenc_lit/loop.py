@@ -116,7 +116,8 @@ MIXED_PRECISION = ('no', 'bf16', 'fp16')  # 'bf16' on CPU or GPU, 'fp16' on a GP
 
 @dataclass(kw_only=True)
 class RunConfig:
-    "The options every kind of run has; `rules` gives the range or the choices of each option that has one."
+    """The options every kind of run has; `rules` gives the range or the choices of each option that has one,
+    `needs` the option each option only applies with (both checked by `check_rules`)."""
 
     batch_size: int = 32  # examples per process per step
     lr: float = 2e-3  # peak learning rate
@@ -136,10 +137,10 @@ class RunConfig:
         'seed': 'in [0, 2**32)',
         'mixed_precision': MIXED_PRECISION,
     }
-    needs: ClassVar[dict] = {}  # option: the option it only applies with (`check_rules`)
+    needs: ClassVar[dict] = {}  # option: the option it only applies with (checked with the rules)
     kind: ClassVar[str] = 'a run'  # in messages: 'a pretraining run' (run_kind tells it from a config.json)
     run_files: ClassVar[tuple] = ()  # what such a run writes into its folder besides `RUN_FILES`
-    # a folder of runs (`check_replaceable_runs`): what its driver writes beside the seed<N>/ runs; None: none
+    # a folder of runs (seed<N>/ runs of this kind): what its driver writes beside them; None: no such folder
     seeds_files: ClassVar[tuple | None] = None
 
 # %% ../nbs/11a_loop.ipynb #309f6d6f
@@ -469,7 +470,7 @@ def prepare_run_dir(
     return check_loop_state(ck / STATE_FILE, state, steps or cfg.steps, accum, cfg.log_every, ends)
 
 
-def clear_run_dir(out: Path, cfg, overwrite: bool, source=None):
+def clear_run_dir(out: Path, cfg, overwrite: bool, source: str | Path | None = None):
     """For a kind of run that is never resumed: `out` checked (`prepare_run_dir`), then emptied if `overwrite`.
     `ValueError` if `out` holds `source`, the path the run reads (`--overwrite` would delete it); `RunDirError`
     for what else is in the folder."""

@@ -54,11 +54,11 @@ def rel_scores(
     table: torch.Tensor,  # `(2k+1, d)` (row r: distance r - k), per head `(h, rows, d)`
     idx: torch.Tensor,  # rows from rel_index, `(i, j)` or `(b|1, i, j)`
     side: str = 'query',  # 'query': x_i · a_ij; 'key': x_j · a_ij
-    rows: tuple | None = None,  # `(lo, hi)`: the first and last row `idx` uses (`row_range`); None: read here
+    rows: tuple | None = None,  # (lo, hi): the first and last row idx uses, if known; None: read here
 ) -> torch.Tensor:  # `(b, h, i, j)`, x's dtype
     """Relative term $x_i\\cdot a_{ij}$ or $x_j\\cdot a_{ij}$ through `x @ Eᵀ` over the
-    distinct rows and a gather (`idx` from `rel_index`); no `(i, j, d)` tensor. `ValueError` for a table
-    or `idx` that does not fit `x`."""
+    distinct rows and a gather (`idx` from `rel_index`; `rows` from `row_range`, read once per forward); no
+    `(i, j, d)` tensor. `ValueError` for a table or `idx` that does not fit `x`."""
     idx = _check_rel_scores(x, idx, side)  # (b|1, i, j)
     if idx.numel() == 0:  # an empty sequence
         return x.new_zeros(x.shape[0], x.shape[1], idx.shape[-2], idx.shape[-1])
@@ -72,7 +72,9 @@ def rel_scores(
     return t if side == 'query' else t.transpose(-1, -2)  # (b, h, i, j)
 
 # %% ../nbs/03_relative.ipynb #e755d6b0
-def row_range(idx: torch.Tensor, n_rows: int) -> tuple:  # rows from `rel_index`, any shape; rows of the table
+def row_range(
+    idx: torch.Tensor, n_rows: int
+) -> tuple:  # table rows (from rel_index), any shape; rows of the table
     """`(lo, hi)`, the first and last table row that `idx` uses, read with one host sync: an encoding's
     `prepare` reads it once per forward, and every layer's `rel_scores`/`rel_values` reuse it (on a GPU, a
     read per layer and term would stall each of them). Empty or traced `idx`: the whole table."""
@@ -120,10 +122,10 @@ def rel_values(
     probs: torch.Tensor,  # attention probabilities `(b, h, i, j)`
     table: torch.Tensor,  # relative value vectors `(2k+1, d_v)`, or `(h, rows, d_v)`
     idx: torch.Tensor,  # rows from rel_index, `(i, j)` or `(b|1, i, j)`
-    rows: tuple | None = None,  # `(lo, hi)`: the first and last row `idx` uses (`row_range`); None: read here
+    rows: tuple | None = None,  # (lo, hi): the first and last row idx uses, if known; None: read here
 ) -> torch.Tensor:  # `(b, h, i, d_v)`, probs' dtype
     """$\\sum_j \\alpha_{ij}\\, a^V_{ij}$ (Shaw et al. 2018, eq. 3) by summing
-    probabilities per distance, then one matmul (`idx` from `rel_index`)."""
+    probabilities per distance, then one matmul (`idx` from `rel_index`; `rows` from `row_range`)."""
     idx = idx if idx.ndim == 3 else idx[None]
     if idx.numel() == 0:  # no keys (or no queries)
         return probs.new_zeros(*probs.shape[:3], table.shape[-1])
