@@ -383,6 +383,7 @@ d = {
             'posenc_lit.cli._add_run_dir': ('cli.html#_add_run_dir', 'posenc_lit/cli.py'),
             'posenc_lit.cli._add_run_flags': ('cli.html#_add_run_flags', 'posenc_lit/cli.py'),
             'posenc_lit.cli._add_vit': ('cli.html#_add_vit', 'posenc_lit/cli.py'),
+            'posenc_lit.cli._after_stop': ('cli.html#_after_stop', 'posenc_lit/cli.py'),
             'posenc_lit.cli._check_out': ('cli.html#_check_out', 'posenc_lit/cli.py'),
             'posenc_lit.cli._csv': ('cli.html#_csv', 'posenc_lit/cli.py'),
             'posenc_lit.cli._data_files': ('cli.html#_data_files', 'posenc_lit/cli.py'),

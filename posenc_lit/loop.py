@@ -758,9 +758,10 @@ def _non_finite(acc: Accelerator, loop: Loop, state: dict, rng: tuple, saved: in
         loop.save(dict(state))
     where = f'the checkpoint of step {step} is kept' if loop.save is not None else 'nothing was saved'
     raise NonFiniteLossError(
-        f'the training loss is not finite (NaN or inf) at step {step + 1}: the run '
-        f'stopped and {where}; a lower learning rate (--lr) or a smaller max_grad_norm '
-        'usually helps'
+        f'the training loss is not finite (NaN or inf) at step {step + 1}: the run stopped and {where}; '
+        'a lower learning rate usually helps (--lr; in Python also a smaller max_grad_norm): start the run '
+        'again with it, with --overwrite in the same --out or in another --out (--resume continues the '
+        'saved configuration only)'
     )
 
 
