@@ -737,6 +737,7 @@ d = {
             'posenc_lit.loop._rule_text': ('loop.html#_rule_text', 'posenc_lit/loop.py'),
             'posenc_lit.loop._save_failed': ('loop.html#_save_failed', 'posenc_lit/loop.py'),
             'posenc_lit.loop._saved_config': ('loop.html#_saved_config', 'posenc_lit/loop.py'),
+            'posenc_lit.loop._saved_name': ('loop.html#_saved_name', 'posenc_lit/loop.py'),
             'posenc_lit.loop._set_rng_state': ('loop.html#_set_rng_state', 'posenc_lit/loop.py'),
             'posenc_lit.loop._stop_if_failed': ('loop.html#_stop_if_failed', 'posenc_lit/loop.py'),
             'posenc_lit.loop._write_state': ('loop.html#_write_state', 'posenc_lit/loop.py'),

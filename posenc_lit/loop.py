@@ -325,10 +325,11 @@ def _listing(names: list) -> str:
 
 
 CHECKPOINTS = ('checkpoint', 'checkpoint.old', 'checkpoint.tmp')
-# the files of a checkpoint saved before it recorded its files: accelerate's, pretraining's, a ViT's
+# the files of a checkpoint without the record of its files (`checkpoint_record`): accelerate's, pretraining's, a
+# ViT's (`save_vit`), fine-tuning's (`save_task_model`, which keeps no record)
 _SAVED_NAMES = re.compile(
     r'(model|pytorch_model|optimizer|scheduler|sampler|scaler|dl_state_dict)(_\d+)?\.(safetensors|bin|pt)'
-    r'|(random_states|custom_checkpoint)_\d+\.pkl|(train_)?config\.json|tokenizer\.json|trainer_state\.json'
+    r'|(random_states|custom_checkpoint)_\d+\.pkl|(train_)?config\.json|(tokenizer|task|trainer_state)\.json'
 )
 
 
@@ -340,10 +341,17 @@ def checkpoint_record(ck: Path) -> list[str] | None:
     return None
 
 
+def _saved_name(n: str) -> bool:
+    "Whether `n` is a name a save writes (`_SAVED_NAMES`), or the temporary of one (`atomic_write`'s `.n.XXXX`)."
+    if n.startswith('.'):  # the temporary `.config.json.k2x_9q0a`: the name it becomes
+        n = n[1:].rpartition('.')[0]
+    return bool(_SAVED_NAMES.fullmatch(n))
+
+
 def foreign_checkpoint_files(ck: Path) -> list[str]:
     """The paths in checkpoint folder `ck` (relative to it) that its save did not write: those its record
-    (`checkpoint_record`) does not hold; without a record (saved before it was kept, or damaged), those whose
-    names no save writes."""
+    (`checkpoint_record`) does not hold; without a record (saved before it was kept, damaged, a fine-tuning
+    run's, a ViT's trained_model/), those whose names no save writes."""
     files = checkpoint_record(ck)
     parents = {p.as_posix() for f in files or () for p in Path(f).parents}
     other = []
@@ -352,16 +360,16 @@ def foreign_checkpoint_files(ck: Path) -> list[str]:
         if p.is_dir() and not p.is_symlink():
             own = files is None or r in parents
         else:
-            own = r in files if files is not None else bool(_SAVED_NAMES.fullmatch(p.name))
+            own = r in files if files is not None else _saved_name(p.name)
         if not own:
             other.append(r)
     return other
 
 
-def check_checkpoint_files(out: Path, option: str):
-    """`RunDirError` naming what the checkpoint folders in `out` hold that no save wrote: `option`
-    ('--overwrite', '--resume') would delete it (a save replaces the folder)."""
-    for name in CHECKPOINTS:
+def check_checkpoint_files(out: Path, option: str, names: tuple = CHECKPOINTS):
+    """`RunDirError` naming what the folders `names` in `out` (its checkpoints; for `--overwrite` every folder a
+    run writes) hold that no save wrote: `option` ('--overwrite', '--resume') would delete it."""
+    for name in names:
         ck = out / name
         if ck.is_dir() and not ck.is_symlink() and (other := foreign_checkpoint_files(ck)):
             raise RunDirError(
@@ -398,7 +406,7 @@ def check_replaceable(out: Path, files: tuple, kind: str):
             'refusing to delete it with --overwrite; choose another --out'
         )
     check_own_files(out, files, kind)
-    check_checkpoint_files(out, '--overwrite')
+    check_checkpoint_files(out, '--overwrite', files)
     f = out / 'config.json'
     if not f.exists() and not any(
         (out / ck / STATE_FILE).is_file() for ck in ('checkpoint', 'checkpoint.old')
