@@ -335,7 +335,7 @@ _SAVED_NAMES = re.compile(
 
 def checkpoint_record(ck: Path) -> list[str] | None:
     "The files that checkpoint folder `ck`'s trainer_state.json records (`save_checkpoint`); None: no record."
-    files = read_config(ck / 'trainer_state.json').get('files')
+    files = read_config(ck / STATE_FILE).get('files')
     if isinstance(files, list) and all(isinstance(f, str) for f in files):
         return files
     return None
