@@ -4,7 +4,7 @@
 
 # %% ../nbs/13_cli.ipynb #33ae7cc1
 from __future__ import annotations
-import argparse, builtins, json, signal, sys, threading
+import argparse, builtins, json, pathlib, signal, sys, threading
 from .core import *
 from .files import dumps
 
@@ -889,13 +889,27 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-_AFTER_STOP = {  # what the user does after a command was stopped outside its training loop
+_AFTER_STOP = {  # what the user does after a command was stopped outside its training loop (`_after_stop`)
     'pretrain': 'what finished is kept: --resume continues from the last checkpoint',
     'vit': 'what finished is kept: --resume continues from the last checkpoint',
     'compare': 'what finished is kept: the same command continues from the last finished stage',
     'finetune': 'fine-tuning keeps no checkpoint: run the same command with --overwrite to start it again',
     'lengths': 'lengths.json is written whole or not at all: run the same command again',
 }
+
+
+def _after_stop(args) -> str:
+    """What to do after `args.command` stopped outside its training loop; for a run with checkpoints, what
+    `--out` holds decides (a stop may come before the folder is made, or before its first checkpoint)."""
+    again = _AFTER_STOP.get(args.command, 'nothing it wrote needs to be kept')
+    if args.command not in ('pretrain', 'vit'):
+        return again
+    out = pathlib.Path(args.out)
+    if any((out / ck).is_dir() for ck in ('checkpoint', 'checkpoint.old')):
+        return again
+    if out.is_dir() and any(out.iterdir()):
+        return 'no checkpoint was saved yet: --resume (or --overwrite) starts the run from its first step'
+    return 'no run was written yet: run the same command again'
 
 
 class Interrupted(KeyboardInterrupt):
@@ -933,8 +947,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt as e:  # a second signal during training, or the first outside a training loop
         sig = signal.Signals(getattr(e, 'signum', signal.SIGINT))
-        again = _AFTER_STOP.get(args.command, 'nothing it wrote needs to be kept')
-        print(f'posenc_lit: interrupted by {sig.name}; {again}', file=sys.stderr)
+        print(f'posenc_lit: interrupted by {sig.name}; {_after_stop(args)}', file=sys.stderr)
         return 128 + int(sig)
     finally:
         if main_thread:

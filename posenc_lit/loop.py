@@ -19,10 +19,11 @@ from .files import atomic_write, dumps, write_json
 from .model import CheckpointError, check_field_types, count_parameters
 
 # %% auto #0
-__all__ = ['SPLITS', 'MIXED_PRECISION', 'RUN_FILES', 'STATE_FILE', 'RunDirError', 'log_record',
+__all__ = ['SPLITS', 'MIXED_PRECISION', 'RUN_FILES', 'CHECKPOINTS', 'STATE_FILE', 'RunDirError', 'log_record',
            'read_metrics', 'restart_metrics', 'param_groups', 'lr_factor', 'scheduler', 'RunConfig', 'ListOf',
            'obeys', 'check_rules', 'make_config', 'config_from', 'SignalStop', 'any_process',
            'check_creatable_dir', 'foreign_files', 'run_kind', 'read_config', 'check_own_files',
+           'checkpoint_record', 'foreign_checkpoint_files', 'check_checkpoint_files',
            'check_folder_to_replace', 'check_replaceable', 'check_replaceable_runs', 'replace_run_dir',
            'prepare_run_dir', 'clear_run_dir', 'read_trainer_state', 'check_loop_state', 'save_checkpoint',
            'load_resumed', 'load_checkpoint', 'NonFiniteLossError', 'Loop', 'fit', 'check_precision',
@@ -266,11 +267,17 @@ RUN_FILES = ('config.json', 'metrics.jsonl', 'summary.json', 'checkpoint', 'chec
 
 
 def check_creatable_dir(out):
-    "`RunDirError` unless `out` is a folder or can be made one: its nearest existing parent is writable."
+    """`RunDirError` unless `out` is a folder or can be made one: its nearest existing parent is writable, and no
+    part of it is a symbolic link to nothing."""
     if not str(out).strip():
         raise RunDirError('the run directory must not be empty (it would be read as the current folder)')
     a = Path(out).absolute()
     while not a.exists():
+        if a.is_symlink():  # a link to nothing: making the folder would fail with 'File exists'
+            raise RunDirError(
+                f'cannot create {out}: {a} is a symbolic link to {os.readlink(a)}, which does not exist; '
+                'choose another --out, or remove the link (or create what it points to)'
+            )
         a = a.parent
     if not a.is_dir():
         raise RunDirError(f'cannot create {out}: {a} is a file, not a folder')
@@ -317,6 +324,60 @@ def check_own_files(out: Path, files: tuple, kind: str):
 def _listing(names: list) -> str:
     return ', '.join(names[:5]) + (', …' if len(names) > 5 else '')
 
+
+CHECKPOINTS = ('checkpoint', 'checkpoint.old', 'checkpoint.tmp')
+# the files of a checkpoint without the record of its files (`checkpoint_record`): accelerate's, pretraining's, a
+# ViT's (`save_vit`), fine-tuning's (`save_task_model`, which keeps no record)
+_SAVED_NAMES = re.compile(
+    r'(model|pytorch_model|optimizer|scheduler|sampler|scaler|dl_state_dict)(_\d+)?\.(safetensors|bin|pt)'
+    r'|(random_states|custom_checkpoint)_\d+\.pkl|(train_)?config\.json|(tokenizer|task|trainer_state)\.json'
+)
+
+
+def checkpoint_record(ck: Path) -> list[str] | None:
+    "The files that checkpoint folder `ck`'s trainer_state.json records (`save_checkpoint`); None: no record."
+    files = read_config(ck / STATE_FILE).get('files')
+    if isinstance(files, list) and all(isinstance(f, str) for f in files):
+        return files
+    return None
+
+
+def _saved_name(n: str) -> bool:
+    "Whether `n` is a name a save writes (`_SAVED_NAMES`), or the temporary of one (`atomic_write`'s `.n.XXXX`)."
+    if n.startswith('.'):  # the temporary `.config.json.k2x_9q0a`: the name it becomes
+        n = n[1:].rpartition('.')[0]
+    return bool(_SAVED_NAMES.fullmatch(n))
+
+
+def foreign_checkpoint_files(ck: Path) -> list[str]:
+    """The paths in checkpoint folder `ck` (relative to it) that its save did not write: those its record
+    (`checkpoint_record`) does not hold; without a record (saved before it was kept, damaged, a fine-tuning
+    run's, a ViT's trained_model/), those whose names no save writes."""
+    files = checkpoint_record(ck)
+    parents = {p.as_posix() for f in files or () for p in Path(f).parents}
+    other = []
+    for p in sorted(ck.rglob('*')):
+        r = p.relative_to(ck).as_posix()
+        if p.is_dir() and not p.is_symlink():
+            own = files is None or r in parents
+        else:
+            own = r in files if files is not None else _saved_name(p.name)
+        if not own:
+            other.append(r)
+    return other
+
+
+def check_checkpoint_files(out: Path, option: str, names: tuple = CHECKPOINTS):
+    """`RunDirError` naming what the folders `names` in `out` (its checkpoints; for `--overwrite` every folder a
+    run writes) hold that no save wrote: `option` ('--overwrite', '--resume') would delete it."""
+    for name in names:
+        ck = out / name
+        if ck.is_dir() and not ck.is_symlink() and (other := foreign_checkpoint_files(ck)):
+            raise RunDirError(
+                f'{ck} holds files its save did not write ({_listing(other)}): refusing to delete them with '
+                f'{option}; move them out of the folder or choose another --out'
+            )
+
 # %% ../nbs/11a_loop.ipynb #d585997b
 def check_folder_to_replace(out: Path):
     """`RunDirError` if `--overwrite` cannot replace folder `out` safely: `out` is a symbolic link
@@ -346,6 +407,7 @@ def check_replaceable(out: Path, files: tuple, kind: str):
             'refusing to delete it with --overwrite; choose another --out'
         )
     check_own_files(out, files, kind)
+    check_checkpoint_files(out, '--overwrite', files)
     f = out / 'config.json'
     if not f.exists() and not any(
         (out / ck / STATE_FILE).is_file() for ck in ('checkpoint', 'checkpoint.old')
@@ -461,6 +523,7 @@ def prepare_run_dir(
         )
     if (out / 'config.json').is_file():
         _saved_config(out, asdict(cfg), asdict(type(cfg)()), kind)
+    check_checkpoint_files(out, '--resume')
     ck, old = out / 'checkpoint', out / 'checkpoint.old'
     if not ck.exists() and old.exists():
         old.rename(ck)  # interrupted between the two renames of a save
@@ -550,9 +613,25 @@ def _save_failed(e: BaseException | None, tmp: Path, ck: Path, step: int) -> Exc
     return e
 
 
+def _stop_if_failed(acc: Accelerator, err: BaseException | None, tmp: Path, ck: Path, step: int):
+    "On every process: `tmp` removed and `_save_failed` raised if the save failed on any (a barrier too)."
+    if any_process(acc, err is not None):
+        if acc.is_main_process:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise _save_failed(err, tmp, ck, step)
+
+
+def _write_state(acc: Accelerator, tmp: Path, state: dict):
+    "`state`, the number of processes and the files in `tmp` (its own name too) as its `STATE_FILE`."
+    files = [p.relative_to(tmp).as_posix() for p in tmp.rglob('*') if not p.is_dir()]
+    record = {**state, 'processes': acc.num_processes, 'files': sorted([*files, STATE_FILE])}
+    (tmp / STATE_FILE).write_text(dumps(record))
+
+
 def save_checkpoint(acc: Accelerator, out: Path, write: Callable[[Path], None], state: dict):
     """Write a checkpoint: accelerate's `save_state` on every process; on the main process `write(tmp)` (the
-    kind's own files), then `state` (and the number of processes) as `trainer_state.json`; then the swap."""
+    kind's own files), then, once every process has written, `state` (and the number of processes, and the
+    names of the files: `checkpoint_record`) as `trainer_state.json`; then the swap."""
     ck, tmp, old = out / 'checkpoint', out / 'checkpoint.tmp', out / 'checkpoint.old'
     if acc.is_main_process:
         if tmp.exists():
@@ -566,13 +645,15 @@ def save_checkpoint(acc: Accelerator, out: Path, write: Callable[[Path], None], 
         acc.save_state(str(tmp), safe_serialization=True)
         if acc.is_main_process:
             write(tmp)
-            (tmp / STATE_FILE).write_text(dumps({**state, 'processes': acc.num_processes}))
     except (OSError, RuntimeError) as e:
         err = e
-    if any_process(acc, err is not None):  # every process has finished writing: a barrier too
+    _stop_if_failed(acc, err, tmp, ck, state['step'])  # every process has finished writing
+    try:
         if acc.is_main_process:
-            shutil.rmtree(tmp, ignore_errors=True)
-        raise _save_failed(err, tmp, ck, state['step'])
+            _write_state(acc, tmp, state)
+    except OSError as e:
+        err = e
+    _stop_if_failed(acc, err, tmp, ck, state['step'])
     if acc.is_main_process:
         if ck.exists():
             ck.rename(old)
@@ -686,9 +767,10 @@ def _non_finite(acc: Accelerator, loop: Loop, state: dict, rng: tuple, saved: in
         loop.save(dict(state))
     where = f'the checkpoint of step {step} is kept' if loop.save is not None else 'nothing was saved'
     raise NonFiniteLossError(
-        f'the training loss is not finite (NaN or inf) at step {step + 1}: the run '
-        f'stopped and {where}; a lower learning rate (--lr) or a smaller max_grad_norm '
-        'usually helps'
+        f'the training loss is not finite (NaN or inf) at step {step + 1}: the run stopped and {where}; '
+        'a lower learning rate usually helps (--lr; in Python also a smaller max_grad_norm): start the run '
+        'again with it, with --overwrite in the same --out or in another --out (--resume continues the '
+        'saved configuration only)'
     )
 
 

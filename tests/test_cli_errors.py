@@ -63,6 +63,34 @@ def test_resume_names_the_kind_of_run_the_folder_holds(tmp_path, capsys):
         assert sorted(p.name for p in d.iterdir()) == ['config.json'] and json.loads((d / 'config.json').read_text()) == cfg
 
 
+def test_a_file_put_into_the_checkpoint_is_never_deleted(tmp_path, capsys):
+    """Breaker finding: --overwrite deleted a file the user put into checkpoint/ (only the top level was checked).
+    --overwrite and --resume (whose next save replaces checkpoint/) refuse, naming it; nothing is deleted."""
+    out = tmp_path / 'run'
+    assert main([*PRETRAIN, '--out', str(out), '--quiet']) == 0
+    (out / 'checkpoint' / 'mine.txt').write_text('precious')
+    for how in ('--overwrite', '--resume'):
+        assert main([*PRETRAIN, '--out', str(out), '--quiet', how]) == 2
+        err = capsys.readouterr().err
+        assert (f"{out / 'checkpoint'} holds files its save did not write (mine.txt): refusing to delete them "
+                f"with {how}; move them out of the folder") in err, err
+    assert (out / 'checkpoint' / 'mine.txt').read_text() == 'precious'
+    (out / 'checkpoint' / 'mine.txt').unlink()
+    assert main([*PRETRAIN, '--out', str(out), '--quiet', '--overwrite']) == 0
+
+
+def test_out_that_is_a_link_to_nothing_is_named(tmp_path, capsys):
+    "Breaker finding: a dangling symbolic link as --out failed with a bare '[Errno 17] File exists'."
+    link, gone = tmp_path / 'link', tmp_path / 'gone'
+    link.symlink_to(gone)
+    assert main([*PRETRAIN, '--out', str(link), '--quiet']) == 2
+    err = capsys.readouterr().err
+    assert err.startswith('usage: posenc_lit pretrain') and 'Traceback' not in err, err
+    assert (f'argument --out: cannot create {link}: {link} is a symbolic link to {gone}, which does not exist; '
+            'choose another --out, or remove the link') in err, err
+    assert list(tmp_path.iterdir()) == [link] and link.is_symlink()
+
+
 def test_eval_blocks_beyond_the_validation_set_are_capped_with_a_notice(tmp_path, capsys):
     assert main([*PRETRAIN, '--eval-blocks', '100000000', '--stop-at', '1', '--quiet', '--out', str(tmp_path / 'run')]) == 0
     assert 'note: eval_blocks=100000000 is more than the' in capsys.readouterr().err

@@ -54,6 +54,8 @@ def test_non_finite_loss_stops_with_the_checkpoint_before(corpus, tmp_path):
     with pytest.raises(ValueError, match='not finite') as e:            # `loop.NonFiniteLossError`
         pretrain(_cfg(corpus, lr=1e30, steps=20, save_every=100, eval_every=100), out, progress=False)
     bad = int(str(e.value).split('at step ')[1].split(':')[0])
+    assert ('a lower learning rate usually helps (--lr; in Python also a smaller max_grad_norm): start the run again '
+            'with it, with --overwrite in the same --out or in another --out') in str(e.value)  # the way on
     state = json.loads((out / 'checkpoint' / 'trainer_state.json').read_text())
     assert state['step'] == bad - 1
     recs = [_strict_json(l) for l in (out / 'metrics.jsonl').read_text().splitlines()]
