@@ -989,9 +989,15 @@ def running(
 
 # %% ../nbs/11a_loop.ipynb #e827647a
 def done_summary(out: Path, state: dict | None, steps: int) -> dict | None:
-    "The summary of a run that had finished (its checkpoint at the last step), or None."
-    if state is not None and state['step'] >= steps and (out / 'summary.json').is_file():
-        return json.loads((out / 'summary.json').read_text())
+    """The summary of a run that had finished (its checkpoint at the last step), or None; `RunDirError` for a
+    damaged summary (removed, the run's `--resume` writes it again from the checkpoint and the records)."""
+    f = out / 'summary.json'
+    if state is None or state['step'] < steps or not (f.exists() or f.is_symlink()):
+        return None
+    again = 'remove it and pass --resume again to write it anew from the checkpoint'
+    if not f.is_file():
+        raise RunDirError(f'{f} is not a file (a folder or a broken link?): {again}')
+    return _json_object(f, RunDirError, "the finished run's summary", again)
 
 
 def stopped(state: dict, steps: int, sig: str | None) -> dict:

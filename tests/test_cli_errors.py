@@ -2,7 +2,7 @@
 import os
 os.environ.setdefault('HF_HUB_OFFLINE', '1'); os.environ.setdefault('HF_DATASETS_OFFLINE', '1')
 
-import shutil, subprocess, sys
+import json, shutil, subprocess, sys
 import pytest
 
 from posenc_lit.cli import main
@@ -77,6 +77,24 @@ def test_a_file_put_into_the_checkpoint_is_never_deleted(tmp_path, capsys):
     assert (out / 'checkpoint' / 'mine.txt').read_text() == 'precious'
     (out / 'checkpoint' / 'mine.txt').unlink()
     assert main([*PRETRAIN, '--out', str(out), '--quiet', '--overwrite']) == 0
+
+
+def test_a_damaged_summary_of_a_finished_run_is_named_and_written_again(tmp_path, capsys):
+    """Breaker finding: --resume on a finished run printed a summary.json that held `[1]` as the summary, and a
+    summary cut short failed with a JSON error that named no file. Now both are refused, naming the file; removed,
+    the summary is written again from the checkpoint, as it was."""
+    out = tmp_path / 'run'
+    assert main([*PRETRAIN, '--out', str(out), '--quiet']) == 0
+    summary = (out / 'summary.json').read_text()
+    capsys.readouterr()
+    for damaged in ('[1]', '{"pe": '):
+        (out / 'summary.json').write_text(damaged)
+        assert main([*PRETRAIN, '--out', str(out), '--quiet', '--resume']) == 2
+        err = capsys.readouterr().err
+        assert f"{out / 'summary.json'}" in err and 'remove it and pass --resume again' in err, err
+    (out / 'summary.json').unlink()
+    assert main([*PRETRAIN, '--out', str(out), '--quiet', '--resume']) == 0
+    assert json.loads((out / 'summary.json').read_text()) == json.loads(summary)
 
 
 def test_out_that_is_a_link_to_nothing_is_named(tmp_path, capsys):
