@@ -484,7 +484,8 @@ def _saved_config(out: Path, config: dict, defaults: dict, kind: str):
     if old != new:
         diff = {k: (old.get(k), new.get(k)) for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)}
         raise RunDirError(
-            f'{out} holds a run with another configuration (saved, asked): {diff}; ' 'use another --out'
+            f'{out} holds a run with another configuration (saved, asked): {diff}; to continue it, repeat the '
+            'options it was started with (its config.json), e.g. the same --preset; or use another --out'
         )
 
 
