@@ -205,6 +205,7 @@ def _requests(events, origin):
 
 def _screenshot(cdp, sid, url, path, bottom):
     "A PNG of the page at `url` from its top down to `bottom` px (below the first figure: navbar, sidebar, text, figure)."
+    cdp.events.clear()  # a load event left from an earlier page would end the wait below at once
     cdp.call('Page.navigate', sid, url=url)
     cdp.wait_for('Page.loadEventFired', sid, timeout=60)
     cdp.evaluate(sid, 'document.fonts.ready.then(() => new Promise(r => setTimeout(r, 200)))')
@@ -500,6 +501,8 @@ PHONE = r'''(async () => {
 def _visit(cdp, sid, url, script, width):
     cdp.call('Emulation.setDeviceMetricsOverride', sid, width=width, height=1000, deviceScaleFactor=1, mobile=width < 600)
     try:
+        # no load event left from an earlier page (a screenshot's): the script ran on a page still loading once
+        cdp.events.clear()
         cdp.call('Page.navigate', sid, url=url)
         cdp.wait_for('Page.loadEventFired', sid, timeout=60)
         cdp.events.clear()
