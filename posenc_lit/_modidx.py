@@ -319,6 +319,7 @@ d = {
             'posenc_lit.checks.is_real': ('checks.html#is_real', 'posenc_lit/checks.py'),
             'posenc_lit.checks.memory_check': ('checks.html#memory_check', 'posenc_lit/checks.py'),
             'posenc_lit.checks.test_close_rel': ('checks.html#test_close_rel', 'posenc_lit/checks.py'),
+            'posenc_lit.checks.value_range': ('checks.html#value_range', 'posenc_lit/checks.py'),
         },
         'posenc_lit.claims': {
             'posenc_lit.claims._abs_tables': ('claims.html#_abs_tables', 'posenc_lit/claims.py'),

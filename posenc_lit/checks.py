@@ -8,8 +8,14 @@ import contextlib, contextvars, re
 import torch
 
 # %% auto #0
-__all__ = ['POSITION_LIMIT', 'PositionRangeError', 'is_int', 'is_real', 'is_int_tensor', 'MemoryLimitError',
-           'memory_check', 'check_positions', 'check_position_limit', 'test_close_rel']
+__all__ = ['POSITION_LIMIT', 'value_range', 'PositionRangeError', 'is_int', 'is_real', 'is_int_tensor',
+           'MemoryLimitError', 'memory_check', 'check_positions', 'check_position_limit', 'test_close_rel']
+
+# %% ../nbs/00a_checks.ipynb #73316b72
+def value_range(t: torch.Tensor) -> tuple:  # any shape, non-empty, integer or float
+    "`(min, max)` of `t` as Python numbers, read from the device with one host sync."
+    lo, hi = torch.stack(torch.aminmax(t)).tolist()
+    return lo, hi
 
 # %% ../nbs/00a_checks.ipynb #801254e8
 class PositionRangeError(ValueError):
@@ -87,7 +93,7 @@ def check_positions(
         )
     if pos.numel() == 0:
         return
-    lo, hi = torch.stack(torch.aminmax(pos)).tolist()  # one host read
+    lo, hi = value_range(pos)
     if lo < 0 or hi >= max_len:
         raise PositionRangeError(
             f'position {lo if lo < 0 else hi} is outside {table} (max_position_embeddings={max_len}, '
@@ -107,7 +113,7 @@ def check_position_limit(
     - i` would overflow int64."""
     if pos.numel() == 0:
         return
-    lo, hi = torch.stack(torch.aminmax(pos)).tolist()  # one host read
+    lo, hi = value_range(pos)
     if lo <= -POSITION_LIMIT or hi >= POSITION_LIMIT:
         raise PositionRangeError(
             f'{name} must lie in (-2**62, 2**62), so that relative distances j - i fit in int64; '

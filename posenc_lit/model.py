@@ -399,7 +399,7 @@ def _check_inputs(input_ids, attention_mask, position_ids, token_type_ids: torch
 def _check_ids(t, size, name, field):
     if not t.numel() or is_tracing():
         return
-    lo, hi = torch.stack(torch.aminmax(t)).tolist()  # one host read per forward
+    lo, hi = value_range(t)  # one host read per forward
     if lo < 0 or hi >= size:
         raise ValueError(f'{name} must lie in [0, {field}={size}); got values {lo}..{hi}')
 

@@ -80,8 +80,7 @@ def row_range(
     read per layer and term would stall each of them). Empty or traced `idx`: the whole table."""
     if idx.numel() == 0 or is_tracing():
         return 0, n_rows - 1  # a traced graph must hold for every length
-    lo, hi = torch.stack(torch.aminmax(idx)).tolist()
-    return lo, hi
+    return value_range(idx)
 
 
 # first and last table row that `idx` uses (`rows` if given); checks the table
