@@ -8,7 +8,8 @@
 #                          on the notebooks' exported cells (tests/test_style.py: no line over 120, ≤ 8 positional)
 #   4. README in sync      python tools/make_readme.py --check
 #   5. notebooks run       nbdev_test --n_workers 2 $NBDEV_TEST_FLAGS   (e.g. NBDEV_TEST_FLAGS="--flags slow")
-#   6. tests/              python -m pytest -q -n 2 --dist loadfile tests/ $PYTEST_FLAGS  (pytest-xdist)
+#   6. tests/              python -m pytest -q -rs -n 2 --dist loadfile tests/ $PYTEST_FLAGS  (pytest-xdist;
+#                          -rs prints the reason of every skipped test)
 # Steps 1-2 compare the working tree with git's index/HEAD: in CI (a clean checkout) a diff means the committed
 # notebooks were not cleaned or the package was not exported. Locally, commit (or stage) first, or set
 # SKIP_GIT_CHECKS=1 to skip steps 1-2.
@@ -56,12 +57,12 @@ step "5/6 notebooks: nbdev_test --n_workers 2 ${NBDEV_TEST_FLAGS:-}"
 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} nbdev_test --n_workers 2 ${NBDEV_TEST_FLAGS:-} || fail "nbdev_test: a notebook failed (its traceback is above)"
 done_
 
-step "6/6 tests/: python -m pytest -q -n 2 --dist loadfile tests/ ${PYTEST_FLAGS:-}"
+step "6/6 tests/: python -m pytest -q -rs -n 2 --dist loadfile tests/ ${PYTEST_FLAGS:-}"
 # two pytest-xdist workers on 2 cores, one torch thread each, a test file per worker at a time (the JupyterLab tests
 # share one server); the two workers share one docs build (tests/conftest.py site) and the two-process runs take free
 # ports
 # shellcheck disable=SC2086
-OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} python -m pytest -q -n 2 --dist loadfile tests/ ${PYTEST_FLAGS:-} \
+OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} python -m pytest -q -rs -n 2 --dist loadfile tests/ ${PYTEST_FLAGS:-} \
   || fail "pytest: tests/ failed (see above)"
 done_
 
