@@ -27,6 +27,9 @@ SEARCH = {   # name -> overrides of the quick preset (2 layers, D = 128, 4 heads
     'init-std0.1': dict(steps=2000, eval_every=250, save_every=1000, pe_kwargs={'init_std': 0.1}),
     'init-std0.3': dict(steps=2000, eval_every=250, save_every=1000, pe_kwargs={'init_std': 0.3}),
     'len32-12k': dict(seq_len=32, batch_size=64, steps=12000, eval_every=1000, save_every=2000, log_every=100),
+    # issue 37 item 4: block length isolated from steps: 128-token blocks with len32-12k's tokens per step (16 × 128 =
+    # 64 × 32 = 2,048) and steps, so the two differ only in block length
+    'len128-12k': dict(seq_len=128, batch_size=16, steps=12000, eval_every=1000, save_every=2000, log_every=100),
 }
 LEARNED_ONLY = ('pe_kwargs',)   # options of the learned table: `none` runs without them
 
