@@ -341,6 +341,7 @@ d = {
             'posenc_lit.claims._json': ('claims.html#_json', 'posenc_lit/claims.py'),
             'posenc_lit.claims._loss_past': ('claims.html#_loss_past', 'posenc_lit/claims.py'),
             'posenc_lit.claims._mean_std': ('claims.html#_mean_std', 'posenc_lit/claims.py'),
+            'posenc_lit.claims._means': ('claims.html#_means', 'posenc_lit/claims.py'),
             'posenc_lit.claims._minilm_bow': ('claims.html#_minilm_bow', 'posenc_lit/claims.py'),
             'posenc_lit.claims._misplaced': ('claims.html#_misplaced', 'posenc_lit/claims.py'),
             'posenc_lit.claims._n': ('claims.html#_n', 'posenc_lit/claims.py'),
