@@ -1,217 +1,268 @@
-"""The claims table (nbs/25_claims.ipynb; issues 6 and 29): the table on the page is `claims` of the committed results,
-not typed numbers; every verdict is one of `VERDICTS`; a results folder without the study gives 'not measured yet',
-never an error; a loss is the mean over the committed seeds, and a gap within the seed spread is not called clear."""
-import json, math, shutil
+"""The claims page (nbs/25_claims.ipynb; issues 6, 29, 37, 40): one verdict rule applied by one function to every
+row; each row a part of a claim against the paper's own baseline, with its seeds and a Welch 95 % interval from each
+entry's own spread; the forest plot first, then the table, both `claims` of the committed results; a results folder
+that is not what its place says is an error naming the file."""
+import json, re, shutil, statistics
 from pathlib import Path
 
 import pytest
+from scipy import stats
 
-from posenc_lit.claims import (ABS_MARGIN, CLAIMS, VERDICTS, absolute_works, claims, claims_markdown, seed_runs, study_loss,
-                               study_noise)
+from posenc_lit.claims import (CLAIMS, MARGIN, VERDICTS, claims, claims_markdown, entry_settings, gap_interval,
+                               loss_values, task_values, verdict)
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# final held-out losses of a made-up study in which every claim holds (lower is better)
-LOSSES = {'learned': 4.60, 'sinusoidal': 4.58, 'none': 6.10, 't5': 4.40, 'shaw': 4.45, 'huang4': 4.30, 'tupe-a': 4.20,
-          'tupe-r': 4.10, 'tupe-a-tiecls': 4.21, 'deberta': 4.00, 'deberta-noemd': 4.05, 'deberta-noc2p': 4.08,
-          'deberta-nop2c': 4.06, 'rope': 4.35, 'alibi': 4.50}
-GROWTH = {'huang4': 0.02, 'sinusoidal': 1.5, 'learned': 2.0, 'alibi': 0.01, 'rope': 0.8}   # loss change from 32 to 256 tokens
 
-
-def write_run(d: Path, final: float, growth: float = 0.5, steps: int = 12000):
-    "A study run as tools/run_study.sh commits it: config, metrics (an eval curve ending at `final`), summary, lengths."
+def write_run(root: Path, entry: str, seed: int, loss: float, growth: float = 0.5, **config) -> Path:
+    "A study run as tools/run_study.sh commits it: config (the entry's settings), metrics, summary, lengths."
+    d = root / 'study' / (entry if seed == 0 else f'{entry}-s{seed}')
     d.mkdir(parents=True)
-    (d / 'config.json').write_text(json.dumps({'seq_len': 32, 'steps': steps}))
-    evals = [{'split': 'eval', 'step': s, 'loss': final + 2.0 * math.exp(-s / 1000)} for s in range(1000, steps + 1, 1000)]
+    c = entry_settings(entry) | {'seed': seed, 'seq_len': 32, 'lr': 2e-3, 'steps': 12000, 'max_position_embeddings': 512}
+    (d / 'config.json').write_text(json.dumps(c | config))
+    (d / 'summary.json').write_text(json.dumps({'eval_loss': loss, 'pe': c['pe']}))
+    evals = [{'split': 'eval', 'step': s, 'loss': loss + 12 / s} for s in range(1000, 12001, 1000)]
     (d / 'metrics.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in evals))
-    (d / 'summary.json').write_text(json.dumps({'eval_loss': final}))
-    at = {32: final, 64: final + growth / 3, 128: final + growth / 2, 256: final + growth}
-    (d / 'lengths.json').write_text(json.dumps({'results': [{'length': n, 'loss': v} for n, v in at.items()]}))
+    at = [{'length': 32, 'loss': loss}, {'length': 256, 'loss': loss + growth}]
+    (d / 'lengths.json').write_text(json.dumps({'pe': c['pe'], 'results': at}))
+    return d
 
 
-def fake_study(root: Path, losses=None, seeds=(0,), jitter=0.0) -> Path:
-    "A results folder with a made-up study: every entry at `losses`, one run per seed (seed k moved by k × jitter)."
-    for name, loss in {**LOSSES, **(losses or {})}.items():
-        for k in seeds:
-            write_run(root / 'study' / (name if k == 0 else f'{name}-s{k}'), loss + k * jitter, GROWTH.get(name, 0.5))
-    return root
+def write_task(root: Path, entry: str, task: str, values: list, metric: str = 'accuracy') -> Path:
+    "The fine-tuning of study entry `entry` on `task` as tools/run_order.sh commits it: one seed folder per value."
+    d = root / f'study_{task}' / entry
+    for k in range(len(values)):
+        (d / f'seed{k}').mkdir(parents=True)
+        (d / f'seed{k}' / 'config.json').write_text(
+            json.dumps({'seed': k, 'task': task, 'checkpoint': f'runs/study/{entry}'}))
+    s = {'task': task, 'pe': entry_settings(entry)['pe'], 'checkpoint': f'runs/study/{entry}', 'main_metric': metric,
+         'seeds': list(range(len(values))), 'test': {metric: {'values': values}}}
+    (d / 'summary.json').write_text(json.dumps(s))
+    return d
 
 
-def row(root, start: str) -> dict:
-    return next(r for r in claims(root) if r['claim'].startswith(start))
+def row(root, ours, base, what='masked-token loss') -> dict:
+    return next(r for r in claims(root) if (r['ours'], r['base'], r['what']) == (ours, base, what))
 
 
-def test_notebook_table_is_claims_of_the_committed_json():
+# --- the rule ---------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize('args, kw, want', [
+    ((0.10, 0.03, 0.17), {}, 'holds'),
+    ((-0.10, -0.17, -0.03), {}, 'does not hold'),
+    ((0.10, -0.02, 0.22), {}, 'cannot tell at this power'),
+    ((0.10, None, None), {}, 'cannot tell at this power'),            # fewer than 2 seeds on a side: no interval
+    ((0.0, -0.5, 0.5), {'treated': False}, 'not tested'),
+    ((None, None, None), {}, 'not measured yet'),
+    ((0.01, -0.03, 0.04), {'margin': 0.05}, 'holds'),                 # ≈ within the margin
+    ((0.12, 0.07, 0.17), {'margin': 0.05}, 'does not hold'),          # entirely beyond +margin
+    ((-0.12, -0.17, -0.07), {'margin': 0.05}, 'does not hold'),       # entirely beyond −margin
+    ((0.04, -0.01, 0.09), {'margin': 0.05}, 'cannot tell at this power'),
+])
+def test_verdict_gives_each_outcome(args, kw, want):
+    assert verdict(*args, **kw) == want
+
+
+def test_a_gap_far_below_the_seed_spread_cannot_tell():
+    "The reviewer's row: 0.04811 against 0.04806, a gap of 0.00005 nats, with seeds that spread by 0.02."
+    gap, lo, hi = gap_interval([4.04811 - 0.02, 4.04811, 4.04811 + 0.02], [4.04806 - 0.02, 4.04806, 4.04806 + 0.02])
+    assert gap == pytest.approx(0.00005) and lo < -0.04 and hi > 0.04
+    assert verdict(gap, lo, hi) == 'cannot tell at this power'
+
+
+def test_gap_interval_is_welchs_with_each_sides_own_spread():
+    a, b = [4.434, 4.327, 4.38], [4.247, 4.280]
+    gap, lo, hi = gap_interval(a, b)
+    ci = stats.ttest_ind(a, b, equal_var=False).confidence_interval(0.95)
+    assert (lo, hi) == pytest.approx((ci.low, ci.high)) and gap == pytest.approx(statistics.fmean(a) - statistics.fmean(b))
+    one = stats.ttest_1samp(a, 4.0).confidence_interval(0.95)          # a fixed baseline: no variance of its own
+    assert gap_interval(a, 4.0)[1:] == pytest.approx((one.low - 4.0, one.high - 4.0))
+    assert gap_interval([4.4], b)[1:] == (None, None)
+    quiet, noisy = gap_interval([1.0, 1.01], [0.0, 0.01]), gap_interval([1.0, 1.01], [0.0, 0.5])
+    assert noisy[2] - noisy[1] > 10 * (quiet[2] - quiet[1])         # the noisy side's own spread widens it
+
+
+def test_bad_input_to_the_rule_is_an_error():
+    with pytest.raises(ValueError, match=r'the interval \[0.2, 0.3\] must contain the gap 0.1'):
+        verdict(0.1, 0.2, 0.3)
+    with pytest.raises(ValueError, match='margin must be positive'):
+        verdict(0.1, 0.0, 0.2, margin=-1)
+    with pytest.raises(ValueError, match='ours must be a non-empty list'):
+        gap_interval([], [1.0, 2.0])
+
+
+# --- the committed results ----------------------------------------------------------------------------------------
+
+def test_notebook_shows_the_plot_then_the_table_of_the_committed_json():
     nb = json.loads((ROOT / 'nbs' / '25_claims.ipynb').read_text())
-    cell = next(c for c in nb['cells'] if c['cell_type'] == 'code'
-                and 'display(Markdown(claims_markdown(rows)))' in ''.join(c['source']))
-    shown = next(''.join(o['data']['text/markdown']) for o in cell['outputs'] if 'text/markdown' in o.get('data', {}))
+    code = [c for c in nb['cells'] if c['cell_type'] == 'code']
+    src = [''.join(c['source']) for c in code]
+    plot = next(i for i, s in enumerate(src) if 'forest_plot(rows)' in s)
+    table = next(i for i, s in enumerate(src) if 'display(Markdown(claims_markdown(rows)))' in s)
+    defined = [s for s in src[:plot] if '#| export' in s and re.search(r'^(def|class) ', s, re.M)]
+    assert table == plot + 1 and not defined, 'the figure and table come first, the definitions after'
+    assert '#| fig-alt:' in src[plot] and any('image/png' in o.get('data', {}) for o in code[plot]['outputs'])
+    shown = next(''.join(o['data']['text/markdown']) for o in code[table]['outputs'] if 'text/markdown' in o.get('data', {}))
     assert shown == claims_markdown(claims(ROOT / 'results'))
+    rule = ''.join(next(c for c in nb['cells'] if c['cell_type'] == 'markdown' and '## The rule' in ''.join(c['source']))['source'])
+    assert all(v in rule for v in VERDICTS) and 'Welch' in rule and '±0.05 nats' in rule
 
 
-def test_every_claim_is_measured_or_names_the_missing_study_run():
+def test_every_row_is_judged_by_the_one_rule():
+    "Each row's verdict is `verdict` of its own gap and interval: no row has a rule of its own."
     rows = claims(ROOT / 'results')
-    assert len(rows) == len(CLAIMS) and all(r['verdict'] in VERDICTS for r in rows)
-    missing = [r for r in rows if r['ours'].startswith('no committed result')]
-    assert all(r['verdict'] == 'not measured yet' and '(study/' in r['ours'] for r in missing), missing
+    assert len(rows) == len(CLAIMS) and {r['verdict'] for r in rows} <= set(VERDICTS)
+    for r in rows:
+        margin = MARGIN[r['unit']] if r['way'] == 'equal' else None
+        assert r['verdict'] == verdict(r['gap'], r['lo'], r['hi'], margin=margin,
+                                       treated=r['verdict'] != 'not tested'), r
+        if r['verdict'] != 'not measured yet':
+            assert re.fullmatch(r'\d+ vs (\d+|fixed)', r['seeds']) and r['base'], r
+        else:
+            assert r['note'].startswith('no committed result: ') and r['gap'] is None, r
+        assert 'in part' not in r['verdict']
 
 
-def test_every_claim_has_a_verdict_on_a_complete_study(tmp_path):
-    fake_study(tmp_path, seeds=(0, 1), jitter=0.001)
-    (tmp_path / 'minilm').mkdir()
-    rows = [r for r in claims(tmp_path) if r['paper'].split()[0] in ('Vaswani', 'Shaw', 'Ke', 'He', 'Press')
-            or 'longer than its training length' in r['claim'] or r['claim'].startswith('method 4 > Shaw')]
-    assert len(rows) == 10
-    assert {r['claim'][:30]: r['verdict'] for r in rows if r['verdict'] != 'holds'} == {
-        'untying [CLS] from the positio': 'not measured yet'}   # needs the study's fine-tuning
+def test_committed_rows_use_the_papers_baselines_and_say_what_they_lack():
+    rows = claims(ROOT / 'results')
+    pairs = {(r['ours'], r['base']) for r in rows}
+    assert ('shaw', 'sinusoidal') in pairs and ('shaw', 'learned') not in {
+        (r['ours'], r['base']) for r in rows if r['paper'].startswith('Shaw')}
+    assert {r['base'] for r in rows if r['ours'] == 'deberta'} == {'learned'}     # no hidden "beat TUPE-R"
+    assert {r['base'] for r in rows if r['ours'] in ('deberta-noc2p', 'deberta-nop2c', 'deberta-emd')} == {'deberta'}
+    dropin = next(r for r in rows if r['ours'] == 'MiniLM + method 4')
+    assert dropin['verdict'] == 'not tested' and "plain run's test accuracy to the last digit" in dropin['note']
+    vit = [r for r in rows if r['what'].startswith(('Fashion-MNIST', 'accuracy at 56'))]
+    assert len(vit) == 7 and all(r['verdict'] == 'cannot tell at this power' and r['seeds'] == '1 vs 1'
+                                 and r['note'].startswith('1 seed') for r in vit)
+    first = [r for r in rows if r['ours'].startswith('deberta-k512')]
+    assert first and all(r['label'].startswith("first study's records") for r in first)
+    longer = [r for r in rows if r['what'].startswith('loss growth') and r['ours'].startswith('huang4')]
+    assert {r['ours'] for r in longer} == {'huang4', 'huang4-k511'} and {r['base'] for r in longer} == {'learned'}
 
 
-def test_numbers_come_from_the_files(tmp_path):
-    "Change one committed number in the results: the row that reads it changes with it."
-    fake_study(tmp_path)
-    assert row(tmp_path, 'sinusoidal and learned')['verdict'] == 'holds'
-    f = tmp_path / 'study' / 'sinusoidal' / 'summary.json'
-    f.write_text(json.dumps({'eval_loss': 5.08}))
-    r = row(tmp_path, 'sinusoidal and learned')
-    assert r['verdict'] == 'does not hold' and 'sinusoidal 5.080' in r['ours'] and '(one seed)' in r['ours']
+def test_entry_settings_are_those_of_study_entries_sh():
+    "claims.ENTRY_SETTINGS (what a run's config.json must say) and tools/study_entries.sh (what runs it) agree."
+    text = (ROOT / 'tools' / 'study_entries.sh').read_text()
+    cases = re.findall(r"^\s+([\w-]+)\)\s+echo '([^']*)'", text, re.M)
+    assert len(cases) >= 12
+    for entry, args in cases:
+        pe = re.search(r'--pe (\S+)', args)[1]
+        kw = re.search(r'--pe-kwargs (\{.*\})', args)
+        emd = re.search(r'--emd-steps (\d+)', args)
+        want = {'pe': pe, 'pe_kwargs': json.loads(kw[1]) if kw else {}, 'emd_steps': int(emd[1]) if emd else 0}
+        assert entry_settings(entry) == want, entry
 
 
-def test_claims_against_absolute_positions_cannot_be_tested_without_a_working_baseline(tmp_path):
-    "Rows that compare with BERT-style positions say 'cannot test here' (with the losses) until learned and sinusoidal beat none by 0.3 nats."
-    fake_study(tmp_path, {'none': LOSSES['learned'] + ABS_MARGIN - 0.05})
-    ok, losses = absolute_works(tmp_path)
-    blocked = [r for r in claims(tmp_path) if r['verdict'] == 'cannot test here']
-    assert not ok and blocked and all(losses in r['ours'] for r in blocked)
-    assert any(r['claim'].startswith('TUPE reaches the baseline') for r in blocked)
-    assert not any(r['claim'].startswith('untying [CLS]') for r in blocked)   # tupe-a against its own ablation
-    (tmp_path / 'study' / 'none' / 'summary.json').write_text(json.dumps({'eval_loss': LOSSES['sinusoidal'] + ABS_MARGIN + .05}))
-    assert absolute_works(tmp_path)[0] and 'cannot test here' not in {r['verdict'] for r in claims(tmp_path)}
+# --- made-up results ------------------------------------------------------------------------------------------------
 
-
-def test_missing_results_are_not_measured_yet(tmp_path):
+def test_missing_results_are_not_measured_yet_naming_the_files(tmp_path):
     rows = claims(tmp_path)
     assert {r['verdict'] for r in rows} == {'not measured yet'} and len(rows) == len(CLAIMS)
+    r = next(r for r in rows if r['ours'] == 'deberta-emd')
+    assert r['note'] == 'no committed result: study/deberta-emd/summary.json, study/deberta/summary.json'
 
 
-def test_a_loss_is_the_mean_over_seeds_and_gaps_within_the_spread_are_not_clear(tmp_path):
-    fake_study(tmp_path, seeds=(0, 1), jitter=0.1)      # every entry: seeds 0.1 apart, std 0.0707 = σ
-    s = study_loss(tmp_path, 'shaw')
-    assert s['n'] == 2 and s['mean'] == pytest.approx(LOSSES['shaw'] + 0.05) and s['std'] == pytest.approx(0.1 / 2 ** .5)
-    assert study_noise(tmp_path) == pytest.approx(0.1 / 2 ** .5)
-    r = row(tmp_path, 'relative positions beat absolute')   # shaw 0.15 below learned: beyond 2σ√(1/2 + 1/2) = 0.141
-    assert r['verdict'] == 'holds' and 'shaw 4.500 ± 0.071' in r['ours'] and '(2 seeds, mean ± std)' in r['ours']
-    r = row(tmp_path, 'TUPE-R > TUPE-A')                      # gaps of 0.10 and 0.40: the first within the bar
-    assert r['verdict'] == 'in part' and 'within two standard errors: tupe-r–tupe-a 0.100 < 0.141' in r['ours']
-    r = row(tmp_path, 'removing C2P')                         # ablations 0.05–0.08 worse: all within the bar
-    assert r['verdict'] == 'cannot test here' and '−C2P, −P2C, −EMD within two standard errors' in r['ours']
+def test_numbers_come_from_the_files_and_each_side_keeps_its_spread(tmp_path):
+    for k, (s, l) in enumerate([(4.25, 4.43), (4.28, 4.33), (4.27, 4.38)]):
+        write_run(tmp_path, 'sinusoidal', k, s)
+        write_run(tmp_path, 'learned', k, l)
+    r = row(tmp_path, 'sinusoidal', 'learned')          # ≈ with learned's own spread: the interval crosses the margin
+    assert r['verdict'] == 'cannot tell at this power' and r['seeds'] == '3 vs 3' and r['lo'] < 0.05 < r['hi']
+    for k, l in enumerate([4.27, 4.26, 4.265]):
+        (tmp_path / 'study' / ('learned' if k == 0 else f'learned-s{k}') / 'summary.json').write_text(
+            json.dumps({'eval_loss': l, 'pe': 'learned'}))
+    r = row(tmp_path, 'sinusoidal', 'learned')
+    assert r['verdict'] == 'holds' and -0.05 < r['lo'] < r['hi'] < 0.05, r
 
 
-def test_the_seed_noise_of_some_entries_calls_the_gaps_of_all(tmp_path):
-    "σ pooled over the entries with two seeds sets the bar for entries with one; with no second seed, signs decide."
-    fake_study(tmp_path)                                     # one seed each
-    assert study_noise(tmp_path) is None
-    r = row(tmp_path, 'TUPE-R > TUPE-A')
-    assert r['verdict'] == 'holds' and 'the seed noise is unknown' in r['ours']
-    for name in ('none', 'sinusoidal'):                      # two entries get a second seed 0.1 away: σ = 0.0707
-        write_run(tmp_path / 'study' / f'{name}-s1', LOSSES[name] + 0.1)
-    assert study_noise(tmp_path) == pytest.approx(0.1 / 2 ** .5)
-    r = row(tmp_path, 'TUPE-R > TUPE-A')                      # one seed each: bar 2σ√2 = 0.200 > the 0.10 gap
-    assert r['verdict'] == 'in part' and 'tupe-r–tupe-a 0.100 < 0.200' in r['ours'] and 'σ = 0.071' in r['ours']
+def test_length_rows_say_which_offsets_were_trained(tmp_path):
+    for k in range(2):
+        write_run(tmp_path, 'huang4', k, 4.1 + k / 100, growth=0.02 + k / 100)
+        write_run(tmp_path, 'huang4-k511', k, 4.1 + k / 100, growth=1.5 + k / 10)
+        write_run(tmp_path, 'learned', k, 4.4 + k / 100, growth=2.0 + k / 10)
+    r = row(tmp_path, 'huang4', 'learned', 'loss growth, 32 → 256 tokens')
+    assert r['verdict'] == 'holds' and 'huang4 k = 16: 32-token blocks train every row ±16' in r['note']
+    assert 'learned: rows 0–31 trained; at 256 tokens rows 32–255 never trained' in r['note']
+    r = row(tmp_path, 'huang4-k511', 'learned', 'loss growth, 32 → 256 tokens')
+    assert 'huang4 k = 511: 32-token blocks train rows ±31 only; 256 tokens read rows ±32…±255 untrained' in r['note']
 
 
-def test_seed_runs_of_an_entry_are_its_own(tmp_path):
-    "tupe-a's seeds are tupe-a and tupe-a-s1, never the tupe-a-tiecls ablation; seed 0 missing is 'not measured yet'."
-    fake_study(tmp_path, seeds=(0, 1))
-    assert [p.name for p in seed_runs(tmp_path, 'tupe-a')] == ['tupe-a', 'tupe-a-s1']
-    write_run(tmp_path / 'study' / 'tupe-a-s10', 9.0)
-    assert [p.name for p in seed_runs(tmp_path, 'tupe-a')] == ['tupe-a', 'tupe-a-s1', 'tupe-a-s10']
-    for f in (tmp_path / 'study' / 'tupe-r').iterdir():
-        f.unlink()
-    r = row(tmp_path, 'TUPE-R > TUPE-A')
-    assert r['verdict'] == 'not measured yet' and 'study/tupe-r/summary.json' in r['ours']
+def test_a_seed_folder_of_another_encoding_or_seed_is_an_error_naming_it(tmp_path):
+    write_run(tmp_path, 'learned', 0, 4.4)
+    f = write_run(tmp_path, 'learned', 1, 4.3, pe='sinusoidal') / 'config.json'
+    with pytest.raises(ValueError, match=f"{re.escape(str(f))} says pe 'sinusoidal', but its folder learned-s1 holds "
+                                         "seed 1 of study entry 'learned'"):
+        loss_values(tmp_path, 'learned')
+    with pytest.raises(ValueError, match=re.escape(str(f))):
+        claims(tmp_path)                                   # the page names it too, never a count
+    shutil.rmtree(f.parent)
+    shutil.copytree(tmp_path / 'study' / 'learned', f.parent)     # a copied seed folder: seed 0 twice
+    with pytest.raises(ValueError, match=f"{re.escape(str(f))} says seed 0, but its folder learned-s1 holds seed 1"):
+        loss_values(tmp_path, 'learned')
 
 
-def test_length_claims_read_the_training_length_and_the_longest(tmp_path):
-    fake_study(tmp_path)
-    r = row(tmp_path, 'ALiBi trained short')
-    assert r['verdict'] == 'holds' and 'from 32 to 256 tokens' in r['ours'] and 'alibi +0.010, rope +0.800' in r['ours']
-    r = row(tmp_path, 'method 4 holds up')
-    assert r['verdict'] == 'holds' and 'huang4 +0.020, sinusoidal +1.500; learned +2.000' in r['ours']
+def test_an_entry_at_other_settings_or_a_run_twice_is_an_error(tmp_path):
+    f = write_run(tmp_path, 'deberta', 0, 4.0, emd_steps=2) / 'config.json'     # the old `deberta` (with EMD)
+    with pytest.raises(ValueError, match=f"{re.escape(str(f))} says emd_steps 2, but its folder deberta holds seed 0 "
+                                         "of study entry 'deberta' \\(emd_steps 0"):
+        loss_values(tmp_path, 'deberta')
+    write_run(tmp_path, 'shaw', 0, 4.1)
+    g = write_run(tmp_path, 'shaw', 1, 4.2, lr=1e-3) / 'config.json'
+    with pytest.raises(ValueError, match=f"{re.escape(str(g))} has lr 0.001, but .* \\(seed 0 of 'shaw'\\) has 0.002"):
+        loss_values(tmp_path, 'shaw')
+    shutil.rmtree(g.parent)
+    g = write_run(tmp_path, 'shaw', 1, 4.1)
+    with pytest.raises(ValueError, match=f"{re.escape(str(g / 'summary.json'))} has the eval_loss of .*: one run twice"):
+        loss_values(tmp_path, 'shaw')
+
+
+def test_a_fine_tuning_seed_folder_that_is_not_its_place_is_an_error(tmp_path):
+    d = write_task(tmp_path, 'tupe-a', 'order', [0.80, 0.82, 0.81])
+    assert task_values(tmp_path, 'tupe-a', 'order') == ([0.80, 0.82, 0.81], 'accuracy')
+    c = d / 'seed2' / 'config.json'
+    c.write_text(json.dumps({'seed': 0, 'task': 'order', 'checkpoint': 'runs/study/tupe-a'}))   # seed0 copied
+    with pytest.raises(ValueError, match=f"{re.escape(str(c))} says seed 0, task 'order'.* holds seed 2 of order"):
+        task_values(tmp_path, 'tupe-a', 'order')
+    c.write_text(json.dumps({'seed': 2, 'task': 'order', 'checkpoint': 'runs/study/tupe-a-tiecls'}))
+    with pytest.raises(ValueError, match=f"{re.escape(str(c))} .*checkpoint 'runs/study/tupe-a-tiecls'"):
+        task_values(tmp_path, 'tupe-a', 'order')
+    c.write_text(json.dumps({'seed': 2, 'task': 'order', 'checkpoint': 'runs/study/tupe-a'}))
+    s = json.loads((d / 'summary.json').read_text())
+    (d / 'summary.json').write_text(json.dumps(s | {'seeds': [0, 1, 1]}))
+    with pytest.raises(ValueError, match=r'lists seeds \[0, 1, 1\] for 3 test values'):
+        task_values(tmp_path, 'tupe-a', 'order')
+
+
+def test_the_drop_in_is_not_tested_when_no_prediction_moved(tmp_path):
+    def minilm(run, added, values):
+        d = tmp_path / 'minilm' / run
+        for k in range(len(values)):
+            (d / f'seed{k}').mkdir(parents=True)
+            (d / f'seed{k}' / 'config.json').write_text(json.dumps({'seed': k, 'add_relative': added}))
+        (d / 'summary.json').write_text(json.dumps({'seeds': list(range(len(values))),
+                                                    'test': {'accuracy': {'values': values}},
+                                                    'baselines': {'bow': {'accuracy': 0.79}}}))
+        return d
+    minilm('plain', '', [0.845, 0.844, 0.839])
+    h = minilm('huang4', 'huang4', [0.845, 0.844, 0.839])
+    r = row(tmp_path, 'MiniLM + method 4', 'MiniLM', 'sentiment test accuracy, real MiniLM')
+    assert r['verdict'] == 'not tested' and r['note'] == "every seed (3) has the plain run's test accuracy to the last digit"
+    shutil.rmtree(h)
+    minilm('huang4', 'huang4', [0.835, 0.834, 0.830])
+    assert row(tmp_path, 'MiniLM + method 4', 'MiniLM', 'sentiment test accuracy, real MiniLM')['verdict'] == 'does not hold'
+    (h / 'seed1' / 'config.json').write_text(json.dumps({'seed': 1, 'add_relative': ''}))
+    with pytest.raises(ValueError, match="seed1/config.json says add_relative '', seed 1, but its folder holds seed 1 "
+                                         "of minilm/huang4"):
+        claims(tmp_path)
 
 
 def test_a_damaged_file_names_the_claim_and_the_file(tmp_path):
-    fake_study(tmp_path)
+    write_run(tmp_path, 'learned', 0, 4.4)
     f = tmp_path / 'study' / 'learned' / 'summary.json'
     f.write_text('{"eval_loss": NaN}')
-    with pytest.raises(ValueError, match=f'eval_loss of {f} is nan, not a finite number'):
+    with pytest.raises(ValueError, match=f'eval_loss of {re.escape(str(f))} is nan, not a finite number'):
         claims(tmp_path)
     f.write_text('{"eval_loss": ')
-    with pytest.raises(ValueError, match='summary.json is not valid JSON'):
+    with pytest.raises(ValueError, match=f'{re.escape(str(f))} is not valid JSON'):
         claims(tmp_path)
-
-
-def _compare(root: Path, recs: list, pes=None) -> Path:
-    """Write the records (pe, task, main_metric, test) as the study's fine-tuning summaries,
-    study_<task>/<pe>/summary.json (tools/run_order.sh), after removing the earlier ones; the last file written."""
-    for d in root.glob('study_*'):
-        shutil.rmtree(d)
-    by, f = {}, None
-    for r in recs:
-        by.setdefault((r['pe'], r['task']), []).append(r)
-    for (pe, task), rs in by.items():
-        m = rs[0]['main_metric']
-        f = root / f'study_{task}' / pe / 'summary.json'
-        f.parent.mkdir(parents=True)
-        s = {'task': task, 'pe': pe, 'main_metric': m, 'test': {m: {'values': [r['test'][m] for r in rs]}}}
-        f.write_text(json.dumps(s))
-    return f
-
-
-def test_downstream_accuracy_joins_the_loss_verdict(tmp_path):
-    "Where the study's fine-tuning has the encodings of a claim, their accuracy is shown and can turn the verdict."
-    fake_study(tmp_path)
-    loss_only = row(tmp_path, 'DeBERTa beats')
-    assert loss_only['verdict'] == 'holds' and 'sentiment accuracy' not in loss_only['ours']
-    rec = lambda pe, acc: {'pe': pe, 'task': 'sentiment', 'main_metric': 'accuracy', 'test': {'accuracy': acc}}
-    def deberta_row(gain, pes=('learned', 'deberta')):
-        _compare(tmp_path, [rec(pe, a + (gain if pe == 'deberta' else 0)) for pe in pes for a in (0.70, 0.71, 0.72)], pes)
-        return row(tmp_path, 'DeBERTa beats')
-    up, down = deberta_row(0.05), deberta_row(-0.05)
-    assert up['verdict'] == 'holds' and 'deberta 0.760 ± 0.010, learned 0.710 ± 0.010' in up['ours']
-    assert down['verdict'] == 'in part' and 'deberta 0.660 ± 0.010' in down['ours']
-    assert 'within the seed spread' in deberta_row(0.005)['ours']
-    only = deberta_row(0.05, pes=('learned',))                       # deberta not fine-tuned yet: the loss verdict, said so
-    assert only['verdict'] == 'holds' and 'the others not run yet' in only['ours']
-    f = _compare(tmp_path, [rec('learned', float('nan'))], ['learned'])
-    with pytest.raises(ValueError, match='sentiment test accuracy of learned') as e:
-        claims(tmp_path)
-    assert str(f) in str(e.value)
-
-
-def test_untied_cls_reads_the_ablation_on_every_task(tmp_path):
-    "The untied-[CLS] row compares tupe-a with the tupe-a-tiecls ablation task by task; its verdict follows the gaps and the seed spread."
-    fake_study(tmp_path)
-    metric = {'sentiment': 'accuracy', 'rating': 'pearson', 'reviews': 'accuracy'}
-    def untied(gains: dict):
-        recs = [{'pe': pe, 'task': t, 'main_metric': metric[t], 'test': {metric[t]: a + (g if pe == 'tupe-a' else 0)}}
-                for t, g in gains.items() for pe in ('tupe-a', 'tupe-a-tiecls') for a in (0.70, 0.71, 0.72)]
-        _compare(tmp_path, recs, ['tupe-a', 'tupe-a-tiecls'])
-        return row(tmp_path, 'untying [CLS]')
-    up = untied({'sentiment': 0.05, 'rating': 0.02, 'reviews': 0.001})
-    assert up['verdict'] == 'holds' and 'sentiment accuracy 0.760 ± 0.010 against 0.710 ± 0.010 (+5.0 pts)' in up['ours']
-    assert 'rating pearson 0.730' in up['ours'] and '(reviews within the seed spread)' in up['ours']
-    assert untied({'sentiment': 0.05, 'rating': -0.02, 'reviews': 0.0})['verdict'] == 'in part'
-    flat = untied({'sentiment': 0.005, 'rating': -0.005, 'reviews': 0.0})
-    assert flat['verdict'] == 'does not hold' and 'no gain beyond the seed spread' in flat['ours']
-    _compare(tmp_path, [], ['tupe-a'])
-    assert row(tmp_path, 'untying [CLS]')['verdict'] == 'not measured yet'
-
-
-def test_an_entry_whose_own_seeds_spread_more_than_the_pooled_noise_is_named(tmp_path):
-    # every entry: seeds 0.01 apart, but learned's 0.4 apart (std 0.283): the pooled σ (0.073) calls the gap
-    fake_study(tmp_path, losses={'sinusoidal': 4.30}, seeds=(0, 1), jitter=0.01)
-    (tmp_path / 'study' / 'learned-s1' / 'summary.json').write_text(json.dumps({'eval_loss': LOSSES['learned'] + 0.4}))
-    assert study_loss(tmp_path, 'learned')['std'] == pytest.approx(0.4 / 2 ** .5)
-    r = row(tmp_path, 'sinusoidal and learned')   # gap 0.495, beyond the pooled bar 0.147
-    assert r['verdict'] == 'does not hold' and "learned's own seeds spread more (std 0.283)" in r['ours'], r['ours']
-    assert 'against that the gap is within two standard errors (0.566)' in r['ours'], r['ours']
