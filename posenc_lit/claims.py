@@ -640,7 +640,7 @@ def _parts(
 _FIRST = "first study's records (k = 512: rows past ±31 never trained)"
 _VASWANI = (
     'Vaswani et al. 2017, Table 3 (E)',
-    'sinusoidal and learned positions give nearly identical results: 4.92 and 4.92 dev PPL [P]',
+    'sinusoidal and learned positions produced nearly identical results (§3.5, Table 3 row E) [P]',
 )
 _SHAW = (
     'Shaw et al. 2018, Table 1',
