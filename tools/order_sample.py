@@ -3,7 +3,7 @@
     python tools/order_sample.py sample OUT_DIR [--n 40] [--seed 2026]
         writes OUT_DIR/sample.txt (pairs A/B, the original sentence shown first or second at random) and
         OUT_DIR/key.json (which one is the original); read sample.txt without opening key.json.
-    python tools/order_sample.py score OUT_DIR --reader WHO ANSWERS
+    python tools/order_sample.py score OUT_DIR ANSWERS --reader WHO
         ANSWERS: one letter per pair, e.g. "A B B A ..."; WHO: who answered (a person, or which model);
         writes OUT_DIR/answers.json (with `reader`: WHO) and prints the accuracy. Name OUT_DIR for the reader
         too: results/study_order/llm-reader/ holds the answers of the project's lead engineer, a language model.
