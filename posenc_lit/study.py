@@ -469,10 +469,12 @@ def _spans(keys: list) -> str:
 def _tables_text(tables: dict, total: dict) -> str:
     "One table's keys and rows per line: 'absolute table: positions 32–63 (32 of 512 rows)'."
     word = lambda name: 'buckets' if 'bucket' in name else 'rows'
-    return '; '.join(
+    text = lambda name, t: (
         f"{name}: {t['unit']} {_spans(t['keys'])} ({len(t['rows'])} of {total[name]} {word(name)})"
-        for name, t in tables.items()
+        if max(t['rows']) < total[name]
+        else f"{name}: cannot run (no row for {t['unit']} ≥ {total[name]})"
     )
+    return '; '.join(text(name, t) for name, t in tables.items())
 
 
 def coverage(config: dict, lengths) -> dict:
