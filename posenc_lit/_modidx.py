@@ -1056,6 +1056,7 @@ d = {
             'posenc_lit.study.study_rows': ('study.html#study_rows', 'posenc_lit/study.py'),
             'posenc_lit.study.sweep_losses': ('study.html#sweep_losses', 'posenc_lit/study.py'),
             'posenc_lit.study.sweep_markdown': ('study.html#sweep_markdown', 'posenc_lit/study.py'),
+            'posenc_lit.study.sweep_parameters': ('study.html#sweep_parameters', 'posenc_lit/study.py'),
             'posenc_lit.study.task_markdown': ('study.html#task_markdown', 'posenc_lit/study.py'),
             'posenc_lit.study.task_rows': ('study.html#task_rows', 'posenc_lit/study.py'),
             'posenc_lit.study.untrained': ('study.html#untrained', 'posenc_lit/study.py'),

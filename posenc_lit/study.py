@@ -21,9 +21,9 @@ from posenc_lit.claims import (
 __all__ = ['HEADLINE', 'VARIANTS', 'FIRST_STUDY', 'GROUPS', 'ENTRIES', 'FAMILIES', 'SEEDS', 'WINDOW', 'FLAT',
            'SWEEP_ENTRIES', 'SWEEP_GRID', 'SWEEP_STEPS', 'OLD_LR', 'TIE', 'LR_FROM', 'word_scale',
            'study_rows', 'run_curve', 'last_drop', 'convergence', 'lr_text', 'sweep_losses', 'pick_lr',
-           'study_lr', 'chosen_lrs', 'sweep_markdown', 'study_lrs_markdown', 'plot_sweep', 'study_markdown',
-           'seed_band', 'plot_study_curves', 'position_tables', 'untrained', 'coverage', 'lengths_markdown',
-           'coverage_markdown', 'calls_markdown', 'task_rows', 'task_markdown']
+           'study_lr', 'chosen_lrs', 'sweep_markdown', 'sweep_parameters', 'study_lrs_markdown', 'plot_sweep',
+           'study_markdown', 'seed_band', 'plot_study_curves', 'position_tables', 'untrained', 'coverage',
+           'lengths_markdown', 'coverage_markdown', 'calls_markdown', 'task_rows', 'task_markdown']
 
 # %% ../nbs/19c_study.ipynb #4ec5e8df
 HEADLINE = (
@@ -260,21 +260,34 @@ def chosen_lrs(root) -> dict:
     return {e: picks[LR_FROM[e]] for e in ENTRIES if picks[LR_FROM[e]] is not None}
 
 # %% ../nbs/19c_study.ipynb #a9f8f241
-def sweep_markdown(sweep: dict) -> str:
-    """The sweep as a Markdown table: one row per representative of `SWEEP_ENTRIES`, its final held-out loss at
-    each rate run (the lowest in bold; 'diverged' where not finite; blank where not run), and the rule's verdict.
-    """
+def sweep_markdown(sweep: dict, parameters: dict | None = None) -> str:
+    """The sweep as a Markdown table: one row per representative of `SWEEP_ENTRIES`, its `parameters`
+    (`sweep_parameters`), its final held-out loss at each rate run (the lowest in bold; 'diverged' where not
+    finite; blank where not run), and the rule's verdict."""
     lrs = sorted({x for v in sweep.values() for x in v} | set(SWEEP_GRID))
+    parameters = parameters or {}
     out = [
-        '| entry | ' + ' | '.join(f'lr {lr_text(x)} ↓' for x in lrs) + ' | rule: lr for the study |',
-        '|---|' + '---:|' * len(lrs) + '---|',
+        '| entry | parameters | '
+        + ' | '.join(f'lr {lr_text(x)} ↓' for x in lrs)
+        + ' | rule: lr for the study |',
+        '|---|---:|' + '---:|' * len(lrs) + '---|',
     ]
     for e in SWEEP_ENTRIES:
         v, p = sweep.get(e, {}), pick_lr(sweep.get(e, {}), e)
         cell = lambda x: '' if x not in v else 'diverged' if v[x] is None else f'{v[x]:.3f}'
         cells = [f'**{cell(x)}**' if x == p['best'] else cell(x) for x in lrs]
-        out.append(f'| {e} | ' + ' | '.join(cells) + f" | {p['verdict']} |")
+        params = f'{parameters[e]:,}' if parameters.get(e) is not None else ''
+        out.append(f'| {e} | {params} | ' + ' | '.join(cells) + f" | {p['verdict']} |")
     return '\n'.join(out)
+
+
+def sweep_parameters(root) -> dict:
+    "`{entry: parameters}` of the committed sweep runs (from their `summary.json`; the same model at every rate)."
+    out = {}
+    for run in sorted(Path(root, 'sweep').glob('*-lr*')):
+        if (m := re.fullmatch(r'(.+)-lr(\d+(?:\.\d+)?e-\d+)', run.name)) and (run / 'summary.json').is_file():
+            out[m[1]] = _json(run, 'summary.json').get('parameters')
+    return out
 
 
 def study_lrs_markdown(sweep: dict) -> str:
@@ -497,8 +510,8 @@ def coverage(config: dict, lengths) -> dict:
 
 
 def lengths_markdown(rows: list[dict]) -> str:
-    """Loss at each measured length (lower is better; the best per column in bold), n/a where an encoding
-    cannot run, † where the length uses table rows that training never reached (`untrained`)."""
+    """Parameters and loss at each measured length (lower is better; the best per column in bold), n/a where an
+    encoding cannot run, † where the length uses table rows that training never reached (`untrained`)."""
     have = [r for r in rows if r['lengths']]
     if not have:
         return '*No length evaluation committed yet.*'
@@ -514,8 +527,12 @@ def lengths_markdown(rows: list[dict]) -> str:
         mark = ' †' if untrained(r['config'], n) else ''
         return (f'**{v:.3f}**' if v == best[n] else f'{v:.3f}') + mark
 
-    out = ['| entry | ' + ' | '.join(f'{n} tokens ↓' for n in ns) + ' |', '|---|' + '---:|' * len(ns)]
-    out += [f"| {r['entry']} | " + ' | '.join(cell(r, n) for n in ns) + ' |' for r in have]
+    params = lambda r: '?' if r['parameters'] is None else f"{r['parameters']:,}"
+    out = [
+        '| entry | parameters | ' + ' | '.join(f'{n} tokens ↓' for n in ns) + ' |',
+        '|---|---:|' + '---:|' * len(ns),
+    ]
+    out += [f"| {r['entry']} | {params(r)} | " + ' | '.join(cell(r, n) for n in ns) + ' |' for r in have]
     return '\n'.join(out) + '\n\n† the length uses rows or buckets that training never reached (below).'
 
 
