@@ -1,10 +1,12 @@
-"""A blind sample of the `order` task for a human check (issue 29 item 3).
+"""A blind sample of the `order` task for a reader's check (issue 29 item 3; issue 37: say who answered).
 
     python tools/order_sample.py sample OUT_DIR [--n 40] [--seed 2026]
         writes OUT_DIR/sample.txt (pairs A/B, the original sentence shown first or second at random) and
         OUT_DIR/key.json (which one is the original); read sample.txt without opening key.json.
-    python tools/order_sample.py score OUT_DIR ANSWERS
-        ANSWERS: one letter per pair, e.g. "A B B A ..."; writes OUT_DIR/human.json and prints the accuracy.
+    python tools/order_sample.py score OUT_DIR ANSWERS --reader WHO
+        ANSWERS: one letter per pair, e.g. "A B B A ..."; WHO: who answered (a person, or which model);
+        writes OUT_DIR/answers.json (with `reader`: WHO) and prints the accuracy. Name OUT_DIR for the reader
+        too: results/study_order/llm-reader/ holds the answers of the project's lead engineer, a language model.
 """
 import argparse
 import json
@@ -19,8 +21,8 @@ def sample(out: Path, n: int, seed: int):
     rows = [r for r in load_order()['test'] if r['label'] == 1]  # (original, swapped) pairs
     if not 1 <= n <= len(rows):
         raise SystemExit(f'--n must be between 1 and {len(rows)} (the test pairs); got {n}')
-    if (out / 'human.json').exists():
-        raise SystemExit(f'{out} already holds answers (human.json): choose another folder for a new sample')
+    if (out / 'answers.json').exists():
+        raise SystemExit(f'{out} already holds answers (answers.json): choose another folder for a new sample')
     rng = random.Random(seed)
     lines, key = [], []
     for i, r in enumerate(rng.sample(rows, n)):
@@ -33,8 +35,10 @@ def sample(out: Path, n: int, seed: int):
     (out / 'key.json').write_text(json.dumps({'seed': seed, 'n': n, 'key': key}) + '\n')
 
 
-def score(out: Path, answers: str):
-    "Compare the answers with the key; write human.json."
+def score(out: Path, answers: str, reader: str):
+    "Compare the answers of `reader` (who answered: a person, or which model) with the key; write answers.json."
+    if not reader.strip():
+        raise SystemExit('say who answered: --reader "a person", or --reader "MODEL NAME" for a model')
     if not (out / 'key.json').is_file():
         raise SystemExit(f'{out}/key.json not found: draw a sample first (python tools/order_sample.py sample {out})')
     key = json.loads((out / 'key.json').read_text())['key']
@@ -45,9 +49,9 @@ def score(out: Path, answers: str):
     if bad:
         raise SystemExit(f"answers must be A or B; got {', '.join(bad[:5])}")
     wrong = [i for i, (g, k) in enumerate(zip(given, key)) if g != k]
-    result = {'n': len(key), 'correct': len(key) - len(wrong), 'accuracy': 1 - len(wrong) / len(key),
-              'wrong': wrong, 'answers': given}
-    (out / 'human.json').write_text(json.dumps(result, indent=1) + '\n')
+    result = {'reader': reader, 'n': len(key), 'correct': len(key) - len(wrong),
+              'accuracy': 1 - len(wrong) / len(key), 'wrong': wrong, 'answers': given}
+    (out / 'answers.json').write_text(json.dumps(result, indent=1) + '\n')
     print(f"{result['correct']} of {result['n']} correct ({result['accuracy']:.3f}); wrong: {wrong}")
 
 
@@ -58,5 +62,6 @@ if __name__ == '__main__':
     p.add_argument('answers', nargs='?', default='')
     p.add_argument('--n', type=int, default=40)
     p.add_argument('--seed', type=int, default=2026)
+    p.add_argument('--reader', default='', help='score: who answered (a person, or which model); required')
     a = p.parse_args()
-    sample(a.out, a.n, a.seed) if a.action == 'sample' else score(a.out, a.answers)
+    sample(a.out, a.n, a.seed) if a.action == 'sample' else score(a.out, a.answers, a.reader)
