@@ -11,6 +11,8 @@
 # When it finishes, results/study/NAME/ gets config.json, metrics.jsonl, summary.json, lengths.json (masked-token loss
 # at 32, 64, 128, 256 tokens; 21_lengths), diagnostics.json (position sensitivity, table geometry; 19b_regime),
 # inspect.safetensors (tools/inspect_run.py) and locality.json (22_locality), and is committed (COMMIT=0 to skip).
+# Each entry runs at its family's learning rate from the committed sweep (tools/run_sweep.sh; posenc_lit.study.study_lr),
+# and a seed-0 run is fine-tuned on the order and sentiment tasks right after (tools/run_order.sh; FINETUNE=0 skips).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 cd "${STUDY_ROOT:-$(dirname "$0")/..}"   # STUDY_ROOT: the checkout to write into (the code may be a frozen copy)
@@ -55,13 +57,24 @@ for name in "$@"; do
   fi
 done
 
+# the learning rate of each entry is the sweep's choice for its family (nbs/19c_study.ipynb, "Learning rates");
+# an entry whose family's sweep has not given one is refused before anything runs
+declare -A LR
+for name in "$@"; do
+  entry=$name
+  if [[ $name =~ ^(.+)-s([1-9][0-9]*)$ ]]; then entry=${BASH_REMATCH[1]}; fi
+  LR[$name]=$(python -c 'import sys; from posenc_lit.study import study_lr; print(study_lr(sys.argv[1]))' "$entry") \
+    || { echo "run_study.sh: no learning rate for $name yet (above); nothing was run" >&2; exit 2; }
+done
+
 for name in "$@"; do
   entry=$name seed=0
   if [[ $name =~ ^(.+)-s([1-9][0-9]*)$ ]]; then entry=${BASH_REMATCH[1]} seed=${BASH_REMATCH[2]}; fi
   run=runs/study/$name dest=results/study/$name
   if [ -f "$dest/summary.json" ] && [ -f "$dest/lengths.json" ]; then echo "done already: $name"; continue; fi
   # shellcheck disable=SC2046
-  posenc_lit pretrain $(args_for "$entry") --seed "$seed" --preset study --out "$run" --resume --quiet
+  posenc_lit pretrain $(args_for "$entry") --seed "$seed" --preset study --lr "${LR[$name]}" --out "$run" \
+    --resume --quiet
   mkdir -p "$dest"
   cp "$run/config.json" "$run/metrics.jsonl" "$run/summary.json" "$dest/"
   python tools/regime_search.py diagnose "$run" "$dest" || echo "warning: diagnostics of $name failed" >&2
@@ -72,4 +85,10 @@ for name in "$@"; do
   cp "$run/lengths.json" "$dest/"
   commit "$dest" "$name"
   echo "finished $name: $(tr -d '\n ' < "$dest/summary.json")"
+  # fine-tuning needs the checkpoint, which does not survive a change of machine: the seed-0 run of an entry is
+  # fine-tuned on the order and sentiment tasks in the same lane, right after its pretraining (FINETUNE=0 to skip)
+  if [ "$seed" = 0 ] && [ "${FINETUNE:-1}" = 1 ]; then
+    TASK=order bash "$HERE/run_order.sh" "$name"
+    TASK=sentiment bash "$HERE/run_order.sh" "$name"
+  fi
 done
