@@ -100,7 +100,8 @@ def _add_run_flags(p, pe_kwargs_help, overrides):
         '--stop-at',
         type=_positive_int,
         default=None,
-        help='stop after this many steps, as an interruption would (testing)',
+        help='stop after this many steps and save a checkpoint, as an interruption would, but with exit '
+        'status 0 (for trying out --resume)',
     )
     p.add_argument('--quiet', action='store_true', help='no progress bar')
     for flag, typ, h in overrides:
@@ -936,6 +937,9 @@ def main(argv: list[str] | None = None) -> int:
         return e.code if isinstance(e.code, int) else 2
     main_thread = threading.current_thread() is threading.main_thread()  # handlers: main thread only
     old = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None
+    # a background job of a non-interactive shell inherits SIGINT as ignored (POSIX), and Python then keeps it
+    # ignored: install Python's own handler so that `kill -INT` stops every command as Ctrl-C does
+    old_int = signal.signal(signal.SIGINT, signal.default_int_handler) if main_thread else None
     try:
         return args.func(args)
     except UsageError as e:  # an argument's value: the usage line, then the error
@@ -952,6 +956,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if main_thread:
             signal.signal(signal.SIGTERM, signal.SIG_DFL if old is None else old)
+            signal.signal(signal.SIGINT, signal.SIG_DFL if old_int is None else old_int)
 
 # %% ../nbs/13_cli.ipynb #05d40b6c
 if __name__ == '__main__' and '__file__' in globals():  # `python -m posenc_lit.cli`, not a kernel

@@ -129,3 +129,23 @@ def test_lengths_takes_the_run_or_its_checkpoint_and_names_other_folders(tmp_pat
         assert main([*args, '--run', str(bad)]) == 2
         err = capsys.readouterr().err
         assert f'{bad} is not a pretraining run' in err and 'Traceback' not in err, err
+
+
+def test_sigint_stops_compare_even_when_inherited_as_ignored(tmp_path):
+    """A background job of a non-interactive shell (`nohup posenc_lit compare ... &` in a script) starts with SIGINT
+    ignored; `kill -INT` must still stop it as Ctrl-C does: status 130, the notice naming SIGINT, no traceback."""
+    import signal, time
+    out = tmp_path / 'cmp'
+    env = {**os.environ, 'OMP_NUM_THREADS': '1', 'HF_HUB_OFFLINE': '1', 'HF_DATASETS_OFFLINE': '1'}
+    ignore = lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)
+    p = subprocess.Popen([sys.executable, '-m', 'posenc_lit.cli', 'compare', '--preset', 'quick', '--encodings', 'none',
+                          '--out', str(out)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, preexec_fn=ignore)
+    t0 = time.time()
+    while not (out.is_dir() and any(out.rglob('*'))):  # the command is at work: its folder has a file
+        assert p.poll() is None and time.time() - t0 < 600, p.communicate()
+        time.sleep(0.05)
+    p.send_signal(signal.SIGINT)
+    o, e = p.communicate(timeout=300)
+    assert p.returncode == 128 + signal.SIGINT, (p.returncode, o[-2000:], e[-2000:])
+    assert 'SIGINT' in o + e and 'Traceback' not in e, (o[-2000:], e[-2000:])
