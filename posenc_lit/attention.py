@@ -16,7 +16,8 @@ from .checks import *
 # %% auto #0
 __all__ = ['causal_mask', 'scores', 'attend_manual', 'is_tracing', 'attend_fast', 'attend_compiled', 'attend',
            'default_positions', 'MultiHeadAttention', 'as_layer', 'layer_index', 'position_attention',
-           'position_scores', 'KVCache', 'CombinedContext', 'CombinedEncoding']
+           'position_scores', 'KVCache', 'CombinedContext', 'CombinedEncoding', 'Context', 'LayerRef',
+           'PositionEncoding', 'check_context']
 
 # %% ../nbs/01_attention.ipynb #43e4fd21
 # a score term that does not fit (b, h, i, j): position_attention names its encoding
@@ -278,6 +279,10 @@ def attend(
         if probs is not None:
             probs = probs.masked_fill(~valid, 0.0)
     return (out, probs) if return_probs else out
+
+# %% ../nbs/01_attention.ipynb #4e68f14f
+# the contract's names, defined in core, are also this module's (`from posenc_lit.attention import *`)
+_all_ = ['Context', 'LayerRef', 'PositionEncoding', 'check_context']
 
 # %% ../nbs/01_attention.ipynb #7d028a94
 def default_positions(n: int, device: torch.device | str | None = None) -> torch.Tensor:
