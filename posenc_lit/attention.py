@@ -403,7 +403,7 @@ def _check_pe_call(pe, q, k, ctx):  # the public boundary: Python types and shap
         raise TypeError(
             f'pe must be a PositionEncoding (the first argument: {_SIGNATURE}); got {type(pe).__name__}'
         )
-    check_context(pe, ctx, _SIGNATURE)  # this encoding's context type, prepared by this instance
+    check_context(pe, ctx, _SIGNATURE, owned=False)  # its type here; who prepared it: after the terms
     if is_tracing():
         return
     for name, t, key in (('q', q, 'q_pos'), ('k', k, 'k_pos')):
@@ -444,7 +444,7 @@ def position_attention(
     _check_pe_call(pe, q, k, ctx)
     q, k = pe.transform_qk(q, k, ctx, layer)
     try:
-        return attend(
+        out = attend(
             q,
             k,
             v,
@@ -463,6 +463,9 @@ def position_attention(
             f"{tuple(k.shape)}: {e}. Likely causes: q, k, v must be (b, h, n, d); the encoding's number "
             "of heads must be q's h; ctx must come from pe.prepare(q_pos, k_pos) for these positions"
         ) from None
+    # after the terms' shapes, whose error names the likelier mistake (an encoding built for other heads)
+    check_context(pe, ctx, _SIGNATURE)
+    return out
 
 
 def position_scores(
@@ -478,7 +481,9 @@ def position_scores(
     -inf where masked)."""
     _check_pe_call(pe, q, k, ctx)
     q, k = pe.transform_qk(q, k, ctx, layer)
-    return scores(q, k, pe.score_terms(q, k, ctx, layer), mask, _content_scale(pe, q), causal)
+    s = scores(q, k, pe.score_terms(q, k, ctx, layer), mask, _content_scale(pe, q), causal)
+    check_context(pe, ctx, _SIGNATURE)  # a context of another instance of the encoding
+    return s
 
 # %% ../nbs/01_attention.ipynb #f6fe8cf3
 @dataclass(eq=False)

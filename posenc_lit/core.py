@@ -276,6 +276,7 @@ def check_context(
     pe: PositionEncoding,  # the encoding about to read `ctx`
     ctx: Context,  # what the caller passes as `pe`'s context
     signature: str = 'the hooks',  # the call that received it, for the message
+    owned: bool = True,  # also check that `pe` itself prepared it (False: its type only)
 ) -> Context:
     """`ctx` if `pe.prepare` made it; `TypeError` for anything but `pe.context_type`, `ValueError` for a
     context another encoding instance prepared (even one of the same class)."""
@@ -285,7 +286,7 @@ def check_context(
             f'ctx must be a {want.__name__}: ctx comes from pe.prepare(q_pos, k_pos) of this encoding '
             f'({type(pe).__name__}), the fifth argument of {signature}; got {type(ctx).__name__}'
         )
-    if ctx.pe is not pe:
+    if owned and ctx.pe is not pe:
         raise ValueError(
             f'ctx was prepared by another {type(ctx.pe).__name__} instance than the one it is used with: '
             'a context belongs to the encoding that made it (its tables and options); make it with '
