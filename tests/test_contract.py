@@ -1,9 +1,10 @@
-"""The encoding contract of `posenc_lit.core`, checked on every registered encoding, and two encodings of our own
-written against it.
+"""The encoding contract of `posenc_lit.core`, checked on every registered encoding, and two encodings of our
+own written against it.
 
-- The registry walk: every text and image encoding prepares a context with and without `key_mask`/`causal`, of
-  its declared `context_type`, owned by it; its transforms keep shapes, its score terms are `(b|1, h|1, i, j)`,
-  its value terms `(b, h, i, d)`; `max_len` and `position_tables()` are declared and agree.
+- The registry walk: every text and image encoding prepares a context with and without `key_mask`/`causal`,
+  of its declared `context_type`, owned by it; its transforms keep shapes, its score terms are
+  `(b|1, h|1, i, j)`, its value terms `(b, h, i, d)`; `max_len` and `position_tables()` are declared and
+  agree.
 - Ownership: a context is used with the encoding instance that prepared it (issue 40); `LayerRef(-1)` and
   `LayerRef(True)` are refused as a plain -1 is.
 - A FIRE-style score term (Li et al. 2024: an MLP of a log-transformed distance normalized by the query
@@ -30,7 +31,7 @@ TEXT = dict(vocab_size=40, d_model=16, n_heads=2, n_layers=2, d_ff=32, max_posit
 B, H, D_HEAD, N_LAYERS = 2, 2, 8, 2
 
 
-# ---------------------------------------------------------------- the toy encodings, against the contract only
+# ------------------------------------------------------------ the toy encodings, against the contract only
 @dataclass(eq=False)
 class FireContext(Context):
     bias: torch.Tensor  # `(b|1, h, i, j)`
@@ -72,9 +73,9 @@ class CopeContext(Context):
 
 
 class ToyCoPE(PositionEncoding):
-    """CoPE-style term: gates `g_ik = σ(q_i·k_k)` over the real keys, positions `p_ij = Σ_k g_ik` for k from j to
-    i (signed: negative for keys before the query when bidirectional; causal: only j ≤ i, so p ≥ 0), and the
-    logit `q_i·e[p_ij]` with e interpolated between the integer rows of a learned table `(2P+1, d)`."""
+    """CoPE-style term: gates `g_ik = σ(q_i·k_k)` over the real keys, positions `p_ij = Σ_k g_ik` for k from j
+    to i (signed: negative for keys before the query when bidirectional; causal: only j ≤ i, so p ≥ 0), and
+    the logit `q_i·e[p_ij]` with e interpolated between the integer rows of a learned table `(2P+1, d)`."""
 
     kind, context_type = 'score', CopeContext
 
@@ -127,7 +128,8 @@ def naive_attention(q, k, v, term, keep, causal, scale):  # `term(b, h, i, j)` a
     for b in range(b_):
         for h in range(h_):
             for i in range(n_q):
-                js = [j for j in range(n_k) if (keep is None or keep[b, j]) and not (causal and j > i + n_k - n_q)]
+                a = i + n_k - n_q  # the query's own index among the keys
+                js = [j for j in range(n_k) if (keep is None or keep[b, j]) and not (causal and j > a)]
                 if js:  # a row with no key to attend gives 0
                     logits = torch.stack([scale * q[b, h, i] @ k[b, h, j] + term(b, h, i, j) for j in js])
                     out[b, h, i] = logits.softmax(0) @ v[b, h, js]
@@ -136,7 +138,8 @@ def naive_attention(q, k, v, term, keep, causal, scale):  # `term(b, h, i, j)` a
 
 def layer_inputs(attn, x, kv=None):  # (b, h, n, d) projections of one MultiHeadAttention
     kv = x if kv is None else kv
-    return attn.split_heads(attn.q_proj(x)), attn.split_heads(attn.k_proj(kv)), attn.split_heads(attn.v_proj(kv))
+    pairs = ((attn.q_proj, x), (attn.k_proj, kv), (attn.v_proj, kv))
+    return tuple(attn.split_heads(proj(t)) for proj, t in pairs)
 
 
 def merge(attn, out):  # (b, h, n, d) -> the layer's output (b, n, D)
@@ -151,7 +154,7 @@ def toy_term(pe, q, k, ctx, keep, causal):
 
 @pytest.fixture(scope='module')
 def toys():
-    "The two toys registered as text encodings: the Encoder builds them by name, and the registry walk sees them."
+    "The two toys registered as text encodings: the Encoder builds them by name, the registry walk sees them."
     register_encoding('toy-fire', 'score', 'FIRE-style toy', replace=True)(lambda cfg: ToyFire(cfg.n_heads))
     register_encoding('toy-cope', 'score', 'CoPE-style toy', replace=True)(
         lambda cfg: ToyCoPE(cfg.d_model // cfg.n_heads))
@@ -210,7 +213,8 @@ def test_every_registered_encoding_keeps_the_contract(modality, name, toys):
     own = {id(p) for p in pe.parameters()}
     assert all(isinstance(p, nn.Parameter) and id(p) in own for p in tables.values())
     if pe.max_len is not None:
-        assert tables and all(p.shape[0] == pe.max_len for p in tables.values()), {n: p.shape for n, p in tables.items()}
+        shapes = {n: p.shape for n, p in tables.items()}
+        assert tables and all(s[0] == pe.max_len for s in shapes.values()), shapes
     assert isinstance(pe.relative_only, bool) and (pe.relative_only or pe.kind == 'absolute' or pe.max_len)
     gen = torch.Generator().manual_seed(0)
     n = 1 + extra['grid'][0] * extra['grid'][1] if extra else 9
@@ -240,7 +244,8 @@ def test_the_walk_sees_every_encoding(toys):
 
 def test_the_base_class_is_the_contract():
     nope = PositionEncoding()
-    assert (nope.max_len, nope.position_tables(), nope.relative_only, nope.context_type) == (None, {}, True, Context)
+    assert (nope.max_len, nope.position_tables(), nope.relative_only) == (None, {}, True)
+    assert nope.context_type is Context
     pos = default_positions(4)
     ctx = nope.prepare(pos, pos, key_mask=torch.ones(1, 4, dtype=torch.bool), causal=True)
     assert check_context(nope, ctx) is ctx
@@ -337,7 +342,8 @@ def test_toys_in_the_causal_lm_match_a_naive_loop_and_cached_decoding(cls):
         # cached decoding: 5 tokens, then one at a time, equals the full forward
         cache = lm.new_cache()
         steps = [lm(ids[:, :5], attention_mask=am[:, :5], cache=cache)['logits']]
-        steps += [lm(ids[:, t:t + 1], attention_mask=am[:, t:t + 1], cache=cache)['logits'] for t in range(5, 8)]
+        for t in range(5, 8):
+            steps.append(lm(ids[:, t:t + 1], attention_mask=am[:, t:t + 1], cache=cache)['logits'])
     real = keep[:, :, None]
     torch.testing.assert_close(torch.cat(steps, 1) * real, full * real, atol=1e-5, rtol=1e-5)
 
@@ -378,7 +384,7 @@ def test_toys_in_your_own_attention_match_a_naive_loop(cls, causal):
 
 
 def test_cope_positions_depend_on_the_mask_and_the_direction():
-    "The point of the contract's key_mask and causal: the same q, k give other logits under another mask or flag."
+    "Why the contract has key_mask and causal: the same q, k give other logits under another mask or flag."
     torch.manual_seed(0)
     pe = ToyCoPE(D_HEAD)
     q, k = torch.randn(1, H, 6, D_HEAD), torch.randn(1, H, 6, D_HEAD)
@@ -386,6 +392,6 @@ def test_cope_positions_depend_on_the_mask_and_the_direction():
     keep = torch.ones(1, 6, dtype=torch.bool)
     keep[0, 2] = False
     t = lambda **kw: pe.score_terms(q, k, pe.prepare(pos, pos, **kw))[0]
-    lower = torch.ones(6, 6, dtype=torch.bool).tril(-1)  # keys before the query, all of them counted past key 2
+    lower = torch.ones(6, 6, dtype=torch.bool).tril(-1)  # keys before the query
     assert (t() - t(key_mask=keep))[..., lower].abs().max() > 1e-3
     assert (t() - t(causal=True)).abs().max() > 1e-3
