@@ -262,7 +262,7 @@ class PositionEncoding(nn.Module):
         return d**-0.5
 
     def position_tables(self) -> dict[str, nn.Parameter]:
-        "The parameters whose rows are positions (`max_len` rows each), by name within the encoding."
+        "The parameters indexed by position (text: `max_len` rows each), by name within the encoding."
         return {}
 
     @property
