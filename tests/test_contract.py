@@ -20,7 +20,9 @@ import torch.nn as nn
 from posenc_lit.core import (
     Context, LayerRef, PositionEncoding, check_context, list_encodings, register_encoding, _REGISTRY,
 )
-from posenc_lit.attention import MultiHeadAttention, default_positions, position_attention, causal_mask
+from posenc_lit.attention import (
+    MultiHeadAttention, default_positions, position_attention, position_scores, causal_mask,
+)
 from posenc_lit.model import ModelConfig, Encoder
 from posenc_lit.causal_lm import CausalLM
 from posenc_lit.relative import Shaw
@@ -42,6 +44,7 @@ class ToyFire(PositionEncoding):
     that a bidirectional encoder can use it too), f_θ a 1 → 8 → h MLP."""
 
     kind, context_type = 'score', FireContext
+    relative_only = False  # ψ(max(L, i)) reads the query's own position: a shift changes the bias
 
     def __init__(self, n_heads, L=4.0, c=1.0):
         super().__init__()
@@ -205,6 +208,7 @@ def _check_hooks(pe, ctx, b, n_q, n_k, torch_gen):
 def test_every_registered_encoding_keeps_the_contract(modality, name, toys):
     pe, extra = (_text if modality == 'text' else _image)(name)
     assert isinstance(pe, PositionEncoding) and isinstance(pe, nn.Module)
+    pe.eval()  # no dropout (DeBERTa's on P): one result per input
     assert issubclass(pe.context_type, Context)
     # declarations: max_len, position tables, relative_only
     assert pe.max_len is None or (isinstance(pe.max_len, int) and pe.max_len >= 1)
@@ -230,6 +234,11 @@ def test_every_registered_encoding_keeps_the_contract(modality, name, toys):
         ctx = pe.prepare(q_pos, k_pos, **kw, **extra)
         _check_context(pe, ctx, q_pos, k_pos)
         _check_hooks(pe, ctx, B, q_pos.shape[1], k_pos.shape[1], gen)
+    # relative_only is a claim about the scores: a common shift of all positions leaves them as they are
+    q, k = torch.randn(B, H, n, D_HEAD, generator=gen), torch.randn(B, H, n, D_HEAD, generator=gen)
+    shifted = [position_scores(pe, q, k, pe.prepare(p, p, **extra), 1) for p in (pos, pos + 7)]
+    if pe.relative_only:
+        torch.testing.assert_close(shifted[0], shifted[1], atol=1e-4, rtol=1e-4)
     # a context of another instance of the same encoding is refused at use
     other = (_text if modality == 'text' else _image)(name)[0]
     q, k, v = (torch.randn(B, H, n, D_HEAD) for _ in range(3))
