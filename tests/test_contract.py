@@ -161,7 +161,7 @@ def toys():
     register_encoding('toy-fire', 'score', 'FIRE-style toy', replace=True)(lambda cfg: ToyFire(cfg.n_heads))
     register_encoding('toy-cope', 'score', 'CoPE-style toy', replace=True)(
         lambda cfg: ToyCoPE(cfg.d_model // cfg.n_heads))
-    yield ['toy-fire', 'toy-cope']
+    yield TOYS
     del _REGISTRY['text', 'toy-fire'], _REGISTRY['text', 'toy-cope']
 
 
@@ -176,8 +176,10 @@ def _image(name):
     return list_encodings('image')[name].factory(cfg), {'grid': cfg.grid}
 
 
-def _walk_cases():
-    return [('text', n) for n in list_encodings()] + [('image', n) for n in list_encodings('image')]
+TOYS = ['toy-fire', 'toy-cope']
+# every registered encoding, and the two toys (registered by the `toys` fixture when the tests run)
+WALK = [('text', n) for n in list_encodings()] + [('image', n) for n in list_encodings('image')]
+WALK += [('text', n) for n in TOYS]
 
 
 def _check_context(pe, ctx, q_pos, k_pos):
@@ -204,7 +206,7 @@ def _check_hooks(pe, ctx, b, n_q, n_k, torch_gen):
         assert out.shape == (b, h, n_q, d) and out.isfinite().all()
 
 
-@pytest.mark.parametrize('modality,name', _walk_cases())
+@pytest.mark.parametrize('modality,name', WALK)
 def test_every_registered_encoding_keeps_the_contract(modality, name, toys):
     pe, extra = (_text if modality == 'text' else _image)(name)
     assert isinstance(pe, PositionEncoding) and isinstance(pe, nn.Module)
@@ -219,7 +221,7 @@ def test_every_registered_encoding_keeps_the_contract(modality, name, toys):
     if pe.max_len is not None:
         shapes = {n: p.shape for n, p in tables.items()}
         assert tables and all(s[0] == pe.max_len for s in shapes.values()), shapes
-    assert isinstance(pe.relative_only, bool) and (pe.relative_only or pe.kind == 'absolute' or pe.max_len)
+    assert isinstance(pe.relative_only, bool) and not (pe.relative_only and pe.kind == 'absolute')
     gen = torch.Generator().manual_seed(0)
     n = 1 + extra['grid'][0] * extra['grid'][1] if extra else 9
     pos = default_positions(n)
@@ -247,8 +249,9 @@ def test_every_registered_encoding_keeps_the_contract(modality, name, toys):
 
 
 def test_the_walk_sees_every_encoding(toys):
-    names = {n for _, n in _walk_cases()}
-    assert {'t5', 'rope', 'alibi', 'deberta', 'learned', 'rope2d', 'rel2d', 'toy-fire', 'toy-cope'} <= names
+    registered = {(m, n) for m in ('text', 'image') for n in list_encodings(m)}
+    assert registered == set(WALK), registered ^ set(WALK)
+    assert {'t5', 'rope', 'alibi', 'deberta', 'learned', 'rope2d', 'rel2d', *TOYS} <= {n for _, n in WALK}
 
 
 def test_the_base_class_is_the_contract():
