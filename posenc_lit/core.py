@@ -202,7 +202,8 @@ class Context:
 
     q_pos: torch.Tensor  # `(b|1, i)` integer query positions
     k_pos: torch.Tensor  # `(b|1, j)` integer key positions
-    pe: PositionEncoding = field(kw_only=True, repr=False)  # the encoding whose `prepare` made this context
+    # the encoding whose `prepare` made this context (defined below: the name is quoted)
+    pe: 'PositionEncoding' = field(kw_only=True, repr=False)
 
 
 @dataclass(eq=False)
