@@ -94,7 +94,7 @@ ALiBi.context_type = ALiBiContext  # what its `prepare` returns
 
 @patch
 def prepare(
-    self: ALiBi, q_pos, k_pos, *, key_mask=None, causal=False
+    self: ALiBi, q_pos, k_pos, *, key_mask: torch.Tensor | None = None, causal: bool = False
 ) -> ALiBiContext:  # integer positions `(b|1, i)`, `(b|1, j)` (or 1-D)
     "Per-forward context with `alibi_bias` `(b|1, h, i, j)`, float32, shared by all layers."
     # a list is refused by `rel_pos`, naming it

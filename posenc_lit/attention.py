@@ -628,7 +628,7 @@ class CombinedEncoding(PositionEncoding):
         vs = [v for v in (e.embed(pos) for e in self.members) if v is not None]
         return None if not vs else sum(vs[1:], vs[0])  # (b|1, n, D)
 
-    def prepare(self, q_pos, k_pos, *, key_mask=None, causal=False):
+    def prepare(self, q_pos, k_pos, *, key_mask: torch.Tensor | None = None, causal: bool = False):
         members = [e.prepare(q_pos, k_pos, key_mask=key_mask, causal=causal) for e in self.members]
         return CombinedContext(q_pos, k_pos, members, pe=self)
 

@@ -215,7 +215,9 @@ DebertaRelative.context_type = DebertaContext  # what its `prepare` returns
 
 
 @patch
-def prepare(self: DebertaRelative, q_pos, k_pos, *, key_mask=None, causal=False) -> DebertaContext:
+def prepare(
+    self: DebertaRelative, q_pos, k_pos, *, key_mask: torch.Tensor | None = None, causal: bool = False
+) -> DebertaContext:
     """$\\delta(i,j)$ of every pair (`delta`, `(b|1, i, j)`) and the rows of $P$ it
     uses, normalized (`P`), once per forward."""
     rel = build_relative_position(q_pos, k_pos, self.position_buckets, self.k)

@@ -211,7 +211,9 @@ def _table(self: RelativeVectors, tables, layer):
 
 
 @patch
-def prepare(self: RelativeVectors, q_pos, k_pos, *, key_mask=None, causal=False) -> RelativeContext:
+def prepare(
+    self: RelativeVectors, q_pos, k_pos, *, key_mask: torch.Tensor | None = None, causal: bool = False
+) -> RelativeContext:
     "Table row of every pair, `rel_idx` `(b|1, i, j)`, and the rows it uses, computed once per forward."
     idx = rel_index(q_pos, k_pos, self.k, self.clip)
     return RelativeContext(q_pos, k_pos, idx, row_range(idx, 2 * self.k + 1), pe=self)

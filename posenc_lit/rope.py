@@ -303,7 +303,7 @@ RoPE.context_type = RoPEContext  # what its `prepare` returns
 
 @patch
 def prepare(
-    self: RoPE, q_pos, k_pos, *, key_mask=None, causal=False
+    self: RoPE, q_pos, k_pos, *, key_mask: torch.Tensor | None = None, causal: bool = False
 ) -> RoPEContext:  # integer positions `(b|1, i)`, `(b|1, j)` (or 1-D)
     "Per-forward context shared by all layers: the positions and their float32 cos/sin (see `cos_sin`)."
     same = q_pos is k_pos

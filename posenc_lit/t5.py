@@ -114,7 +114,9 @@ class T5RelativeBias(PositionEncoding):
         b = self.weight.t().index_select(1, bucket.reshape(-1)).view(self.weight.shape[1], *bucket.shape)
         return b.transpose(0, 1) if bucket.ndim == 3 else b[None]
 
-    def prepare(self, q_pos, k_pos, *, key_mask=None, causal=False) -> T5Context:
+    def prepare(
+        self, q_pos, k_pos, *, key_mask: torch.Tensor | None = None, causal: bool = False
+    ) -> T5Context:
         return T5Context(q_pos, k_pos, self.bias(q_pos, k_pos), pe=self)
 
     def score_terms(self, q, k, ctx, layer: int | LayerRef | None = None):

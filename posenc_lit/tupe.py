@@ -136,7 +136,9 @@ TUPE.context_type = TUPEContext  # what its `prepare` returns
 
 
 @patch
-def prepare(self: TUPE, q_pos, k_pos, *, key_mask=None, causal=False) -> TUPEContext:
+def prepare(
+    self: TUPE, q_pos, k_pos, *, key_mask: torch.Tensor | None = None, causal: bool = False
+) -> TUPEContext:
     """The shared logit term `(b|1, h, i, j)`: positional correlation, [CLS] reset, and
     (TUPE-R) the T5 bias."""
     q_pos, k_pos = _batch_positions(q_pos, k_pos)  # (b|1, n)

@@ -387,7 +387,9 @@ class RoPE2d(VisionEncoding):
         self.d_head, self.base, self.pairing = d_head, base, pairing
         rope_inv_freq(d_head // 2, base)  # a bad base fails here
 
-    def transform_qk(self, q, k, ctx, layer=None):  # q `(b, h, i, d)`, k `(b, h, j, d)`
+    def transform_qk(
+        self, q, k, ctx, layer: int | LayerRef | None = None
+    ):  # q `(b, h, i, d)`, k `(b, h, j, d)`
         if ctx.rc is None:
             raise ValueError(
                 'rope2d needs the token grid: make the context with pe.prepare(pos, pos, grid=(gh, gw))'
@@ -441,7 +443,15 @@ class RelBias2d(VisionEncoding):
             b = torch.cat([top, torch.cat([pb[1].expand(-1, b.shape[-1], p), b], -1)], -2)
         return b[None]
 
-    def prepare(self, q_pos, k_pos, *, key_mask=None, causal=False, grid: tuple | None = None):
+    def prepare(
+        self,
+        q_pos,
+        k_pos,
+        *,
+        key_mask: torch.Tensor | None = None,
+        causal: bool = False,
+        grid: tuple | None = None,
+    ):
         if grid is None:
             raise ValueError(
                 'rel2d needs the token grid: make the context with pe.prepare(pos, pos, grid=(gh, gw))'
@@ -449,7 +459,7 @@ class RelBias2d(VisionEncoding):
         c = super().prepare(q_pos, k_pos, grid=grid)
         return RelBias2dContext(q_pos, k_pos, c.grid, c.rc, self.bias(grid), pe=self)
 
-    def score_terms(self, q, k, ctx, layer=None):
+    def score_terms(self, q, k, ctx, layer: int | LayerRef | None = None):
         return [ctx.rel2d]
 
 # %% ../nbs/09_vit.ipynb #52491257
