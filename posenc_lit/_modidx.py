@@ -22,6 +22,10 @@ d = {
                 'absolute.html#learnedencoding.embed',
                 'posenc_lit/absolute.py',
             ),
+            'posenc_lit.absolute.LearnedEncoding.position_tables': (
+                'absolute.html#learnedencoding.position_tables',
+                'posenc_lit/absolute.py',
+            ),
             'posenc_lit.absolute.SinusoidalEncoding': (
                 'absolute.html#sinusoidalencoding',
                 'posenc_lit/absolute.py',
@@ -79,6 +83,10 @@ d = {
                 'attention.html#combinedencoding.embed',
                 'posenc_lit/attention.py',
             ),
+            'posenc_lit.attention.CombinedEncoding.position_tables': (
+                'attention.html#combinedencoding.position_tables',
+                'posenc_lit/attention.py',
+            ),
             'posenc_lit.attention.CombinedEncoding.prepare': (
                 'attention.html#combinedencoding.prepare',
                 'posenc_lit/attention.py',
@@ -99,11 +107,6 @@ d = {
                 'attention.html#combinedencoding.value_terms',
                 'posenc_lit/attention.py',
             ),
-            'posenc_lit.attention.Context': ('attention.html#context', 'posenc_lit/attention.py'),
-            'posenc_lit.attention.Context.__getitem__': (
-                'attention.html#context.__getitem__',
-                'posenc_lit/attention.py',
-            ),
             'posenc_lit.attention.KVCache': ('attention.html#kvcache', 'posenc_lit/attention.py'),
             'posenc_lit.attention.KVCache.__len__': (
                 'attention.html#kvcache.__len__',
@@ -113,7 +116,6 @@ d = {
                 'attention.html#kvcache.append',
                 'posenc_lit/attention.py',
             ),
-            'posenc_lit.attention.LayerRef': ('attention.html#layerref', 'posenc_lit/attention.py'),
             'posenc_lit.attention.MultiHeadAttention': (
                 'attention.html#multiheadattention',
                 'posenc_lit/attention.py',
@@ -142,38 +144,6 @@ d = {
                 'attention.html#multiheadattention.split_heads',
                 'posenc_lit/attention.py',
             ),
-            'posenc_lit.attention.PositionEncoding': (
-                'attention.html#positionencoding',
-                'posenc_lit/attention.py',
-            ),
-            'posenc_lit.attention.PositionEncoding.content_scale': (
-                'attention.html#positionencoding.content_scale',
-                'posenc_lit/attention.py',
-            ),
-            'posenc_lit.attention.PositionEncoding.embed': (
-                'attention.html#positionencoding.embed',
-                'posenc_lit/attention.py',
-            ),
-            'posenc_lit.attention.PositionEncoding.prepare': (
-                'attention.html#positionencoding.prepare',
-                'posenc_lit/attention.py',
-            ),
-            'posenc_lit.attention.PositionEncoding.relative_only': (
-                'attention.html#positionencoding.relative_only',
-                'posenc_lit/attention.py',
-            ),
-            'posenc_lit.attention.PositionEncoding.score_terms': (
-                'attention.html#positionencoding.score_terms',
-                'posenc_lit/attention.py',
-            ),
-            'posenc_lit.attention.PositionEncoding.transform_qk': (
-                'attention.html#positionencoding.transform_qk',
-                'posenc_lit/attention.py',
-            ),
-            'posenc_lit.attention.PositionEncoding.value_terms': (
-                'attention.html#positionencoding.value_terms',
-                'posenc_lit/attention.py',
-            ),
             'posenc_lit.attention._ScoreTermError': (
                 'attention.html#_scoretermerror',
                 'posenc_lit/attention.py',
@@ -199,8 +169,6 @@ d = {
                 'attention.html#_cpu_math_path',
                 'posenc_lit/attention.py',
             ),
-            'posenc_lit.attention._ctx_get': ('attention.html#_ctx_get', 'posenc_lit/attention.py'),
-            'posenc_lit.attention._ctx_type': ('attention.html#_ctx_type', 'posenc_lit/attention.py'),
             'posenc_lit.attention._manual': ('attention.html#_manual', 'posenc_lit/attention.py'),
             'posenc_lit.attention._softmax_rows': ('attention.html#_softmax_rows', 'posenc_lit/attention.py'),
             'posenc_lit.attention._with_causal': ('attention.html#_with_causal', 'posenc_lit/attention.py'),
@@ -497,7 +465,46 @@ d = {
             'posenc_lit.compare.save_figures': ('compare.html#save_figures', 'posenc_lit/compare.py'),
         },
         'posenc_lit.core': {
+            'posenc_lit.core.Context': ('core.html#context', 'posenc_lit/core.py'),
             'posenc_lit.core.EncodingSpec': ('core.html#encodingspec', 'posenc_lit/core.py'),
+            'posenc_lit.core.LayerRef': ('core.html#layerref', 'posenc_lit/core.py'),
+            'posenc_lit.core.LayerRef.__post_init__': (
+                'core.html#layerref.__post_init__',
+                'posenc_lit/core.py',
+            ),
+            'posenc_lit.core.PositionEncoding': ('core.html#positionencoding', 'posenc_lit/core.py'),
+            'posenc_lit.core.PositionEncoding.content_scale': (
+                'core.html#positionencoding.content_scale',
+                'posenc_lit/core.py',
+            ),
+            'posenc_lit.core.PositionEncoding.embed': (
+                'core.html#positionencoding.embed',
+                'posenc_lit/core.py',
+            ),
+            'posenc_lit.core.PositionEncoding.position_tables': (
+                'core.html#positionencoding.position_tables',
+                'posenc_lit/core.py',
+            ),
+            'posenc_lit.core.PositionEncoding.prepare': (
+                'core.html#positionencoding.prepare',
+                'posenc_lit/core.py',
+            ),
+            'posenc_lit.core.PositionEncoding.relative_only': (
+                'core.html#positionencoding.relative_only',
+                'posenc_lit/core.py',
+            ),
+            'posenc_lit.core.PositionEncoding.score_terms': (
+                'core.html#positionencoding.score_terms',
+                'posenc_lit/core.py',
+            ),
+            'posenc_lit.core.PositionEncoding.transform_qk': (
+                'core.html#positionencoding.transform_qk',
+                'posenc_lit/core.py',
+            ),
+            'posenc_lit.core.PositionEncoding.value_terms': (
+                'core.html#positionencoding.value_terms',
+                'posenc_lit/core.py',
+            ),
             'posenc_lit.core._check_modality': ('core.html#_check_modality', 'posenc_lit/core.py'),
             'posenc_lit.core._load_encoding_modules': (
                 'core.html#_load_encoding_modules',
@@ -505,6 +512,7 @@ d = {
             ),
             'posenc_lit.core._origin': ('core.html#_origin', 'posenc_lit/core.py'),
             'posenc_lit.core._same_factory': ('core.html#_same_factory', 'posenc_lit/core.py'),
+            'posenc_lit.core.check_context': ('core.html#check_context', 'posenc_lit/core.py'),
             'posenc_lit.core.get_encoding': ('core.html#get_encoding', 'posenc_lit/core.py'),
             'posenc_lit.core.list_encodings': ('core.html#list_encodings', 'posenc_lit/core.py'),
             'posenc_lit.core.register_encoding': ('core.html#register_encoding', 'posenc_lit/core.py'),
@@ -635,7 +643,6 @@ d = {
             'posenc_lit.heads._cut_pair': ('heads.html#_cut_pair', 'posenc_lit/heads.py'),
             'posenc_lit.heads._is_hf_folder': ('heads.html#_is_hf_folder', 'posenc_lit/heads.py'),
             'posenc_lit.heads._longest_run': ('heads.html#_longest_run', 'posenc_lit/heads.py'),
-            'posenc_lit.heads._position_tables': ('heads.html#_position_tables', 'posenc_lit/heads.py'),
             'posenc_lit.heads._special': ('heads.html#_special', 'posenc_lit/heads.py'),
             'posenc_lit.heads.add_relative': ('heads.html#add_relative', 'posenc_lit/heads.py'),
             'posenc_lit.heads.best_spans': ('heads.html#best_spans', 'posenc_lit/heads.py'),
@@ -1161,6 +1168,7 @@ d = {
             'posenc_lit.tupe.TUPE': ('tupe.html#tupe', 'posenc_lit/tupe.py'),
             'posenc_lit.tupe.TUPE.__init__': ('tupe.html#tupe.__init__', 'posenc_lit/tupe.py'),
             'posenc_lit.tupe.TUPE.content_scale': ('tupe.html#tupe.content_scale', 'posenc_lit/tupe.py'),
+            'posenc_lit.tupe.TUPE.position_tables': ('tupe.html#tupe.position_tables', 'posenc_lit/tupe.py'),
             'posenc_lit.tupe.TUPE.positional_term': ('tupe.html#tupe.positional_term', 'posenc_lit/tupe.py'),
             'posenc_lit.tupe.TUPE.prepare': ('tupe.html#tupe.prepare', 'posenc_lit/tupe.py'),
             'posenc_lit.tupe.TUPE.reset_cls': ('tupe.html#tupe.reset_cls', 'posenc_lit/tupe.py'),
@@ -1224,6 +1232,10 @@ d = {
             'posenc_lit.vit.Learned2d.__init__': ('vit.html#learned2d.__init__', 'posenc_lit/vit.py'),
             'posenc_lit.vit.Learned2d.axis_tables': ('vit.html#learned2d.axis_tables', 'posenc_lit/vit.py'),
             'posenc_lit.vit.Learned2d.embed_grid': ('vit.html#learned2d.embed_grid', 'posenc_lit/vit.py'),
+            'posenc_lit.vit.Learned2d.position_tables': (
+                'vit.html#learned2d.position_tables',
+                'posenc_lit/vit.py',
+            ),
             'posenc_lit.vit.Learned2d.reinit_': ('vit.html#learned2d.reinit_', 'posenc_lit/vit.py'),
             'posenc_lit.vit.Learned2d.resize_': ('vit.html#learned2d.resize_', 'posenc_lit/vit.py'),
             'posenc_lit.vit.LearnedPosEmbed': ('vit.html#learnedposembed', 'posenc_lit/vit.py'),
@@ -1233,6 +1245,10 @@ d = {
             ),
             'posenc_lit.vit.LearnedPosEmbed.embed_grid': (
                 'vit.html#learnedposembed.embed_grid',
+                'posenc_lit/vit.py',
+            ),
+            'posenc_lit.vit.LearnedPosEmbed.position_tables': (
+                'vit.html#learnedposembed.position_tables',
                 'posenc_lit/vit.py',
             ),
             'posenc_lit.vit.LearnedPosEmbed.reinit_': (
@@ -1250,6 +1266,7 @@ d = {
             'posenc_lit.vit.RelBias2d.bias': ('vit.html#relbias2d.bias', 'posenc_lit/vit.py'),
             'posenc_lit.vit.RelBias2d.prepare': ('vit.html#relbias2d.prepare', 'posenc_lit/vit.py'),
             'posenc_lit.vit.RelBias2d.score_terms': ('vit.html#relbias2d.score_terms', 'posenc_lit/vit.py'),
+            'posenc_lit.vit.RelBias2dContext': ('vit.html#relbias2dcontext', 'posenc_lit/vit.py'),
             'posenc_lit.vit.ResBlock': ('vit.html#resblock', 'posenc_lit/vit.py'),
             'posenc_lit.vit.ResBlock.__init__': ('vit.html#resblock.__init__', 'posenc_lit/vit.py'),
             'posenc_lit.vit.ResBlock.forward': ('vit.html#resblock.forward', 'posenc_lit/vit.py'),
@@ -1275,6 +1292,7 @@ d = {
             ),
             'posenc_lit.vit.ViTLayer': ('vit.html#vitlayer', 'posenc_lit/vit.py'),
             'posenc_lit.vit.ViTLayer.forward': ('vit.html#vitlayer.forward', 'posenc_lit/vit.py'),
+            'posenc_lit.vit.VisionContext': ('vit.html#visioncontext', 'posenc_lit/vit.py'),
             'posenc_lit.vit.VisionEncoding': ('vit.html#visionencoding', 'posenc_lit/vit.py'),
             'posenc_lit.vit.VisionEncoding.__init__': (
                 'vit.html#visionencoding.__init__',

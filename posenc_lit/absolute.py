@@ -81,6 +81,9 @@ class LearnedEncoding(PositionEncoding):
         # (L_max, D)
         self.weight = nn.Parameter(torch.randn(max_len, d_model) * init_std)
 
+    def position_tables(self):
+        return {'weight': self.weight}  # row p: the vector of position p
+
     def embed(self, pos):  # `(b|1, n)` integer positions, each in `[0, max_len)`
         """`(b|1, n, D)` rows of the table; `PositionRangeError` (a `ValueError`) naming the table size for
         positions outside it."""

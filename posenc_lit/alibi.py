@@ -89,14 +89,19 @@ class ALiBiContext(Context):
     alibi_bias: torch.Tensor  # `(b|1, h, i, j)` float32, logit units (≤ 0)
 
 
+ALiBi.context_type = ALiBiContext  # what its `prepare` returns
+
+
 @patch
-def prepare(self: ALiBi, q_pos, k_pos) -> ALiBiContext:  # integer positions `(b|1, i)`, `(b|1, j)` (or 1-D)
+def prepare(
+    self: ALiBi, q_pos, k_pos, *, key_mask: torch.Tensor | None = None, causal: bool = False
+) -> ALiBiContext:  # integer positions `(b|1, i)`, `(b|1, j)` (or 1-D)
     "Per-forward context with `alibi_bias` `(b|1, h, i, j)`, float32, shared by all layers."
     # a list is refused by `rel_pos`, naming it
     dev = q_pos.device if isinstance(q_pos, torch.Tensor) else None
     slopes = alibi_slopes(self.n_heads, dev)
     # slopes valid by construction: `alibi_bias` would check them, a host read per forward on a GPU
-    return ALiBiContext(q_pos, k_pos, _alibi_bias(q_pos, k_pos, slopes, self.bidirectional))
+    return ALiBiContext(q_pos, k_pos, _alibi_bias(q_pos, k_pos, slopes, self.bidirectional), pe=self)
 
 
 @patch

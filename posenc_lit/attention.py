@@ -5,7 +5,6 @@
 # %% ../nbs/01_attention.ipynb #b4b05586
 from __future__ import annotations
 import math
-import typing
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -16,9 +15,9 @@ from .checks import *
 
 # %% auto #0
 __all__ = ['causal_mask', 'scores', 'attend_manual', 'is_tracing', 'attend_fast', 'attend_compiled', 'attend',
-           'Context', 'LayerRef', 'PositionEncoding', 'default_positions', 'MultiHeadAttention', 'as_layer',
-           'layer_index', 'position_attention', 'position_scores', 'KVCache', 'CombinedContext',
-           'CombinedEncoding']
+           'default_positions', 'MultiHeadAttention', 'as_layer', 'layer_index', 'position_attention',
+           'position_scores', 'KVCache', 'CombinedContext', 'CombinedEncoding', 'Context', 'LayerRef',
+           'PositionEncoding', 'check_context']
 
 # %% ../nbs/01_attention.ipynb #43e4fd21
 # a score term that does not fit (b, h, i, j): position_attention names its encoding
@@ -281,68 +280,9 @@ def attend(
             probs = probs.masked_fill(~valid, 0.0)
     return (out, probs) if return_probs else out
 
-# %% ../nbs/01_attention.ipynb #3b465c43
-@dataclass(eq=False)
-class Context:
-    """What `prepare` computes once per forward and every layer reads; encodings with more subclass it with
-    typed fields."""
-
-    q_pos: torch.Tensor  # `(b|1, i)` integer query positions
-    k_pos: torch.Tensor  # `(b|1, j)` integer key positions
-
-    # `ctx['q_pos']` reads a field, as `ctx.q_pos`
-    def __getitem__(self, name: str):
-        return getattr(self, name)
-
-
-@dataclass(eq=False)
-class LayerRef:
-    """The address of one attention layer for an encoding: its index among the encoding's per-layer tables,
-    and the projections it lends."""
-
-    # 0-based layer index; None: no index (only where the encoding has one table)
-    idx: int | None = None
-    # the layer's query projection `D -> D` (DeBERTa's `share_att_key=True`)
-    q_proj: nn.Module | None = None
-    k_proj: nn.Module | None = None  # the layer's key projection `D -> D`
-
-# %% ../nbs/01_attention.ipynb #d4de6539
-class PositionEncoding(nn.Module):
-    "Base class of position encodings; with its default hooks it adds no position signal (NoPE)."
-
-    kind = 'none'
-    word_scale = 1.0  # multiplies the word embeddings before `embed(pos)` is added
-
-    def embed(self, pos: torch.Tensor):  # `(b|1, n)` integer positions
-        "Vectors `(b|1, n, D)` to add to the input embeddings, or `None`."
-        return None
-
-    def prepare(
-        self,
-        q_pos: torch.Tensor,
-        k_pos: torch.Tensor,
-    ) -> Context:  # integer positions `(b|1, i)`, `(b|1, j)`
-        "Per-forward context shared by all layers (content-free terms are computed here once)."
-        return Context(q_pos, k_pos)
-
-    def transform_qk(self, q, k, ctx: Context, layer: int | LayerRef | None = None):
-        return q, k
-
-    def score_terms(self, q, k, ctx: Context, layer: int | LayerRef | None = None) -> list:
-        return []
-
-    def value_terms(self, ctx: Context, layer: int | LayerRef | None = None) -> list:
-        return []
-
-    def content_scale(self, d: int) -> float:
-        return d**-0.5
-
-# %% ../nbs/01_attention.ipynb #75e1e1d5
-@patch(as_prop=True)
-def relative_only(self: PositionEncoding) -> bool:
-    """True when positions enter only through distances $j-i$, so adding one offset to all positions changes
-    nothing."""
-    return self.kind != 'absolute' and getattr(self, 'max_len', None) is None
+# %% ../nbs/01_attention.ipynb #4e68f14f
+# the contract's names, defined in core, are also this module's (`from posenc_lit.attention import *`)
+_all_ = ['Context', 'LayerRef', 'PositionEncoding', 'check_context']
 
 # %% ../nbs/01_attention.ipynb #7d028a94
 def default_positions(n: int, device: torch.device | str | None = None) -> torch.Tensor:
@@ -422,10 +362,6 @@ def layer_index(layer, n_tables: int, what: str, tables: str = 'tables') -> int:
     return idx
 
 # %% ../nbs/01_attention.ipynb #aa9ab004
-def _ctx_get(ctx, name):  # a field of a `Context` (or of a dict context, as the ViT encodings make)
-    return ctx.get(name) if isinstance(ctx, dict) else getattr(ctx, name, None)
-
-
 def _check_mha_inputs(attn, x, kv, ctx, n_cached=0):
     for name, t in (('x', x), ('kv', kv)):
         if (
@@ -449,7 +385,7 @@ def _check_mha_inputs(attn, x, kv, ctx, n_cached=0):
         ('q_pos', x.shape[1], 'x'),
         ('k_pos', kv.shape[1] + n_cached, 'the keys (cache + kv)' if n_cached else 'kv'),
     ):
-        p = _ctx_get(ctx, key)
+        p = getattr(ctx, key, None)
         if isinstance(p, torch.Tensor) and (
             p.shape[-1] != n or (p.ndim == 2 and p.shape[0] not in (1, x.shape[0]))
         ):
@@ -460,18 +396,6 @@ def _check_mha_inputs(attn, x, kv, ctx, n_cached=0):
 
 # %% ../nbs/01_attention.ipynb #d0dc2bef
 _SIGNATURE = 'position_attention(pe, q, k, v, ctx, layer, mask, causal=...)'
-_CTX_TYPES = {}  # encoding class -> the context type its `prepare` is annotated to return
-
-
-def _ctx_type(pe):  # the class `type(pe).prepare` returns; `(Context, dict)` where it names none
-    cls = type(pe)
-    if cls not in _CTX_TYPES:
-        try:
-            t = typing.get_type_hints(cls.prepare).get('return')
-        except Exception:  # an annotation that does not resolve: fall back to the base types
-            t = None
-        _CTX_TYPES[cls] = t if isinstance(t, type) else (Context, dict)
-    return _CTX_TYPES[cls]
 
 
 def _check_pe_call(pe, q, k, ctx):  # the public boundary: Python types and shape ints, no host sync
@@ -479,17 +403,11 @@ def _check_pe_call(pe, q, k, ctx):  # the public boundary: Python types and shap
         raise TypeError(
             f'pe must be a PositionEncoding (the first argument: {_SIGNATURE}); got {type(pe).__name__}'
         )
-    want = _ctx_type(pe)
-    if not isinstance(ctx, want):
-        names = ' or '.join(t.__name__ for t in (want if isinstance(want, tuple) else (want,)))
-        raise TypeError(
-            f'ctx must be a {names}: ctx comes from pe.prepare(q_pos, k_pos) of this encoding '
-            f'({type(pe).__name__}), the fifth argument of {_SIGNATURE}; got {type(ctx).__name__}'
-        )
+    check_context(pe, ctx, _SIGNATURE, owned=False)  # its type here; who prepared it: after the terms
     if is_tracing():
         return
     for name, t, key in (('q', q, 'q_pos'), ('k', k, 'k_pos')):
-        p = _ctx_get(ctx, key)
+        p = getattr(ctx, key)
         if (
             isinstance(p, torch.Tensor)
             and isinstance(t, torch.Tensor)
@@ -526,7 +444,7 @@ def position_attention(
     _check_pe_call(pe, q, k, ctx)
     q, k = pe.transform_qk(q, k, ctx, layer)
     try:
-        return attend(
+        out = attend(
             q,
             k,
             v,
@@ -545,6 +463,9 @@ def position_attention(
             f"{tuple(k.shape)}: {e}. Likely causes: q, k, v must be (b, h, n, d); the encoding's number "
             "of heads must be q's h; ctx must come from pe.prepare(q_pos, k_pos) for these positions"
         ) from None
+    # after the terms' shapes, whose error names the likelier mistake (an encoding built for other heads)
+    check_context(pe, ctx, _SIGNATURE)
+    return out
 
 
 def position_scores(
@@ -560,7 +481,9 @@ def position_scores(
     -inf where masked)."""
     _check_pe_call(pe, q, k, ctx)
     q, k = pe.transform_qk(q, k, ctx, layer)
-    return scores(q, k, pe.score_terms(q, k, ctx, layer), mask, _content_scale(pe, q), causal)
+    s = scores(q, k, pe.score_terms(q, k, ctx, layer), mask, _content_scale(pe, q), causal)
+    check_context(pe, ctx, _SIGNATURE)  # a context of another instance of the encoding
+    return s
 
 # %% ../nbs/01_attention.ipynb #f6fe8cf3
 @dataclass(eq=False)
@@ -582,7 +505,7 @@ class KVCache:
 
 
 @patch
-def _qkv(self: MultiHeadAttention, x, kv, pe, ctx, cache):
+def _qkv(self: MultiHeadAttention, x, kv, pe, ctx, cache, causal=False):
     kv = x if kv is None else kv
     n_cached = 0 if cache is None else len(cache)
     _check_mha_inputs(self, x, kv, ctx, n_cached)
@@ -591,6 +514,7 @@ def _qkv(self: MultiHeadAttention, x, kv, pe, ctx, cache):
         ctx = pe.prepare(
             default_positions(x.shape[1], x.device) + n_cached,
             default_positions(kv.shape[1] + n_cached, x.device),
+            causal=causal,
         )
     # (b, h, n, d)
     q, k, v = (
@@ -621,7 +545,7 @@ def forward(
     """Attend from `x` to `kv` (default `x`) with the position signal of `pe`; returns `(b, i, D)` (and probs
     `(b, h, i, j)`)."""
     pe = PositionEncoding() if pe is None else pe
-    q, k, v, ctx = self._qkv(x, kv, pe, ctx, cache)
+    q, k, v, ctx = self._qkv(x, kv, pe, ctx, cache, causal)
     res = position_attention(
         pe,
         q,
@@ -653,7 +577,7 @@ def scores(
 ) -> torch.Tensor:
     "The pre-softmax logits `(b, h, i, j)` of `forward` with the same arguments (no cache)."
     pe = PositionEncoding() if pe is None else pe
-    q, k, v, ctx = self._qkv(x, kv, pe, ctx, None)
+    q, k, v, ctx = self._qkv(x, kv, pe, ctx, None, causal)
     return position_scores(pe, q, k, ctx, self.layer_ref, mask, causal)
 
 # %% ../nbs/01_attention.ipynb #e4ab5c14
@@ -666,6 +590,8 @@ class CombinedContext(Context):
 
 class CombinedEncoding(PositionEncoding):
     "Several encodings at once: summed `embed`, chained `transform_qk`, concatenated score and value terms."
+
+    context_type = CombinedContext
 
     def __init__(self, *encodings: PositionEncoding):
         super().__init__()
@@ -685,9 +611,14 @@ class CombinedEncoding(PositionEncoding):
         kinds = [e.kind for e in encodings]
         # the most intrusive member's
         self.kind = next((k for k in ('score', 'qk', 'absolute') if k in kinds), 'none')
-        tables = [e.max_len for e in encodings if getattr(e, 'max_len', None) is not None]
+        tables = [e.max_len for e in encodings if e.max_len is not None]
         # the shortest absolute table limits the model
         self.max_len = min(tables) if tables else None
+
+    def position_tables(self):
+        return {
+            f'members.{a}.{n}': p for a, e in enumerate(self.members) for n, p in e.position_tables().items()
+        }
 
     @property
     def relative_only(self):
@@ -697,8 +628,9 @@ class CombinedEncoding(PositionEncoding):
         vs = [v for v in (e.embed(pos) for e in self.members) if v is not None]
         return None if not vs else sum(vs[1:], vs[0])  # (b|1, n, D)
 
-    def prepare(self, q_pos, k_pos):
-        return CombinedContext(q_pos, k_pos, [e.prepare(q_pos, k_pos) for e in self.members])
+    def prepare(self, q_pos, k_pos, *, key_mask: torch.Tensor | None = None, causal: bool = False):
+        members = [e.prepare(q_pos, k_pos, key_mask=key_mask, causal=causal) for e in self.members]
+        return CombinedContext(q_pos, k_pos, members, pe=self)
 
     def transform_qk(self, q, k, ctx, layer: int | LayerRef | None = None):
         for e, c in zip(self.members, ctx.members):

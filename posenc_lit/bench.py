@@ -156,7 +156,7 @@ def _rel_case(name, enc, q, k, v, pos, note, compiled):
     table, s = enc.key_tables[0], enc.content_scale(q.shape[-1])
 
     def naive():
-        a = table[enc.prepare(pos, pos)['rel_idx'][0]]  # (i, j, d)
+        a = table[enc.prepare(pos, pos).rel_idx[0]]  # (i, j, d)
         terms = [torch.einsum('bhid,ijd->bhij', q, a) * s]  # q_i · a_ij
         if enc.key_term:
             terms.append(torch.einsum('bhjd,ijd->bhij', k, a) * s)  # k_j · a_ij

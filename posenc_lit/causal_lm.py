@@ -103,7 +103,7 @@ def forward(
     pos = lm_positions(m)  # (b, j)
     # (b, n): the new tokens' positions
     q_pos = pos[:, pos.shape[1] - n :]
-    ctx = self.pe.prepare(q_pos, pos)  # once per forward, for all layers
+    ctx = self.pe.prepare(q_pos, pos, key_mask=m, causal=True)  # once per forward, for all layers
     x = self.word(input_ids) * self.pe.word_scale  # (b, n, D)
     p = self.pe.embed(q_pos)
     if p is not None:

@@ -211,8 +211,13 @@ class DebertaContext(Context):
     P: torch.Tensor  # `(r, D)`: the rows lo … lo+r-1 that occur, normalized
 
 
+DebertaRelative.context_type = DebertaContext  # what its `prepare` returns
+
+
 @patch
-def prepare(self: DebertaRelative, q_pos, k_pos) -> DebertaContext:
+def prepare(
+    self: DebertaRelative, q_pos, k_pos, *, key_mask: torch.Tensor | None = None, causal: bool = False
+) -> DebertaContext:
     """$\\delta(i,j)$ of every pair (`delta`, `(b|1, i, j)`) and the rows of $P$ it
     uses, normalized (`P`), once per forward."""
     rel = build_relative_position(q_pos, k_pos, self.position_buckets, self.k)
@@ -221,7 +226,7 @@ def prepare(self: DebertaRelative, q_pos, k_pos) -> DebertaContext:
     P = self.rel_embeddings[lo : hi + 1]  # (r, D): the rows that occur
     if self.rel_norm is not None:
         P = self.rel_norm(P)  # row-wise: cut first, exact
-    return DebertaContext(q_pos, k_pos, delta, delta - lo, P)
+    return DebertaContext(q_pos, k_pos, delta, delta - lo, P, pe=self)
 
 # %% ../nbs/06_deberta.ipynb #b0665e28
 @patch

@@ -429,19 +429,6 @@ def encode_task(dd, spec: TaskSpec, tok: Tokenizer, encoder: Encoder, max_len: i
 EXTEND_METHODS = ('copy', 'interpolate')
 
 
-def _position_tables(
-    pe,
-) -> list:  # (module, parameter name) of every absolute table: rows = the module's max_len
-    mods = list(pe.members) if isinstance(pe, CombinedEncoding) else [pe]
-    return [
-        (m, n)
-        for m in mods
-        if getattr(m, 'max_len', None)
-        for n, p in m.named_parameters(recurse=False)
-        if p.ndim == 2 and p.shape[0] == m.max_len
-    ]
-
-
 def extend_positions(
     encoder: Encoder,  # a pretrained encoder whose encoding holds an absolute table (learned, TUPE)
     trained_len: int,  # positions 0 … trained_len-1 were trained (the pretraining `seq_len`)
@@ -452,12 +439,12 @@ def extend_positions(
     `ValueError` for bad arguments."""
     if method not in EXTEND_METHODS:
         raise ValueError(f'method must be one of {EXTEND_METHODS}; got {method!r}')
-    tables = _position_tables(encoder.pe)
+    tables = encoder.pe.position_tables()  # {name: (max_len, D) parameter}
     if not tables:
         raise ValueError(
             f'pe={encoder.cfg.pe!r} has no absolute position table to extend: it runs at any length as it is'
         )
-    max_len = tables[0][0].max_len
+    max_len = encoder.pe.max_len
     if not (
         isinstance(trained_len, int)
         and isinstance(new_len, int)
@@ -474,8 +461,8 @@ def extend_positions(
         )
     )
     sd = dict(encoder.state_dict())
-    for m, name in tables:
-        key = next(k for k, p in encoder.named_parameters() if p is getattr(m, name))
+    for table in tables.values():
+        key = next(k for k, p in encoder.named_parameters() if p is table)
         old, trained = sd[key], sd[key][:trained_len]  # (max_len, D), (L, D)
         rows = max(max_len, new_len)
         t = torch.cat([old, old.new_zeros(rows - max_len, old.shape[1])]) if rows > max_len else old.clone()

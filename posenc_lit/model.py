@@ -512,7 +512,8 @@ def forward(
     with _forward_memory_check(input_ids):
         pos = self.positions(input_ids, position_ids)
         mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]  # (b, 1, 1, j)
-        ctx = self.pe.prepare(pos, pos)  # once per forward, shared by all layers
+        # once per forward, shared by all layers; key_mask (b, j): the real tokens
+        ctx = self.pe.prepare(pos, pos, key_mask=None if mask is None else mask[:, 0, 0])
         x = self.embeddings(input_ids, pos, self.pe, token_type_ids)  # (b, n, D)
         # read by the convolution
         e = x

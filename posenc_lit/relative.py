@@ -200,6 +200,9 @@ class RelativeContext(Context):
     rows: tuple | None = None  # `(lo, hi)`: the first and last row of `rel_idx` (row_range); None: read it
 
 
+RelativeVectors.context_type = RelativeContext  # what its `prepare` returns
+
+
 @patch
 def _table(self: RelativeVectors, tables, layer):
     n = 1 if self.share_layers else self.n_layers
@@ -208,10 +211,12 @@ def _table(self: RelativeVectors, tables, layer):
 
 
 @patch
-def prepare(self: RelativeVectors, q_pos, k_pos) -> RelativeContext:
+def prepare(
+    self: RelativeVectors, q_pos, k_pos, *, key_mask: torch.Tensor | None = None, causal: bool = False
+) -> RelativeContext:
     "Table row of every pair, `rel_idx` `(b|1, i, j)`, and the rows it uses, computed once per forward."
     idx = rel_index(q_pos, k_pos, self.k, self.clip)
-    return RelativeContext(q_pos, k_pos, idx, row_range(idx, 2 * self.k + 1))
+    return RelativeContext(q_pos, k_pos, idx, row_range(idx, 2 * self.k + 1), pe=self)
 
 
 @patch

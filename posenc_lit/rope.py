@@ -298,8 +298,13 @@ class RoPEContext(Context):
     rope: dict
 
 
+RoPE.context_type = RoPEContext  # what its `prepare` returns
+
+
 @patch
-def prepare(self: RoPE, q_pos, k_pos) -> RoPEContext:  # integer positions `(b|1, i)`, `(b|1, j)` (or 1-D)
+def prepare(
+    self: RoPE, q_pos, k_pos, *, key_mask: torch.Tensor | None = None, causal: bool = False
+) -> RoPEContext:  # integer positions `(b|1, i)`, `(b|1, j)` (or 1-D)
     "Per-forward context shared by all layers: the positions and their float32 cos/sin (see `cos_sin`)."
     same = q_pos is k_pos
     q_pos, k_pos = (p[None] if isinstance(p, torch.Tensor) and p.ndim == 1 else p for p in (q_pos, k_pos))
@@ -313,7 +318,9 @@ def prepare(self: RoPE, q_pos, k_pos) -> RoPEContext:  # integer positions `(b|1
             raise TypeError(
                 f'{name} must be an integer tensor of token positions, shape (n,) or (b, n); got {got}'
             )
-    return RoPEContext(q_pos, k_pos, same, {torch.float32: self._angles(q_pos, k_pos, same, torch.float32)})
+    return RoPEContext(
+        q_pos, k_pos, same, {torch.float32: self._angles(q_pos, k_pos, same, torch.float32)}, pe=self
+    )
 
 # %% ../nbs/07_rope.ipynb #94483cd6
 @patch

@@ -76,6 +76,7 @@ class T5RelativeBias(PositionEncoding):
     layers (Raffel et al. 2020, §2.1)."""
 
     kind = 'score'
+    context_type = T5Context
 
     def __init__(
         self,
@@ -113,8 +114,10 @@ class T5RelativeBias(PositionEncoding):
         b = self.weight.t().index_select(1, bucket.reshape(-1)).view(self.weight.shape[1], *bucket.shape)
         return b.transpose(0, 1) if bucket.ndim == 3 else b[None]
 
-    def prepare(self, q_pos, k_pos) -> T5Context:
-        return T5Context(q_pos, k_pos, self.bias(q_pos, k_pos))
+    def prepare(
+        self, q_pos, k_pos, *, key_mask: torch.Tensor | None = None, causal: bool = False
+    ) -> T5Context:
+        return T5Context(q_pos, k_pos, self.bias(q_pos, k_pos), pe=self)
 
     def score_terms(self, q, k, ctx, layer: int | LayerRef | None = None):
         return [ctx.t5_bias]

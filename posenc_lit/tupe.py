@@ -60,6 +60,9 @@ class TUPE(PositionEncoding):
         if relative:
             self.rel = T5RelativeBias(n_heads, num_buckets, max_distance, init_std=init_std)
 
+    def position_tables(self):
+        return {'pos': self.pos}  # row p: the vector of position p
+
     def content_scale(self, d):  # 1/sqrt(2d) on the content, as on the positional term
         return (2 * d) ** -0.5
 
@@ -129,8 +132,13 @@ class TUPEContext(Context):
     tupe_bias: torch.Tensor
 
 
+TUPE.context_type = TUPEContext  # what its `prepare` returns
+
+
 @patch
-def prepare(self: TUPE, q_pos, k_pos) -> TUPEContext:
+def prepare(
+    self: TUPE, q_pos, k_pos, *, key_mask: torch.Tensor | None = None, causal: bool = False
+) -> TUPEContext:
     """The shared logit term `(b|1, h, i, j)`: positional correlation, [CLS] reset, and
     (TUPE-R) the T5 bias."""
     q_pos, k_pos = _batch_positions(q_pos, k_pos)  # (b|1, n)
@@ -142,7 +150,7 @@ def prepare(self: TUPE, q_pos, k_pos) -> TUPEContext:
         bias = self.reset_cls(bias, q_pos, k_pos)
     if rel is not None:  # the paper: T5 bias not reset
         bias = bias + rel
-    return TUPEContext(q_pos, k_pos, bias)
+    return TUPEContext(q_pos, k_pos, bias, pe=self)
 
 
 @patch

@@ -24,9 +24,10 @@ from .model import _config_to_json, _config_from_dict, _check_built, _pe_kwargs_
 
 # %% auto #0
 __all__ = ['INTERPOLATIONS', 'POOLS', 'STEMS', 'PatchEmbed', 'grid_positions', 'interpolate_pos_embed',
-           'VisionEncoding', 'LearnedPosEmbed', 'Learned2d', 'sincos_2d_table', 'SinCos2d', 'apply_rope_2d',
-           'RoPE2d', 'RelBias2d', 'ResBlock', 'HybridStem', 'ViTConfig', 'ViTLayer', 'ViT',
-           'resize_pos_embed_', 'reinit_pos_embed_', 'save_vit', 'load_vit', 'plot_pos_similarity']
+           'VisionContext', 'VisionEncoding', 'LearnedPosEmbed', 'Learned2d', 'sincos_2d_table', 'SinCos2d',
+           'apply_rope_2d', 'RoPE2d', 'RelBias2dContext', 'RelBias2d', 'ResBlock', 'HybridStem', 'ViTConfig',
+           'ViTLayer', 'ViT', 'resize_pos_embed_', 'reinit_pos_embed_', 'save_vit', 'load_vit',
+           'plot_pos_similarity']
 
 # %% ../nbs/09_vit.ipynb #3b9fc98e
 class PatchEmbed(nn.Conv2d):
@@ -118,11 +119,22 @@ def interpolate_pos_embed(
     return out if pos_embed.ndim == 2 else out[None]
 
 # %% ../nbs/09_vit.ipynb #c08ba703
+@dataclass(eq=False)
+class VisionContext(Context):
+    "Context of a `VisionEncoding`: the patch grid and the (row, col) of each token."
+
+    grid: tuple | None  # the patch grid (gh, gw); None: not given
+    rc: (
+        torch.Tensor | None
+    )  # `(n, 2)` int64 (row, col) of each token, prefix tokens at (0, 0); None without grid
+
+
 class VisionEncoding(PositionEncoding):
     """Base of the ViT's encodings; by itself no position signal (`none`). The ViT passes the grid to
     `embed_grid` and `prepare`."""
 
     table_grid = None  # the grid of a learned table; None: no table, every grid works as it is
+    context_type = VisionContext
 
     def __init__(self, num_prefix_tokens: int = 1):
         super().__init__()
@@ -141,12 +153,15 @@ class VisionEncoding(PositionEncoding):
         self,
         q_pos: torch.Tensor,  # `(1, n)` token indices
         k_pos: torch.Tensor,  # `(1, n)` token indices
+        *,
+        key_mask: torch.Tensor | None = None,  # the contract's; every image token is real
+        causal: bool = False,  # the contract's; the ViT is bidirectional
         grid: tuple | None = None,  # the patch grid (gh, gw)
-    ):
+    ) -> VisionContext:
         """Context shared by all layers: the token indices, `grid` and `rc`, the `(n, 2)` (row, col) of each
         token."""
         rc = None if grid is None else grid_positions(grid, self.num_prefix_tokens, q_pos.device)
-        return {'q_pos': q_pos, 'k_pos': k_pos, 'grid': grid, 'rc': rc}
+        return VisionContext(q_pos, k_pos, grid, rc, pe=self)
 
     def resize_(self, grid, mode='bicubic', antialias=False):
         "Interpolate a learned table to `grid` for good; returns `self` (without a table: nothing to do)."
@@ -170,6 +185,9 @@ class LearnedPosEmbed(VisionEncoding):
         self.init_std, self.table_grid = init_std, _check_grid(grid, 'grid')
         # (1, n, D)
         self.weight = nn.Parameter(torch.randn(1, num_prefix_tokens + grid[0] * grid[1], d_model) * init_std)
+
+    def position_tables(self):
+        return {'weight': self.weight}  # (1, n, D): one row per token
 
     def embed_grid(self, grid: tuple, mode: str | None = None, antialias: bool = False):
         """The table for `grid`: as it is for `table_grid`, else interpolated with `mode`; `ValueError` if
@@ -236,6 +254,9 @@ class Learned2d(VisionEncoding):
         # (gw, D/2): X-axis
         self.cols = nn.Parameter(torch.randn(grid[1], self.d_model // 2) * std)
         return self
+
+    def position_tables(self):
+        return {'rows': self.rows, 'cols': self.cols}  # row r of the grid, column c
 
 # %% ../nbs/09_vit.ipynb #b16a5009
 @patch
@@ -366,8 +387,10 @@ class RoPE2d(VisionEncoding):
         self.d_head, self.base, self.pairing = d_head, base, pairing
         rope_inv_freq(d_head // 2, base)  # a bad base fails here
 
-    def transform_qk(self, q, k, ctx, attn):  # q `(b, h, i, d)`, k `(b, h, j, d)`
-        if ctx.get('rc') is None:
+    def transform_qk(
+        self, q, k, ctx, layer: int | LayerRef | None = None
+    ):  # q `(b, h, i, d)`, k `(b, h, j, d)`
+        if ctx.rc is None:
             raise ValueError(
                 'rope2d needs the token grid: make the context with pe.prepare(pos, pos, grid=(gh, gw))'
             )
@@ -375,16 +398,24 @@ class RoPE2d(VisionEncoding):
         inv_freq = _theta(self.d_head // 2, self.base, q.device).to(
             torch.promote_types(q.dtype, torch.float32)
         )
-        return apply_rope_2d(q, ctx['rc'], inv_freq, self.pairing), apply_rope_2d(
-            k, ctx['rc'], inv_freq, self.pairing
+        return apply_rope_2d(q, ctx.rc, inv_freq, self.pairing), apply_rope_2d(
+            k, ctx.rc, inv_freq, self.pairing
         )
 
 # %% ../nbs/09_vit.ipynb #4136e2a1
+@dataclass(eq=False)
+class RelBias2dContext(VisionContext):
+    "Context of `RelBias2d`: its bias for the grid, shared by all layers."
+
+    rel2d: torch.Tensor  # `(1, h, n, n)` in logit units
+
+
 class RelBias2d(VisionEncoding):
     """Learned bias per head and clipped 2D offset added to the logits, shared by all layers (Swin, BEiT);
     prefix tokens have their own."""
 
     kind = 'score'
+    context_type = RelBias2dContext
 
     def __init__(self, n_heads: int, max_distance: int, num_prefix_tokens: int = 1):
         super().__init__(num_prefix_tokens)
@@ -412,15 +443,24 @@ class RelBias2d(VisionEncoding):
             b = torch.cat([top, torch.cat([pb[1].expand(-1, b.shape[-1], p), b], -1)], -2)
         return b[None]
 
-    def prepare(self, q_pos, k_pos, grid: tuple | None = None):
+    def prepare(
+        self,
+        q_pos,
+        k_pos,
+        *,
+        key_mask: torch.Tensor | None = None,
+        causal: bool = False,
+        grid: tuple | None = None,
+    ):
         if grid is None:
             raise ValueError(
                 'rel2d needs the token grid: make the context with pe.prepare(pos, pos, grid=(gh, gw))'
             )
-        return {**super().prepare(q_pos, k_pos, grid), 'rel2d': self.bias(grid)}
+        c = super().prepare(q_pos, k_pos, grid=grid)
+        return RelBias2dContext(q_pos, k_pos, c.grid, c.rc, self.bias(grid), pe=self)
 
-    def score_terms(self, q, k, ctx, attn):
-        return [ctx['rel2d']]
+    def score_terms(self, q, k, ctx, layer: int | LayerRef | None = None):
+        return [ctx.rel2d]
 
 # %% ../nbs/09_vit.ipynb #52491257
 @register_encoding(

@@ -82,7 +82,7 @@ _MEMORY_PROBE = textwrap.dedent('''
         if mode == 'vectorized':
             terms = pe.score_terms(q, k, pe.prepare(pos, pos), attn)
         else:   # the HF way: gather an (i, j, d) tensor of vectors, then two einsums
-            a = pe.key_tables[0][pe.prepare(pos, pos)['rel_idx'][0]]                 # (i, j, d)
+            a = pe.key_tables[0][pe.prepare(pos, pos).rel_idx[0]]                 # (i, j, d)
             terms = [torch.einsum('bhid,ijd->bhij', q, a), torch.einsum('bhjd,ijd->bhij', k, a)]
     print(status('VmHWM') - base)
 ''')
