@@ -6,7 +6,7 @@
 from __future__ import annotations
 import argparse, builtins, json, pathlib, signal, sys, threading
 from .core import *
-from .files import dumps
+from .files import dumps, run_entries
 
 # %% auto #0
 __all__ = ['UsageError', 'cmd_encodings', 'cmd_pretrain', 'cmd_lengths', 'cmd_finetune', 'cmd_tasks',
@@ -108,13 +108,16 @@ def _add_run_flags(p, pe_kwargs_help, overrides):
 
 
 def _check_out(out: str):
-    "`UsageError` unless the run directory `out` can be created (checked before anything runs)."
+    """`UsageError` unless the run directory `out` can be created (checked before anything runs); then its
+    lock, held until the process ends (`RunLockedError` naming the process that holds it)."""
     from posenc_lit.loop import check_creatable_dir
+    from posenc_lit.files import acquire_run_lock
 
     try:
         check_creatable_dir(out)
     except ValueError as e:
         raise UsageError(f'argument --out: {e}') from None
+    acquire_run_lock(out)  # one command per run folder: never released before the process ends
 
 
 def _add_run_dir(p):
@@ -907,7 +910,7 @@ def _after_stop(args) -> str:
     out = pathlib.Path(args.out)
     if any((out / ck).is_dir() for ck in ('checkpoint', 'checkpoint.old')):
         return again
-    if out.is_dir() and any(out.iterdir()):
+    if out.is_dir() and run_entries(out):
         return 'no checkpoint was saved yet: --resume (or --overwrite) starts the run from its first step'
     return 'no run was written yet: run the same command again'
 
