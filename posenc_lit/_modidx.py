@@ -122,6 +122,10 @@ d = {
                 'attention.html#multiheadattention.__init__',
                 'posenc_lit/attention.py',
             ),
+            'posenc_lit.attention.MultiHeadAttention._attend': (
+                'attention.html#multiheadattention._attend',
+                'posenc_lit/attention.py',
+            ),
             'posenc_lit.attention.MultiHeadAttention._qkv': (
                 'attention.html#multiheadattention._qkv',
                 'posenc_lit/attention.py',
@@ -392,6 +396,7 @@ d = {
             'posenc_lit.cli._on_sigterm': ('cli.html#_on_sigterm', 'posenc_lit/cli.py'),
             'posenc_lit.cli._path': ('cli.html#_path', 'posenc_lit/cli.py'),
             'posenc_lit.cli._positive_int': ('cli.html#_positive_int', 'posenc_lit/cli.py'),
+            'posenc_lit.cli._release_held': ('cli.html#_release_held', 'posenc_lit/cli.py'),
             'posenc_lit.cli._report_run': ('cli.html#_report_run', 'posenc_lit/cli.py'),
             'posenc_lit.cli._status': ('cli.html#_status', 'posenc_lit/cli.py'),
             'posenc_lit.cli.build_parser': ('cli.html#build_parser', 'posenc_lit/cli.py'),
@@ -577,6 +582,7 @@ d = {
         'posenc_lit.files': {
             'posenc_lit.files.RunLockedError': ('files.html#runlockederror', 'posenc_lit/files.py'),
             'posenc_lit.files._holder': ('files.html#_holder', 'posenc_lit/files.py'),
+            'posenc_lit.files._lock': ('files.html#_lock', 'posenc_lit/files.py'),
             'posenc_lit.files._mode_for': ('files.html#_mode_for', 'posenc_lit/files.py'),
             'posenc_lit.files._release_all': ('files.html#_release_all', 'posenc_lit/files.py'),
             'posenc_lit.files._unserializable': ('files.html#_unserializable', 'posenc_lit/files.py'),

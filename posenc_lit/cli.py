@@ -107,9 +107,12 @@ def _add_run_flags(p, pe_kwargs_help, overrides):
         p.add_argument(flag, type=typ, default=None, help=h)
 
 
+_HELD = []  # the run folders whose locks this command holds (`_check_out`), let go when `main` returns
+
+
 def _check_out(out: str):
     """`UsageError` unless the run directory `out` can be created (checked before anything runs); then its
-    lock, held until the process ends (`RunLockedError` naming the process that holds it)."""
+    lock, held until `main` returns (`RunLockedError` naming the process that holds it)."""
     from posenc_lit.loop import check_creatable_dir
     from posenc_lit.files import acquire_run_lock
 
@@ -117,7 +120,8 @@ def _check_out(out: str):
         check_creatable_dir(out)
     except ValueError as e:
         raise UsageError(f'argument --out: {e}') from None
-    acquire_run_lock(out)  # one command per run folder: never released before the process ends
+    acquire_run_lock(out)  # one command per run folder: held until `main` returns (the process ends)
+    _HELD.append(out)
 
 
 def _add_run_dir(p):
@@ -955,6 +959,14 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if main_thread:
             signal.signal(signal.SIGTERM, signal.SIG_DFL if old is None else old)
+        _release_held()
+
+
+def _release_held():
+    from posenc_lit.files import release_run_lock
+
+    while _HELD:
+        release_run_lock(_HELD.pop())
 
 # %% ../nbs/13_cli.ipynb #05d40b6c
 if __name__ == '__main__' and '__file__' in globals():  # `python -m posenc_lit.cli`, not a kernel

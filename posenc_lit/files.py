@@ -135,6 +135,24 @@ def _holder(f: Path) -> str:
         return 'another process (it has not written its id yet)'
 
 
+def _lock(f: Path) -> int | None:
+    "The descriptor of lock file `f`, locked; -1 if another process holds it; None if `f` went meanwhile."
+    fd = os.open(f, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return -1
+    try:
+        same = os.stat(f).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        same = False
+    if not same:
+        os.close(fd)
+        return None
+    return fd
+
+
 def acquire_run_lock(
     folder,  # the run folder; made (with its parents) if it does not exist
 ) -> Path:  # the lock file
@@ -147,11 +165,9 @@ def acquire_run_lock(
     made = not os.path.isdir(real)
     os.makedirs(real, exist_ok=True)
     f = Path(real) / LOCK_FILE
-    fd = os.open(f, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
+    while (fd := _lock(f)) is None:  # the file was removed by its holder as it let go: take the new one
+        pass
+    if fd < 0:
         raise RunLockedError(
             f'{folder} is in use by {_holder(f)}: one command at a time may write a run folder (a second '
             f'one would mix or delete its records); wait for it to finish or stop it, or choose another '
@@ -165,8 +181,8 @@ def acquire_run_lock(
 
 
 def release_run_lock(folder):
-    """Undo one `acquire_run_lock(folder)`; the last one lets the lock go (a folder the lock made that holds
-    nothing else is removed)."""
+    """Undo one `acquire_run_lock(folder)`; the last one removes the lock file and lets the lock go (a folder
+    the lock made that holds nothing else is removed too)."""
     real = os.path.realpath(folder)
     if real not in _LOCKS:
         return
@@ -174,9 +190,9 @@ def release_run_lock(folder):
     if _LOCKS[real][1] > 0:
         return
     fd, _, made = _LOCKS.pop(real)
-    try:
-        if made and os.listdir(real) == [LOCK_FILE]:
-            os.remove(Path(real) / LOCK_FILE)  # still locked: no other process took it in between
+    try:  # removed while still held: a process that opened it meanwhile sees it gone (`_lock`) and retries
+        os.remove(Path(real) / LOCK_FILE)
+        if made and not os.listdir(real):
             os.rmdir(real)
     except OSError:  # the folder went on: nothing to tidy
         pass
