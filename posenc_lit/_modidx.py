@@ -304,6 +304,15 @@ d = {
                 'causal_lm.html#lmcache.__len__',
                 'posenc_lit/causal_lm.py',
             ),
+            'posenc_lit.causal_lm.LMCache.fork': ('causal_lm.html#lmcache.fork', 'posenc_lit/causal_lm.py'),
+            'posenc_lit.causal_lm._check_lm_cache': (
+                'causal_lm.html#_check_lm_cache',
+                'posenc_lit/causal_lm.py',
+            ),
+            'posenc_lit.causal_lm._check_lm_inputs': (
+                'causal_lm.html#_check_lm_inputs',
+                'posenc_lit/causal_lm.py',
+            ),
             'posenc_lit.causal_lm.lm_positions': ('causal_lm.html#lm_positions', 'posenc_lit/causal_lm.py'),
         },
         'posenc_lit.checks': {
