@@ -908,6 +908,7 @@ d = {
             ),
             'posenc_lit.model._pe_kwargs_error': ('model.html#_pe_kwargs_error', 'posenc_lit/model.py'),
             'posenc_lit.model._pe_options': ('model.html#_pe_options', 'posenc_lit/model.py'),
+            'posenc_lit.model._relative_names': ('model.html#_relative_names', 'posenc_lit/model.py'),
             'posenc_lit.model._segment_ids': ('model.html#_segment_ids', 'posenc_lit/model.py'),
             'posenc_lit.model.build_encoding': ('model.html#build_encoding', 'posenc_lit/model.py'),
             'posenc_lit.model.check_field_types': ('model.html#check_field_types', 'posenc_lit/model.py'),

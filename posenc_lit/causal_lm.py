@@ -96,7 +96,9 @@ class CausalLM(nn.Module):
 def _check_lm_cache(lm, cache, b: int, device):
     "`ValueError` unless `cache` is an `LMCache` of model `lm` for a batch of `b` rows that may be continued."
     if not isinstance(cache, LMCache):
-        raise ValueError(f'cache must be an LMCache from new_cache() of this model; got {type(cache).__name__}')
+        raise ValueError(
+            f'cache must be an LMCache from new_cache() of this model; got {type(cache).__name__}'
+        )
     if cache.model is None or cache.model() is not lm:
         raise ValueError(
             'cache belongs to another model (a cache holds the keys and values one model computed): use '

@@ -249,7 +249,12 @@ def cmd_lengths(args) -> int:
         f"{res['pe']}{kw} (trained on {res['train_seq_len']}-token blocks), {res['eval_tokens']} "
         "validation tokens:"
     )
-    if not res['finished']:
+    if res['checkpoint_step'] is None:  # a checkpoint whose save did not finish, or a copied one
+        print(
+            f"  note: {args.run}'s checkpoint has no readable trainer_state.json: the step it was saved at is "
+            'unknown (its save may not have finished)'
+        )
+    elif not res['finished']:
         print(
             "  note: the run has not finished; this evaluates its checkpoint at step "
             f"{res['checkpoint_step']}"
