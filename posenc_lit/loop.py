@@ -454,9 +454,11 @@ def replace_run_dir(out: Path):
     here = a.resolve() == Path.cwd()
     aside = a.with_name(f'.{a.name}.replaced-{os.getpid()}')
     a.rename(aside)
-    a.mkdir()
-    if (aside / LOCK_FILE).exists():  # the lock this command holds (`acquire_run_lock`) goes on, held
-        (aside / LOCK_FILE).rename(a / LOCK_FILE)
+    lock = aside / LOCK_FILE  # the lock this command holds (`acquire_run_lock`) goes on, held
+    if here or lock.exists():
+        a.mkdir()
+    if lock.exists():
+        lock.rename(a / LOCK_FILE)
     if here:
         os.chdir(a)
     shutil.rmtree(aside)
