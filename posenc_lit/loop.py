@@ -536,7 +536,7 @@ def prepare_run_dir(
     if not ck.exists():
         return None
     state, accum = read_trainer_state(ck), getattr(cfg, 'grad_accum', 1)
-    check_checkpoint_digest(ck, state)
+    check_checkpoint_digest(ck, state, files=False)  # its files: after their own checks (load_checkpoint)
     return check_loop_state(ck / STATE_FILE, state, steps or cfg.steps, accum, cfg.log_every, ends)
 
 
@@ -574,10 +574,10 @@ def read_trainer_state(ck: Path) -> dict:
     return state
 
 
-def check_checkpoint_digest(ck: Path, state: dict):
+def check_checkpoint_digest(ck: Path, state: dict, files: bool = True):
     """`CheckpointError` unless `state`, the trainer state of checkpoint `ck`, is the one its save wrote (its
-    `digest`) and every file it records has the SHA-256 it had then: an edited step, or another run's weights
-    copied in, is refused. A checkpoint saved before digests were kept passes."""
+    `digest`) and, with `files`, every file it records has the SHA-256 it had then: an edited step, or another
+    run's weights copied in, is refused. A checkpoint saved before digests were kept passes."""
     if 'digest' not in state:
         return
     f = ck / STATE_FILE
@@ -586,13 +586,14 @@ def check_checkpoint_digest(ck: Path, state: dict):
             f'{f} was changed after its save (its digest does not match its fields, e.g. an edited step): '
             'the checkpoint cannot be trusted; --overwrite (instead of --resume) starts the run again'
         )
-    for name, h in state['sha256'].items():
+    for name, h in state['sha256'].items() if files else ():
         p = ck / name
         if not p.is_file() or _sha256(p) != h:
+            why = 'its SHA-256 differs' if p.is_file() else 'missing'
             raise CheckpointError(
-                f'{p} is not the file the save of step {state["step"]} wrote ({"missing" if not p.is_file() else "its SHA-256 differs"}: '
-                "another run's file copied in, or a damaged one): --resume would mix two runs; put the run's own "
-                'checkpoint back, or --overwrite (instead of --resume) starts the run again'
+                f'{p} is not the file the save of step {state["step"]} wrote ({why}: another run\'s file copied '
+                "in, or a damaged one): --resume would mix two runs; put the run's own checkpoint back, or "
+                '--overwrite (instead of --resume) starts the run again'
             )
 
 
@@ -723,8 +724,10 @@ def load_resumed(ck: Path, load: Callable):
 
 def load_checkpoint(acc: Accelerator, ck: Path, check: Callable[[Path], object] | None = None):
     """Restore model, optimizer, scheduler and random states from checkpoint `ck` (`check(ck)` first);
-    `CheckpointError` if it is damaged or was written by another number of processes."""
-    n = read_trainer_state(ck).get('processes', acc.num_processes)
+    `CheckpointError` if it is damaged, holds files its save did not write (`check_checkpoint_digest`), or was
+    written by another number of processes."""
+    state = read_trainer_state(ck)
+    n = state.get('processes', acc.num_processes)
     if n != acc.num_processes:  # the data order depends on it
         raise CheckpointError(
             f'{ck} was written by {n} processes and this run has {acc.num_processes}: '
@@ -735,6 +738,7 @@ def load_checkpoint(acc: Accelerator, ck: Path, check: Callable[[Path], object] 
             check(ck)
     except CheckpointError as e:
         raise CheckpointError(f'cannot resume from {ck}: {e}; {_AGAIN}') from None
+    check_checkpoint_digest(ck, state)
 
     def restore():
         if 'torch_manual_seed' not in load_state_file(ck / f'random_states_{acc.process_index}.pkl'):
