@@ -4,7 +4,7 @@
 
 # %% ../nbs/13_cli.ipynb #33ae7cc1
 from __future__ import annotations
-import argparse, builtins, json, pathlib, signal, sys, threading
+import argparse, builtins, json, os, pathlib, signal, sys, threading
 from .core import *
 from .files import dumps, run_entries
 
@@ -120,8 +120,9 @@ def _check_out(out: str):
         check_creatable_dir(out)
     except ValueError as e:
         raise UsageError(f'argument --out: {e}') from None
-    acquire_run_lock(out)  # one command per run folder: held until `main` returns (the process ends)
-    _HELD.append(out)
+    if os.environ.get('RANK', '0') == '0':  # under `accelerate launch`, the main process holds it for all
+        acquire_run_lock(out)  # one command per run folder: held until `main` returns (the process ends)
+        _HELD.append(out)
 
 
 def _add_run_dir(p):
