@@ -744,6 +744,7 @@ d = {
             'posenc_lit.loop.SignalStop._restore': ('loop.html#signalstop._restore', 'posenc_lit/loop.py'),
             'posenc_lit.loop.SignalStop.name': ('loop.html#signalstop.name', 'posenc_lit/loop.py'),
             'posenc_lit.loop._bound': ('loop.html#_bound', 'posenc_lit/loop.py'),
+            'posenc_lit.loop._check_processes': ('loop.html#_check_processes', 'posenc_lit/loop.py'),
             'posenc_lit.loop._check_record': ('loop.html#_check_record', 'posenc_lit/loop.py'),
             'posenc_lit.loop._digest': ('loop.html#_digest', 'posenc_lit/loop.py'),
             'posenc_lit.loop._disk_full': ('loop.html#_disk_full', 'posenc_lit/loop.py'),

@@ -19,8 +19,8 @@ __all__ = ['LMCache', 'lm_positions', 'DecoderLayer', 'CausalLM']
 # %% ../nbs/10a_causal_lm.ipynb #1a0579d8
 @dataclass(eq=False)
 class LMCache:
-    """What a `CausalLM` keeps between calls: one `KVCache` per layer, which keys are real tokens, and the model
-    it belongs to (`CausalLM.new_cache`)."""
+    """What a `CausalLM` keeps between calls: one `KVCache` per layer, which keys are real tokens, and the
+    model it belongs to (`CausalLM.new_cache`)."""
 
     layers: list  # KVCache per layer
     # `(b, j)` bool, True = real token (False = padding), for every cached key
@@ -33,8 +33,8 @@ class LMCache:
         return 0 if self.mask is None else self.mask.shape[1]
 
     def fork(self) -> LMCache:
-        """A cache holding the same text that may be continued (its tensors are shared: no call changes them in
-        place); fork before each call to continue one text in several ways."""
+        """A cache holding the same text that may be continued (its tensors are shared: no call changes them
+        in place); fork before each call to continue one text in several ways."""
         return LMCache([KVCache(c.k, c.v) for c in self.layers], self.mask, self.model)
 
 
@@ -106,8 +106,8 @@ def _check_lm_cache(lm, cache, b: int, device):
         )
     if len(cache.layers) != len(lm.layers) or not all(isinstance(c, KVCache) for c in cache.layers):
         raise ValueError(
-            f'cache has {len(cache.layers)} layers but the model has {len(lm.layers)}: use new_cache() of the '
-            'model you call'
+            f'cache has {len(cache.layers)} layers but the model has {len(lm.layers)}: use new_cache() of '
+            'the model you call'
         )
     if cache.spent is not None:
         raise ValueError(cache.spent)

@@ -252,8 +252,8 @@ def cmd_lengths(args) -> int:
     )
     if res['checkpoint_step'] is None:  # a checkpoint whose save did not finish, or a copied one
         print(
-            f"  note: {args.run}'s checkpoint has no readable trainer_state.json: the step it was saved at is "
-            'unknown (its save may not have finished)'
+            f"  note: {args.run}'s checkpoint has no readable trainer_state.json: the step it was saved at "
+            'is unknown (its save may not have finished)'
         )
     elif not res['finished']:
         print(

@@ -536,7 +536,6 @@ def prepare_run_dir(
     if not ck.exists():
         return None
     state, accum = read_trainer_state(ck), getattr(cfg, 'grad_accum', 1)
-    check_checkpoint_digest(ck, state, files=False)  # its files: after their own checks (load_checkpoint)
     return check_loop_state(ck / STATE_FILE, state, steps or cfg.steps, accum, cfg.log_every, ends)
 
 
@@ -722,17 +721,21 @@ def load_resumed(ck: Path, load: Callable):
         ) from None
 
 
-def load_checkpoint(acc: Accelerator, ck: Path, check: Callable[[Path], object] | None = None):
-    """Restore model, optimizer, scheduler and random states from checkpoint `ck` (`check(ck)` first);
-    `CheckpointError` if it is damaged, holds files its save did not write (`check_checkpoint_digest`), or was
-    written by another number of processes."""
-    state = read_trainer_state(ck)
+def _check_processes(acc: Accelerator, ck: Path, state: dict):
     n = state.get('processes', acc.num_processes)
     if n != acc.num_processes:  # the data order depends on it
         raise CheckpointError(
             f'{ck} was written by {n} processes and this run has {acc.num_processes}: '
             f'resume with the same number (accelerate launch --num_processes {n})'
         )
+
+
+def load_checkpoint(acc: Accelerator, ck: Path, check: Callable[[Path], object] | None = None):
+    """Restore model, optimizer, scheduler and random states from checkpoint `ck` (`check(ck)` first);
+    `CheckpointError` if it is damaged, holds files its save did not write (`check_checkpoint_digest`), or was
+    written by another number of processes."""
+    state = read_trainer_state(ck)
+    _check_processes(acc, ck, state)
     try:
         if check is not None:
             check(ck)
@@ -1015,10 +1018,15 @@ def progress_bar(acc: Accelerator, total: int, desc: str, show: bool = True, ini
 def open_run(cfg, out, resume: bool, overwrite: bool, **steps) -> tuple:
     """`(out, acc, state, done)` of a run with checkpoints: `out` checked (`check_creatable_dir`, then
     `prepare_run_dir` with `steps`), a fresh `accelerator`, the trainer state to resume from (None: a fresh
-    run), and the summary of a run that had finished (`done_summary`), else None."""
+    run; checked by `check_checkpoint_digest`), and the summary of a run that had finished (`done_summary`),
+    else None.
+    """
     check_creatable_dir(out)
     out, acc = Path(out), accelerator(cfg.mixed_precision, getattr(cfg, 'grad_accum', 1))
     state = prepare_run_dir(out, cfg, resume, overwrite, **steps)
+    if state is not None:  # before anything is written; its files after their own checks (load_checkpoint)
+        _check_processes(acc, out / 'checkpoint', state)
+        check_checkpoint_digest(out / 'checkpoint', state, files=False)
     return out, acc, state, done_summary(out, state, steps.get('steps') or cfg.steps)
 
 

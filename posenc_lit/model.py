@@ -126,7 +126,7 @@ def _encoding_memory_check(cfg, pe: str, kwargs: dict):
 
 
 def _relative_names(cfg) -> list[str]:
-    "The registered encodings that `add_relative` takes: relative only (no absolute table) when built for `cfg`."
+    "The registered encodings `add_relative` takes: relative only (no absolute table) when built for `cfg`."
 
     def relative(name, spec) -> bool:
         try:

@@ -1,9 +1,12 @@
-"""Issue 40 (reliability): every case of the issue in the areas of the run folders, the causal decoder, the attention
-core, the model and the checkpoints, each asserting the error type and what its message names, or the right result.
+"""Issue 40 (reliability): every case of the issue in the areas of the run folders, the causal decoder, the
+attention core, the model and the checkpoints, each asserting the error type and what its message names, or
+the right result.
 
-The two-process test of one `--out` runs POSENC_LIT_LOCK_LOOPS iterations (default 2, about 40 s on a quiet machine;
-the issue's must-show is 10: `POSENC_LIT_LOCK_LOOPS=10 python -m pytest tests/test_issue40.py -k two_commands`).
+The two-process test of one `--out` runs POSENC_LIT_LOCK_LOOPS iterations (default 2, about 40 s on a quiet
+machine; the issue's must-show is 10: `POSENC_LIT_LOCK_LOOPS=10 python -m pytest tests/test_issue40.py -k
+two_commands`).
 """
+
 import json, os, random, shutil, subprocess, sys, time
 from pathlib import Path
 
@@ -23,8 +26,18 @@ V = 50
 
 
 def small_cfg(pe, **kw):
-    return ModelConfig(vocab_size=V, d_model=16, n_heads=2, n_layers=2, d_ff=32, pe=pe, max_position_embeddings=16,
-                       dropout=0.0, attn_dropout=0.0, **kw)
+    return ModelConfig(
+        vocab_size=V,
+        d_model=16,
+        n_heads=2,
+        n_layers=2,
+        d_ff=32,
+        pe=pe,
+        max_position_embeddings=16,
+        dropout=0.0,
+        attn_dropout=0.0,
+        **kw,
+    )
 
 
 def lm_of(pe='rope', seed=0):
@@ -33,22 +46,35 @@ def lm_of(pe='rope', seed=0):
 
 
 def env():
-    return {**os.environ, 'PYTHONPATH': str(ROOT), 'OMP_NUM_THREADS': '1', 'HF_HUB_OFFLINE': '1',
-            'HF_DATASETS_OFFLINE': '1'}
+    return {
+        **os.environ,
+        'PYTHONPATH': str(ROOT),
+        'OMP_NUM_THREADS': '1',
+        'HF_HUB_OFFLINE': '1',
+        'HF_DATASETS_OFFLINE': '1',
+    }
 
 
 SMOKE = ['pretrain', '--pe', 'rope', '--preset', 'smoke', '--quiet']
 
 
 def cli(*args, **kw):
-    return subprocess.Popen([sys.executable, '-m', 'posenc_lit.cli', *args], env=env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **kw)
+    return subprocess.Popen(
+        [sys.executable, '-m', 'posenc_lit.cli', *args],
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,
+    )
 
 
 def records(run: Path) -> list:
     "The metrics records without their timings (which differ from run to run)."
-    return [{k: v for k, v in json.loads(l).items() if k != 'tokens_per_s'}
-            for l in (run / 'metrics.jsonl').read_text().splitlines()]
+    return [
+        {k: v for k, v in json.loads(l).items() if k != 'tokens_per_s'}
+        for l in (run / 'metrics.jsonl').read_text().splitlines()
+    ]
 
 
 def summary(run: Path) -> dict:
@@ -80,9 +106,10 @@ def _wait_for_lock(out: Path, pid: int, first):
 
 
 def test_two_commands_on_one_out(tmp_path, undisturbed):
-    """A second command on a run folder that a first one is writing (--resume, --overwrite, or the same command
-    again) fails at once with the lock's error naming the first process; the first run's records and summary equal
-    an undisturbed run's. Before: the --resume truncated the first run's metrics.jsonl, --overwrite mixed two runs."""
+    """A second command on a run folder that a first one is writing (--resume, --overwrite, or the same
+    command again) fails at once with the lock's error naming the first process; the first run's records and
+    summary equal an undisturbed run's. Before: the --resume truncated the first run's metrics.jsonl,
+    --overwrite mixed two runs."""
     rng = random.Random(40)
     for it in range(int(os.environ.get('POSENC_LIT_LOCK_LOOPS', 2))):
         out = tmp_path / f'run{it}'
@@ -108,7 +135,8 @@ def test_lock_is_let_go_by_a_killed_process(tmp_path):
     out = tmp_path / 'run'
     first = cli(*SMOKE, '--out', str(out))
     _wait_for_lock(out, first.pid, first)
-    first.kill(); first.wait()
+    first.kill()
+    first.wait()
     again = cli(*SMOKE, '--resume', '--out', str(out))
     err = again.communicate(timeout=300)[1]
     assert again.returncode == 0, err
@@ -120,14 +148,29 @@ def test_lock_is_let_go_by_a_killed_process(tmp_path):
 IDS = torch.randint(1, V, (2, 5), generator=torch.Generator().manual_seed(0))
 
 
-@pytest.mark.parametrize('mask, names', [
-    (torch.zeros(2, 5), 'attention_mask must be a bool or 0/1 integer tensor'),                     # additive 0 / -inf
-    (torch.tensor([[0.0, 0, 0, float('-inf'), 0]] * 2), 'attention_mask must be a bool or 0/1 integer tensor'),
-    (torch.tensor([[0.0, 0, -1e4, 0, 0]] * 2), 'attention_mask must be a bool or 0/1 integer tensor'),
-    (torch.tensor([[1, 1, -1, 1, 1]] * 2), 'attention_mask must hold only 0 (padding) and 1 (real token)'),
-    (torch.ones(2, 4, dtype=torch.bool), 'attention_mask must be a bool or 0/1 integer tensor of shape (b, n) = (2, 5)'),
-    (torch.ones(1, 5, dtype=torch.bool), 'attention_mask must be a bool or 0/1 integer tensor of shape (b, n) = (2, 5)'),
-])
+@pytest.mark.parametrize(
+    'mask, names',
+    [
+        (torch.zeros(2, 5), 'attention_mask must be a bool or 0/1 integer tensor'),  # additive 0 / -inf
+        (
+            torch.tensor([[0.0, 0, 0, float('-inf'), 0]] * 2),
+            'attention_mask must be a bool or 0/1 integer tensor',
+        ),
+        (torch.tensor([[0.0, 0, -1e4, 0, 0]] * 2), 'attention_mask must be a bool or 0/1 integer tensor'),
+        (
+            torch.tensor([[1, 1, -1, 1, 1]] * 2),
+            'attention_mask must hold only 0 (padding) and 1 (real token)',
+        ),
+        (
+            torch.ones(2, 4, dtype=torch.bool),
+            'attention_mask must be a bool or 0/1 integer tensor of shape (b, n) = (2, 5)',
+        ),
+        (
+            torch.ones(1, 5, dtype=torch.bool),
+            'attention_mask must be a bool or 0/1 integer tensor of shape (b, n) = (2, 5)',
+        ),
+    ],
+)
 def test_causal_lm_refuses_masks_that_would_invert_padding(mask, names):
     with pytest.raises(ValueError, match='attention_mask') as e:
         lm_of()(IDS, mask)
@@ -173,8 +216,10 @@ def test_cache_of_another_model_encoding_batch_or_depth(other):
             'model': (lambda: lm_of(seed=1)(IDS[:, :1], cache=c), 'cache belongs to another model'),
             'encoding': (lambda: lm_of('alibi')(IDS[:, :1], cache=c), 'cache belongs to another model'),
             'batch': (lambda: lm(IDS[:1, :1], cache=c), 'cache holds a batch of 2 rows but input_ids has 1'),
-            'depth': (lambda: lm(IDS[:, :1], cache=LMCache(c.layers[:1], c.mask, c.model)),
-                      'cache has 1 layers but the model has 2'),
+            'depth': (
+                lambda: lm(IDS[:, :1], cache=LMCache(c.layers[:1], c.mask, c.model)),
+                'cache has 1 layers but the model has 2',
+            ),
             'not a cache': (lambda: lm(IDS[:, :1], cache=[]), 'cache must be an LMCache'),
         }[other]
         with pytest.raises(ValueError, match='cache') as e:
@@ -196,8 +241,9 @@ def test_interrupted_call_leaves_the_cache_consistent():
             lm(nxt, cache=c)
         lm.layers[1] = keep
         assert [len(x) for x in c.layers] == [5, 5] and len(c) == 5
-        torch.testing.assert_close(lm(nxt, cache=c)['logits'], lm(torch.cat([IDS, nxt], 1))['logits'][:, 5:],
-                                   atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            lm(nxt, cache=c)['logits'], lm(torch.cat([IDS, nxt], 1))['logits'][:, 5:], atol=1e-5, rtol=1e-5
+        )
         # a table overrun mid-decoding: the error, and the cache as it was
         c = lm(torch.randint(1, V, (2, 15)), cache=lm.new_cache())['cache']
         with pytest.raises(ValueError, match='outside the learned position table'):
@@ -208,7 +254,9 @@ def test_interrupted_call_leaves_the_cache_consistent():
 def test_causal_with_more_queries_than_keys_is_an_error():
     q, k = torch.randn(1, 2, 4, 8), torch.randn(1, 2, 2, 8)
     for fast in (True, False):
-        with pytest.raises(ValueError, match='causal=True needs at least as many keys as queries.*i=4 queries and j=2 keys'):
+        with pytest.raises(
+            ValueError, match='causal=True needs at least as many keys as queries.*i=4 queries and j=2 keys'
+        ):
             attend(q, k, k, causal=True, fast=fast)
 
 
@@ -235,7 +283,7 @@ def test_empty_sequence_in_the_encoder_and_the_causal_lm(pe):
     assert out['logits'].shape == (2, 0, V) and len(out['cache']) == 0
 
 
-# ---------------------------------------------------------------- NaN and inf: the fused path as the manual one
+# ---------------------------------------- NaN and inf: the fused path as the manual one
 
 
 def _both(q, k, v, terms=(), mask=None):
@@ -257,7 +305,7 @@ def test_nan_score_term_row_stays_nan_on_the_fused_path(mask):
 @pytest.mark.parametrize('row', [True, False])
 @pytest.mark.parametrize('pe', ENCODINGS)
 def test_non_finite_query_gives_nan_on_both_paths(pe, val, row):
-    "Before: a +inf (or NaN) query row gave 0 on the fused path for deberta, huang4, learned, none, sinusoidal."
+    "Before: a ±inf (or NaN) query row gave 0 on the fused path (deberta, huang4, learned, none, sinusoidal)."
     enc = build_encoding(small_cfg(pe)).eval()
     pos = torch.arange(5)[None]
     ctx = enc.prepare(pos, pos)
@@ -292,18 +340,49 @@ def test_fp32_term_above_fp16_range_agrees():
 @pytest.mark.parametrize('pe', ['shaw', 'huang4'])
 @pytest.mark.parametrize('n_layers', [2, 3])
 def test_share_layers_with_several_layers(pe, n_layers):
-    cfg = ModelConfig(vocab_size=V, d_model=16, n_heads=2, n_layers=n_layers, d_ff=32, pe=pe,
-                      max_position_embeddings=16, pe_kwargs={'share_layers': True})
+    cfg = ModelConfig(
+        vocab_size=V,
+        d_model=16,
+        n_heads=2,
+        n_layers=n_layers,
+        d_ff=32,
+        pe=pe,
+        max_position_embeddings=16,
+        pe_kwargs={'share_layers': True},
+    )
     model = Encoder(cfg)
-    assert len(list(model.pe.parameters())) == {'shaw': 2, 'huang4': 1}[pe]   # one table (shaw: keys, values)
+    assert len(list(model.pe.parameters())) == {'shaw': 2, 'huang4': 1}[pe]  # one table (shaw: keys, values)
     model(torch.randint(1, V, (2, 7)))['hidden_states'].sum().backward()
     assert all(p.grad is not None for p in model.pe.parameters())
 
 
 def test_share_layers_from_the_cli(tmp_path, capsys):
     out = tmp_path / 'run'
-    assert main(['pretrain', '--pe', 'shaw', '--preset', 'smoke', '--steps', '2', '--eval-every', '2', '--save-every',
-                 '2', '--log-every', '1', '--quiet', '--pe-kwargs', '{"share_layers": true}', '--out', str(out)]) == 0
+    assert (
+        main(
+            [
+                'pretrain',
+                '--pe',
+                'shaw',
+                '--preset',
+                'smoke',
+                '--steps',
+                '2',
+                '--eval-every',
+                '2',
+                '--save-every',
+                '2',
+                '--log-every',
+                '1',
+                '--quiet',
+                '--pe-kwargs',
+                '{"share_layers": true}',
+                '--out',
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert json.loads((out / 'summary.json').read_text())['steps'] == 2
 
 
@@ -351,7 +430,10 @@ def test_lengths_on_a_checkpoint_without_trainer_state(stopped_runs, tmp_path, c
     (run / 'checkpoint' / 'trainer_state.json').unlink()
     assert main(['lengths', '--run', str(run), '--lengths', '32', '--max-tokens', '64']) == 0
     text = capsys.readouterr().out
-    assert 'step None' not in text and 'no readable trainer_state.json: the step it was saved at is unknown' in text
+    assert (
+        'step None' not in text
+        and 'no readable trainer_state.json: the step it was saved at is unknown' in text
+    )
     (run / 'checkpoint' / 'trainer_state.json').write_text('{not json')
     assert main(['lengths', '--run', str(run), '--lengths', '32', '--max-tokens', '64']) == 0
     assert 'the step it was saved at is unknown' in capsys.readouterr().out
