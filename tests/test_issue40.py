@@ -357,32 +357,10 @@ def test_share_layers_with_several_layers(pe, n_layers):
 
 
 def test_share_layers_from_the_cli(tmp_path, capsys):
-    out = tmp_path / 'run'
-    assert (
-        main(
-            [
-                'pretrain',
-                '--pe',
-                'shaw',
-                '--preset',
-                'smoke',
-                '--steps',
-                '2',
-                '--eval-every',
-                '2',
-                '--save-every',
-                '2',
-                '--log-every',
-                '1',
-                '--quiet',
-                '--pe-kwargs',
-                '{"share_layers": true}',
-                '--out',
-                str(out),
-            ]
-        )
-        == 0
-    )
+    "The smoke preset has one layer: two, as the issue's failing command had."
+    out, pe = tmp_path / 'run', ['--pe', 'shaw', '--pe-kwargs', '{"share_layers": true}']
+    args = '--preset smoke --n-layers 2 --steps 2 --eval-every 2 --save-every 2 --log-every 1 --quiet'.split()
+    assert main(['pretrain', *pe, *args, '--out', str(out)]) == 0, capsys.readouterr().err
     assert json.loads((out / 'summary.json').read_text())['steps'] == 2
 
 
