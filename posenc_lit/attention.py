@@ -642,7 +642,7 @@ def forward(
     before = None if cache is None else (cache.k, cache.v)
     try:
         q, k, v, ctx = self._qkv(x, kv, pe, ctx, cache)
-        res = self._attend(q, k, v, ctx, pe, mask, return_probs, fast, causal)
+        res = self._attend(q, k, v, ctx, pe, mask, return_probs=return_probs, fast=fast, causal=causal)
     except BaseException:  # an interrupted call leaves the cache as it was (its tensors are never changed)
         if cache is not None:
             cache.k, cache.v = before
@@ -654,7 +654,7 @@ def forward(
 
 
 @patch
-def _attend(self: MultiHeadAttention, q, k, v, ctx, pe, mask, return_probs, fast, causal):
+def _attend(self: MultiHeadAttention, q, k, v, ctx, pe, mask, *, return_probs, fast, causal):
     return position_attention(
         pe,
         q,
