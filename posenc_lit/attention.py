@@ -97,6 +97,11 @@ def causal_mask(i: int, j: int, device: torch.device | str | None = None) -> tor
 def _with_causal(mask, causal, i, j, device):
     if not causal:
         return mask
+    if i > j:  # the first i - j queries would have no key at all
+        raise ValueError(
+            f'causal=True needs at least as many keys as queries (the queries are the last i of the j keys, '
+            f'as with a KV cache); got i={i} queries and j={j} keys'
+        )
     c = causal_mask(i, j, device)
     return c if mask is None else mask & c
 
@@ -129,7 +134,9 @@ def scores(
 
 # softmax over j (in place on `logits`) and the rows with no finite logit, `(b, h, i, 1)`
 def _softmax_rows(logits):
-    # such a row would give NaN; its caller zeroes it
+    if logits.shape[-1] == 0:  # no keys: every row is empty (amax has nothing to reduce)
+        return logits, logits.new_ones(logits.shape[:-1] + (1,), dtype=torch.bool)
+    # such a row would give NaN; its caller zeroes it (a NaN row is not empty: it stays NaN)
     dead = logits.amax(-1, keepdim=True) == float('-inf')
     # 0, not -inf: finite values and gradients there
     return logits.masked_fill_(dead, 0.0).softmax(-1), dead
@@ -203,12 +210,17 @@ def attend_fast(
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
     if mask is not None:
         bias = torch.where(mask, bias, float('-inf'))  # a Python scalar: no tensor copied to the device
-    # (b|1, h|1, i, 1): a row -inf terms leave empty → 0
-    live = bias.amax(-1, keepdim=True) > float('-inf')
+    if bias.shape[-1] == 0:  # no keys: every row is empty
+        return q.new_zeros(*q.shape[:3], v.shape[-1])
+    top = bias.amax(-1, keepdim=True)  # (b|1, h|1, i, 1); NaN in a row with a NaN term
+    dead = top == float('-inf')  # a row -inf terms leave empty → 0 (a NaN row stays NaN)
+    if q.dtype == torch.float16 and bias.dtype != torch.float16:
+        # softmax ignores a constant per row: without the row's largest term, fp16 holds terms > 65,504
+        bias = bias - top.masked_fill(dead, 0.0).detach()
     out = F.scaled_dot_product_attention(
         q, k, v, attn_mask=bias.to(q.dtype), dropout_p=dropout_p, scale=scale
     )
-    return out.masked_fill(~live, 0.0)
+    return out.masked_fill(dead, 0.0)
 
 # %% ../nbs/01_attention.ipynb #9bb9c2f1
 _COMPILED = {}
@@ -250,7 +262,8 @@ def attend(
     causal: bool = False,
 ):
     """Attention with position score terms: `softmax(scale·q·kᵀ + Σ terms, masked)·v`; rows with no allowed
-    key give 0; `ValueError` for bad input."""
+    key give 0 (no keys at all: all rows), rows with a NaN term or a NaN/±inf query NaN; `ValueError` for bad
+    input (`causal=True` with more queries than keys too)."""
     _check_attend_inputs(q, k, v, score_terms, mask)
     if not (isinstance(fast, bool) or fast == 'compiled'):
         raise ValueError(f"fast must be True, False or 'compiled'; got {fast!r}")
@@ -261,6 +274,9 @@ def attend(
             f'scale must be a finite number (the content scale s; None: 1/sqrt(d)); got {scale!r}'
         )
     mask = _with_causal(mask, causal, q.shape[2], k.shape[2], q.device)
+    if k.shape[2] == 0:  # no keys: every row is empty and gives 0, as a fully masked one
+        out = q.new_zeros(*q.shape[:3], v.shape[-1])
+        return (out, q.new_zeros(*q.shape[:3], 0)) if return_probs else out
     valid = None
     if mask is not None:
         valid = mask.any(-1, keepdim=True)  # (b|1, h|1, i|1, 1): row has an allowed key
@@ -274,6 +290,8 @@ def attend(
     else:
         path = attend_compiled if fast == 'compiled' else attend_fast
         out, probs = path(q, k, v, score_terms, mask, scale, dropout_p), None
+    # a query holding NaN or ±inf gives NaN on every path (a fused kernel may return 0 there)
+    out = out.masked_fill(~q.isfinite().all(-1, keepdim=True), float('nan'))
     if valid is not None:
         out = out.masked_fill(~valid, 0.0)
         if probs is not None:
@@ -545,8 +563,23 @@ def forward(
     """Attend from `x` to `kv` (default `x`) with the position signal of `pe`; returns `(b, i, D)` (and probs
     `(b, h, i, j)`)."""
     pe = PositionEncoding() if pe is None else pe
-    q, k, v, ctx = self._qkv(x, kv, pe, ctx, cache, causal)
-    res = position_attention(
+    before = None if cache is None else (cache.k, cache.v)
+    try:
+        q, k, v, ctx = self._qkv(x, kv, pe, ctx, cache, causal)
+        res = self._attend(q, k, v, ctx, pe, mask, return_probs=return_probs, fast=fast, causal=causal)
+    except BaseException:  # an interrupted call leaves the cache as it was (its tensors are never changed)
+        if cache is not None:
+            cache.k, cache.v = before
+        raise
+    out, probs = res if return_probs else (res, None)
+    # (b, i, D)
+    out = self.o_proj(out.transpose(1, 2).reshape(x.shape[0], x.shape[1], self.d_model))
+    return (out, probs) if return_probs else out
+
+
+@patch
+def _attend(self: MultiHeadAttention, q, k, v, ctx, pe, mask, *, return_probs, fast, causal):
+    return position_attention(
         pe,
         q,
         k,
@@ -559,10 +592,6 @@ def forward(
         fast=fast,
         causal=causal,
     )
-    out, probs = res if return_probs else (res, None)
-    # (b, i, D)
-    out = self.o_proj(out.transpose(1, 2).reshape(x.shape[0], x.shape[1], self.d_model))
-    return (out, probs) if return_probs else out
 
 
 @patch

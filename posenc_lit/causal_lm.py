@@ -4,12 +4,14 @@
 
 # %% ../nbs/10a_causal_lm.ipynb #8c1cfa8e
 from __future__ import annotations
+import weakref
 from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 from fastcore.basics import patch
 from .checks import *
 from .attention import *
+from .model import _check_ids, _check_inputs
 
 # %% auto #0
 __all__ = ['LMCache', 'lm_positions', 'DecoderLayer', 'CausalLM']
@@ -17,14 +19,23 @@ __all__ = ['LMCache', 'lm_positions', 'DecoderLayer', 'CausalLM']
 # %% ../nbs/10a_causal_lm.ipynb #1a0579d8
 @dataclass(eq=False)
 class LMCache:
-    "What a `CausalLM` keeps between calls: one `KVCache` per layer and which keys are real tokens."
+    """What a `CausalLM` keeps between calls: one `KVCache` per layer, which keys are real tokens, and the
+    model it belongs to (`CausalLM.new_cache`)."""
 
     layers: list  # KVCache per layer
     # `(b, j)` bool, True = real token (False = padding), for every cached key
     mask: torch.Tensor | None = None
+    model: weakref.ref | None = field(default=None, repr=False)  # the CausalLM whose `new_cache` made it
+    # why it may not be passed again (a call continued it and returned the extension); None: it may
+    spent: str | None = None
 
     def __len__(self):
         return 0 if self.mask is None else self.mask.shape[1]
+
+    def fork(self) -> LMCache:
+        """A cache holding the same text that may be continued (its tensors are shared: no call changes them
+        in place); fork before each call to continue one text in several ways."""
+        return LMCache([KVCache(c.k, c.v) for c in self.layers], self.mask, self.model)
 
 
 def lm_positions(mask: torch.Tensor) -> torch.Tensor:  # `(b, j)` bool, True = real token
@@ -78,8 +89,47 @@ class CausalLM(nn.Module):
         self.ln = nn.LayerNorm(d_model)
 
     def new_cache(self) -> LMCache:
-        "An empty cache for `forward`."
-        return LMCache([KVCache() for _ in self.layers])
+        "An empty cache for `forward` of this model."
+        return LMCache([KVCache() for _ in self.layers], model=weakref.ref(self))
+
+# %% ../nbs/10a_causal_lm.ipynb #fafa31a3
+def _check_lm_cache(lm, cache, b: int, device):
+    "`ValueError` unless `cache` is an `LMCache` of model `lm` for a batch of `b` rows that may be continued."
+    if not isinstance(cache, LMCache):
+        raise ValueError(
+            f'cache must be an LMCache from new_cache() of this model; got {type(cache).__name__}'
+        )
+    if cache.model is None or cache.model() is not lm:
+        raise ValueError(
+            'cache belongs to another model (a cache holds the keys and values one model computed): use '
+            'new_cache() of the model you call'
+        )
+    if len(cache.layers) != len(lm.layers) or not all(isinstance(c, KVCache) for c in cache.layers):
+        raise ValueError(
+            f'cache has {len(cache.layers)} layers but the model has {len(lm.layers)}: use new_cache() of '
+            'the model you call'
+        )
+    if cache.spent is not None:
+        raise ValueError(cache.spent)
+    if len(cache) and cache.mask.shape[0] != b:
+        raise ValueError(
+            f'cache holds a batch of {cache.mask.shape[0]} rows but input_ids has {b}: a cache continues the '
+            'batch it was filled with; use a new_cache() for another batch'
+        )
+    if len(cache) and cache.mask.device != device:
+        raise ValueError(f'cache is on device {cache.mask.device} but input_ids is on {device}')
+
+
+def _check_lm_inputs(lm, input_ids, attention_mask, cache) -> torch.Tensor:
+    "`input_ids` as int64, checked as `Encoder.forward` checks them (and `attention_mask`, `cache`)."
+    input_ids = _check_inputs(input_ids, attention_mask, None)[0]
+    dev = lm.word.weight.device
+    if input_ids.device != dev:
+        raise ValueError(f'input_ids are on device {input_ids.device} but the model is on {dev}: move one')
+    _check_ids(input_ids, lm.word.num_embeddings, 'input_ids', 'vocab_size')
+    if cache is not None:
+        _check_lm_cache(lm, cache, input_ids.shape[0], input_ids.device)
+    return input_ids
 
 # %% ../nbs/10a_causal_lm.ipynb #fa5c7c80
 @patch
@@ -88,10 +138,15 @@ def forward(
     input_ids: torch.Tensor,  # `(b, n)` token ids: the whole text, or the next tokens after the cache
     # `(b, n)` bool or 0/1, False/0 = padding (left padding: first)
     attention_mask: torch.Tensor | None = None,
-    cache: LMCache | None = None,  # from `new_cache()`; extended in place by this call
+    # from `new_cache()`, or the cache the last call returned; left as it is (the extension is returned)
+    cache: LMCache | None = None,
     fast: bool = True,
 ) -> dict:
-    "`{'logits': (b, n, V), 'cache': cache}`; with a cache the inputs continue the text it holds."
+    """`{'logits': (b, n, V), 'cache': the cache extended by the inputs}` (None without a cache); with a cache
+    the inputs continue the text it holds. `ValueError` for malformed inputs (as `Encoder.forward`) and for a
+    cache of another model, depth or batch, or one already continued (`LMCache.fork` continues one text in
+    several ways)."""
+    input_ids = _check_lm_inputs(self, input_ids, attention_mask, cache)
     b, n = input_ids.shape
     m = (
         torch.ones(b, n, dtype=torch.bool, device=input_ids.device)
@@ -108,8 +163,15 @@ def forward(
     p = self.pe.embed(q_pos)
     if p is not None:
         x = x + p.to(x.dtype)
+    # a copy extended by the layers: a call that fails leaves `cache` as it was
+    new = None if cache is None else cache.fork()
     for l, layer in enumerate(self.layers):
-        x = layer(x, m[:, None, None, :], self.pe, ctx, None if cache is None else cache.layers[l], fast)
+        x = layer(x, m[:, None, None, :], self.pe, ctx, None if new is None else new.layers[l], fast)
     if cache is not None:
-        cache.mask = m
-    return {'logits': self.ln(x) @ self.word.weight.T, 'cache': cache}  # (b, n, V)
+        new.mask = m
+        cache.spent = (
+            'this cache was continued by an earlier call, which returned the extended cache: pass that one '
+            "(out['cache']) to continue the text, or call cache.fork() before each call to continue the same "
+            'text in several ways'
+        )
+    return {'logits': self.ln(x) @ self.word.weight.T, 'cache': new}  # (b, n, V)

@@ -4,9 +4,9 @@
 
 # %% ../nbs/13_cli.ipynb #33ae7cc1
 from __future__ import annotations
-import argparse, builtins, json, pathlib, signal, sys, threading
+import argparse, builtins, json, os, pathlib, signal, sys, threading
 from .core import *
-from .files import dumps
+from .files import dumps, run_entries
 
 # %% auto #0
 __all__ = ['UsageError', 'cmd_encodings', 'cmd_pretrain', 'cmd_lengths', 'cmd_finetune', 'cmd_tasks',
@@ -108,14 +108,22 @@ def _add_run_flags(p, pe_kwargs_help, overrides):
         p.add_argument(flag, type=typ, default=None, help=h)
 
 
+_HELD = []  # the run folders whose locks this command holds (`_check_out`), let go when `main` returns
+
+
 def _check_out(out: str):
-    "`UsageError` unless the run directory `out` can be created (checked before anything runs)."
+    """`UsageError` unless the run directory `out` can be created (checked before anything runs); then its
+    lock, held until `main` returns (`RunLockedError` naming the process that holds it)."""
     from posenc_lit.loop import check_creatable_dir
+    from posenc_lit.files import acquire_run_lock
 
     try:
         check_creatable_dir(out)
     except ValueError as e:
         raise UsageError(f'argument --out: {e}') from None
+    if os.environ.get('RANK', '0') == '0':  # under `accelerate launch`, the main process holds it for all
+        acquire_run_lock(out)  # one command per run folder: held until `main` returns (the process ends)
+        _HELD.append(out)
 
 
 def _add_run_dir(p):
@@ -243,7 +251,12 @@ def cmd_lengths(args) -> int:
         f"{res['pe']}{kw} (trained on {res['train_seq_len']}-token blocks), {res['eval_tokens']} "
         "validation tokens:"
     )
-    if not res['finished']:
+    if res['checkpoint_step'] is None:  # a checkpoint whose save did not finish, or a copied one
+        print(
+            f"  note: {args.run}'s checkpoint has no readable trainer_state.json: the step it was saved at "
+            'is unknown (its save may not have finished)'
+        )
+    elif not res['finished']:
         print(
             "  note: the run has not finished; this evaluates its checkpoint at step "
             f"{res['checkpoint_step']}"
@@ -908,7 +921,7 @@ def _after_stop(args) -> str:
     out = pathlib.Path(args.out)
     if any((out / ck).is_dir() for ck in ('checkpoint', 'checkpoint.old')):
         return again
-    if out.is_dir() and any(out.iterdir()):
+    if out.is_dir() and run_entries(out):
         return 'no checkpoint was saved yet: --resume (or --overwrite) starts the run from its first step'
     return 'no run was written yet: run the same command again'
 
@@ -957,6 +970,14 @@ def main(argv: list[str] | None = None) -> int:
         if main_thread:
             signal.signal(signal.SIGTERM, signal.SIG_DFL if old is None else old)
             signal.signal(signal.SIGINT, signal.SIG_DFL if old_int is None else old_int)
+        _release_held()
+
+
+def _release_held():
+    from posenc_lit.files import release_run_lock
+
+    while _HELD:
+        release_run_lock(_HELD.pop())
 
 # %% ../nbs/13_cli.ipynb #05d40b6c
 if __name__ == '__main__' and '__file__' in globals():  # `python -m posenc_lit.cli`, not a kernel

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 import matplotlib.pyplot as plt
 from .core import get_encoding, list_encodings
-from .files import atomic_write, dumps, write_json
+from .files import LOCK_FILE, atomic_write, dumps, write_json
 from .model import CheckpointError
 from .training import make_train_config, pretrain
 from .tasks import get_task, load_task, majority_baseline, bow_baseline
@@ -435,7 +435,17 @@ def _task_summary(task: str, pe: str, runs: list) -> dict:
 
 # %% ../nbs/19_compare.ipynb #c6dac28d
 # what `compare` writes into --out
-_STUDY_FILES = ('results.json', 'probes', 'baselines', 'pretrain', 'lengths', 'finetune', 'vit', 'figures')
+_STUDY_FILES = (
+    'results.json',
+    'probes',
+    'baselines',
+    'pretrain',
+    'lengths',
+    'finetune',
+    'vit',
+    'figures',
+    LOCK_FILE,
+)
 
 
 def _start_results(plan: dict, out: Path, pretrained_dir) -> dict:

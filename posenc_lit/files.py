@@ -4,13 +4,14 @@
 
 # %% ../nbs/00c_files.ipynb #ed7b5e87
 from __future__ import annotations
-import json, math, os, stat, tempfile
+import atexit, fcntl, json, math, os, stat, sys, tempfile, time
 from pathlib import Path
 from typing import Callable
 import numpy as np
 
 # %% auto #0
-__all__ = ['atomic_write', 'json_safe', 'dumps', 'write_json']
+__all__ = ['LOCK_FILE', 'atomic_write', 'json_safe', 'dumps', 'write_json', 'RunLockedError',
+           'acquire_run_lock', 'release_run_lock', 'run_entries']
 
 # %% ../nbs/00c_files.ipynb #2683fb7b
 def atomic_write(
@@ -113,3 +114,98 @@ def write_json(
     except TypeError as e:
         raise TypeError(f'cannot write {path}: {e}') from None
     atomic_write(path, lambda t: Path(t).write_text(text))
+
+# %% ../nbs/00c_files.ipynb #04cd0875
+LOCK_FILE = '.posenc_lit.lock'  # the lock file in a run folder; folder listings pass over it
+
+
+class RunLockedError(ValueError):
+    "Another process holds the lock of a run folder: it is writing there now."
+
+
+_LOCKS = {}  # real path of a locked folder -> [open file descriptor, depth, folder made by the lock]
+
+
+def _holder(f: Path) -> str:
+    "Who holds lock file `f`, from what it wrote there: 'process 1234 (posenc_lit pretrain …), since …'."
+    try:
+        h = json.loads(f.read_text())
+        return f"process {h['pid']} ({h['command'][:200]}), since {h['since']}"
+    except (OSError, ValueError, KeyError, TypeError):  # taken a moment ago: not written yet
+        return 'another process (it has not written its id yet)'
+
+
+def _lock(f: Path) -> int | None:
+    "The descriptor of lock file `f`, locked; -1 if another process holds it; None if `f` went meanwhile."
+    fd = os.open(f, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return -1
+    try:
+        same = os.stat(f).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        same = False
+    if not same:
+        os.close(fd)
+        return None
+    return fd
+
+
+def acquire_run_lock(
+    folder,  # the run folder; made (with its parents) if it does not exist
+) -> Path:  # the lock file
+    """Take the lock of run `folder` for this process (`fcntl.flock` on `folder/LOCK_FILE`; re-entrant);
+    `RunLockedError` naming the process that holds it, at once (it never waits)."""
+    real = os.path.realpath(folder)
+    if real in _LOCKS:
+        _LOCKS[real][1] += 1
+        return Path(real) / LOCK_FILE
+    made = not os.path.isdir(real)
+    os.makedirs(real, exist_ok=True)
+    f = Path(real) / LOCK_FILE
+    while (fd := _lock(f)) is None:  # the file was removed by its holder as it let go: take the new one
+        pass
+    if fd < 0:
+        raise RunLockedError(
+            f'{folder} is in use by {_holder(f)}: one command at a time may write a run folder (a second '
+            f'one would mix or delete its records); wait for it to finish or stop it, or choose another '
+            f'--out (the lock: {f})'
+        ) from None
+    me = {'pid': os.getpid(), 'command': ' '.join(sys.argv), 'since': time.strftime('%Y-%m-%d %H:%M:%S')}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(me).encode(), 0)
+    _LOCKS[real] = [fd, 1, made]
+    return f
+
+
+def release_run_lock(folder):
+    """Undo one `acquire_run_lock(folder)`; the last one removes the lock file and lets the lock go (a folder
+    the lock made that holds nothing else is removed too)."""
+    real = os.path.realpath(folder)
+    if real not in _LOCKS:
+        return
+    _LOCKS[real][1] -= 1
+    if _LOCKS[real][1] > 0:
+        return
+    fd, _, made = _LOCKS.pop(real)
+    try:  # removed while still held: a process that opened it meanwhile sees it gone (`_lock`) and retries
+        os.remove(Path(real) / LOCK_FILE)
+        if made and not os.listdir(real):
+            os.rmdir(real)
+    except OSError:  # the folder went on: nothing to tidy
+        pass
+    os.close(fd)  # lets the lock go
+
+
+@atexit.register
+def _release_all():
+    for real in list(_LOCKS):
+        _LOCKS[real][1] = 1
+        release_run_lock(real)
+
+
+def run_entries(folder) -> list[Path]:
+    "The entries of `folder` but its lock file (`LOCK_FILE`), sorted."
+    return sorted(p for p in Path(folder).iterdir() if p.name != LOCK_FILE)

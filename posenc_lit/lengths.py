@@ -122,9 +122,12 @@ def _evaluate_blocks(model, n, x, y, keep, batch_tokens):
     }
 
 # %% ../nbs/21_lengths.ipynb #233f1243
-def _checkpoint_step(run: Path):
-    f = run / 'checkpoint' / 'trainer_state.json'
-    return json.loads(f.read_text()).get('step') if f.is_file() else None
+def _checkpoint_step(run: Path) -> int | None:  # None: no trainer_state.json, or one without a step
+    try:
+        step = json.loads((run / 'checkpoint' / 'trainer_state.json').read_text()).get('step')
+    except (OSError, ValueError, AttributeError):  # missing, damaged, not an object
+        return None
+    return step if type(step) is int else None
 
 
 def _pretraining_run(

@@ -5,7 +5,7 @@
 # %% ../nbs/11a_loop.ipynb #b78cf751
 from __future__ import annotations
 from contextlib import contextmanager
-import copy, errno, functools, json, math, os, re, shutil, signal, tempfile, threading, time
+import copy, errno, functools, hashlib, json, math, os, re, shutil, signal, tempfile, threading, time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Callable, ClassVar, NamedTuple
@@ -15,7 +15,7 @@ from accelerate import Accelerator
 from accelerate.state import AcceleratorState
 from accelerate.utils import load as load_state_file
 from .checks import is_int, is_real, memory_check
-from .files import atomic_write, dumps, write_json
+from .files import LOCK_FILE, atomic_write, dumps, run_entries, write_json
 from .model import CheckpointError, check_field_types, count_parameters
 
 # %% auto #0
@@ -25,12 +25,12 @@ __all__ = ['SPLITS', 'MIXED_PRECISION', 'RUN_FILES', 'CHECKPOINTS', 'STATE_FILE'
            'check_creatable_dir', 'foreign_files', 'run_kind', 'read_config', 'check_own_files',
            'checkpoint_record', 'foreign_checkpoint_files', 'check_checkpoint_files',
            'check_folder_to_replace', 'check_replaceable', 'check_replaceable_runs', 'replace_run_dir',
-           'prepare_run_dir', 'clear_run_dir', 'read_trainer_state', 'check_loop_state', 'save_checkpoint',
-           'load_resumed', 'load_checkpoint', 'NonFiniteLossError', 'Loop', 'fit', 'check_precision',
-           'check_one_batch', 'accelerator', 'optimizer', 'build_model', 'probe_step', 'begin_run',
-           'progress_bar', 'open_run', 'running', 'done_summary', 'stopped', 'train_mean', 'run_costs',
-           'end_run', 'eval_sums', 'loss_accuracy', 'micro_batch', 'step_generator', 'Phase', 'phase_plan',
-           'PhaseRun', 'check_phase_state', 'fit_phases']
+           'prepare_run_dir', 'clear_run_dir', 'read_trainer_state', 'check_checkpoint_digest',
+           'check_loop_state', 'save_checkpoint', 'load_resumed', 'load_checkpoint', 'NonFiniteLossError',
+           'Loop', 'fit', 'check_precision', 'check_one_batch', 'accelerator', 'optimizer', 'build_model',
+           'probe_step', 'begin_run', 'progress_bar', 'open_run', 'running', 'done_summary', 'stopped',
+           'train_mean', 'run_costs', 'end_run', 'eval_sums', 'loss_accuracy', 'micro_batch',
+           'step_generator', 'Phase', 'phase_plan', 'PhaseRun', 'check_phase_state', 'fit_phases']
 
 # %% ../nbs/11a_loop.ipynb #c922c711
 class RunDirError(ValueError):
@@ -289,7 +289,7 @@ def check_creatable_dir(out):
 
 def foreign_files(out: Path, files: tuple) -> list[str]:
     "The names in folder `out` a run writing `files` did not write (its `atomic_write` temporaries it did)."
-    own = lambda n: n in files or any(n.startswith(f'.{f}.') for f in files)
+    own = lambda n: n in files or n == LOCK_FILE or any(n.startswith(f'.{f}.') for f in files)
     return sorted(p.name for p in out.iterdir() if not own(p.name))
 
 
@@ -399,7 +399,7 @@ def check_replaceable(out: Path, files: tuple, kind: str):
     a config.json of that kind (or, without one, a checkpoint with its trainer state); never a symbolic link
     (`replace_run_dir` would replace the link, not the run) nor a folder holding the current folder."""
     check_folder_to_replace(out)
-    names, other = [p.name for p in out.iterdir()], foreign_files(out, files)
+    names, other = [p.name for p in run_entries(out)], foreign_files(out, files)
     what = kind.removeprefix('a ').removesuffix(' run')
     if len(other) == len(names):
         raise RunDirError(
@@ -448,13 +448,18 @@ def check_replaceable_runs(out: Path, cfg):
 def replace_run_dir(out: Path):
     """Delete the run in `out`; renamed aside first, so an interruption leaves the old run or none.
     `out` is taken as an absolute path (`--out .` has no name to rename); where it is the current folder
-    it is made again, empty, and becomes the current folder, so relative paths still name it."""
+    it is made again, empty, and becomes the current folder, so relative paths still name it. The lock file
+    (`LOCK_FILE`) moves into the new folder, still held."""
     a = Path(os.path.abspath(out))
     here = a.resolve() == Path.cwd()
     aside = a.with_name(f'.{a.name}.replaced-{os.getpid()}')
     a.rename(aside)
-    if here:
+    lock = aside / LOCK_FILE  # the lock this command holds (`acquire_run_lock`) goes on, held
+    if here or lock.exists():
         a.mkdir()
+    if lock.exists():
+        lock.rename(a / LOCK_FILE)
+    if here:
         os.chdir(a)
     shutil.rmtree(aside)
 
@@ -507,7 +512,7 @@ def prepare_run_dir(
         raise ValueError('resume and overwrite exclude each other: continue the run, or replace it')
     if out.exists() and not out.is_dir():
         raise RunDirError(f'{out} is a file, not a run directory; choose another --out')
-    if not (out.exists() and any(out.iterdir())):
+    if not (out.exists() and run_entries(out)):
         return None
     if overwrite:
         check_replaceable_runs(out, cfg)
@@ -544,7 +549,7 @@ def clear_run_dir(out: Path, cfg, overwrite: bool, source: str | Path | None = N
             f'--out {out} holds {source}, which this {cfg.kind.removeprefix("a ")} reads: choose another --out'
         )
     prepare_run_dir(out, cfg, None, overwrite)
-    if overwrite and out.is_dir() and any(out.iterdir()):
+    if overwrite and out.is_dir() and run_entries(out):
         replace_run_dir(out)
 
 # %% ../nbs/11a_loop.ipynb #a0bbe922
@@ -566,6 +571,29 @@ def read_trainer_state(ck: Path) -> dict:
             f'the checkpoint is damaged; {again}'
         )
     return state
+
+
+def check_checkpoint_digest(ck: Path, state: dict, files: bool = True):
+    """`CheckpointError` unless `state`, the trainer state of checkpoint `ck`, is the one its save wrote (its
+    `digest`) and, with `files`, every file it records has the SHA-256 it had then: an edited step, or another
+    run's weights copied in, is refused. A checkpoint saved before digests were kept passes."""
+    if 'digest' not in state:
+        return
+    f = ck / STATE_FILE
+    if state['digest'] != _digest(state) or not isinstance(state.get('sha256'), dict):
+        raise CheckpointError(
+            f'{f} was changed after its save (its digest does not match its fields, e.g. an edited step): '
+            'the checkpoint cannot be trusted; --overwrite (instead of --resume) starts the run again'
+        )
+    for name, h in state['sha256'].items() if files else ():
+        p = ck / name
+        if not p.is_file() or _sha256(p) != h:
+            why = 'its SHA-256 differs' if p.is_file() else 'missing'
+            raise CheckpointError(
+                f'{p} is not the file the save of step {state["step"]} wrote ({why}: another run\'s file copied '
+                "in, or a damaged one): --resume would mix two runs; put the run's own checkpoint back, or "
+                '--overwrite (instead of --resume) starts the run again'
+            )
 
 
 def check_loop_state(st: Path, state: dict, steps: int, grad_accum: int, log_every: int, ends=()) -> dict:
@@ -622,11 +650,27 @@ def _stop_if_failed(acc: Accelerator, err: BaseException | None, tmp: Path, ck: 
         raise _save_failed(err, tmp, ck, step)
 
 
+def _sha256(f: Path) -> str:
+    h = hashlib.sha256()
+    with open(f, 'rb') as r:
+        for block in iter(lambda: r.read(1 << 20), b''):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _digest(record: dict) -> str:  # of the record without its digest: an edited field changes it
+    return hashlib.sha256(
+        dumps({k: v for k, v in record.items() if k != 'digest'}, sort_keys=True).encode()
+    ).hexdigest()
+
+
 def _write_state(acc: Accelerator, tmp: Path, state: dict):
-    "`state`, the number of processes and the files in `tmp` (its own name too) as its `STATE_FILE`."
-    files = [p.relative_to(tmp).as_posix() for p in tmp.rglob('*') if not p.is_dir()]
+    """`state`, the number of processes, the files in `tmp` (its own name too), the SHA-256 of each and the
+    `digest` of it all, as its `STATE_FILE` (`check_checkpoint_digest` reads them back)."""
+    files = sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob('*') if not p.is_dir())
     record = {**state, 'processes': acc.num_processes, 'files': sorted([*files, STATE_FILE])}
-    (tmp / STATE_FILE).write_text(dumps(record))
+    record['sha256'] = {f: _sha256(tmp / f) for f in files}
+    (tmp / STATE_FILE).write_text(dumps({**record, 'digest': _digest(record)}))
 
 
 def save_checkpoint(acc: Accelerator, out: Path, write: Callable[[Path], None], state: dict):
@@ -677,20 +721,27 @@ def load_resumed(ck: Path, load: Callable):
         ) from None
 
 
-def load_checkpoint(acc: Accelerator, ck: Path, check: Callable[[Path], object] | None = None):
-    """Restore model, optimizer, scheduler and random states from checkpoint `ck` (`check(ck)` first);
-    `CheckpointError` if it is damaged or was written by another number of processes."""
-    n = read_trainer_state(ck).get('processes', acc.num_processes)
+def _check_processes(acc: Accelerator, ck: Path, state: dict):
+    n = state.get('processes', acc.num_processes)
     if n != acc.num_processes:  # the data order depends on it
         raise CheckpointError(
             f'{ck} was written by {n} processes and this run has {acc.num_processes}: '
             f'resume with the same number (accelerate launch --num_processes {n})'
         )
+
+
+def load_checkpoint(acc: Accelerator, ck: Path, check: Callable[[Path], object] | None = None):
+    """Restore model, optimizer, scheduler and random states from checkpoint `ck` (`check(ck)` first);
+    `CheckpointError` if it is damaged, holds files its save did not write (`check_checkpoint_digest`), or was
+    written by another number of processes."""
+    state = read_trainer_state(ck)
+    _check_processes(acc, ck, state)
     try:
         if check is not None:
             check(ck)
     except CheckpointError as e:
         raise CheckpointError(f'cannot resume from {ck}: {e}; {_AGAIN}') from None
+    check_checkpoint_digest(ck, state)
 
     def restore():
         if 'torch_manual_seed' not in load_state_file(ck / f'random_states_{acc.process_index}.pkl'):
@@ -967,10 +1018,15 @@ def progress_bar(acc: Accelerator, total: int, desc: str, show: bool = True, ini
 def open_run(cfg, out, resume: bool, overwrite: bool, **steps) -> tuple:
     """`(out, acc, state, done)` of a run with checkpoints: `out` checked (`check_creatable_dir`, then
     `prepare_run_dir` with `steps`), a fresh `accelerator`, the trainer state to resume from (None: a fresh
-    run), and the summary of a run that had finished (`done_summary`), else None."""
+    run; checked by `check_checkpoint_digest`), and the summary of a run that had finished (`done_summary`),
+    else None.
+    """
     check_creatable_dir(out)
     out, acc = Path(out), accelerator(cfg.mixed_precision, getattr(cfg, 'grad_accum', 1))
     state = prepare_run_dir(out, cfg, resume, overwrite, **steps)
+    if state is not None:  # before anything is written; its files after their own checks (load_checkpoint)
+        _check_processes(acc, out / 'checkpoint', state)
+        check_checkpoint_digest(out / 'checkpoint', state, files=False)
     return out, acc, state, done_summary(out, state, steps.get('steps') or cfg.steps)
 
 
@@ -981,7 +1037,7 @@ def running(
     """`(stop, bar)` for the steps of run config `cfg` from `step` to `total`: the run in `out` deleted first
     if `overwrite` (every input is checked by now; every process waits for it), `begin_run`, a `SignalStop`
     and a `progress_bar`."""
-    if overwrite and acc.is_main_process and out.exists() and any(out.iterdir()):
+    if overwrite and acc.is_main_process and out.exists() and run_entries(out):
         replace_run_dir(out)
     acc.wait_for_everyone()
     begin_run(acc, out, asdict(cfg), step)

@@ -105,13 +105,14 @@ def _pe_kwargs_error(spec, cfg, e: TypeError) -> ValueError | None:
 
 
 def _check_built(spec, enc):
-    "`TypeError` naming the encoding when its factory returned `enc` that is not a module"
-    if not isinstance(enc, nn.Module):
+    "`TypeError` naming the encoding when its factory returned `enc` that is not a `PositionEncoding` module"
+    if not isinstance(enc, PositionEncoding):
         f = spec.factory
         raise TypeError(
             f'the factory of the {spec.modality} encoding {spec.name!r} '
             f'({f.__module__}.{getattr(f, "__qualname__", f)}) returned {enc!r}; a factory registered with '
-            'register_encoding returns the encoding module (an nn.Module) built from the config'
+            'register_encoding returns the encoding module (an nn.Module) built from the config, a '
+            'PositionEncoding (posenc_lit.attention) with the hooks the attention calls'
         )
     return enc
 
@@ -122,6 +123,20 @@ def _encoding_memory_check(cfg, pe: str, kwargs: dict):
         f'd_model={cfg.d_model}{", " + str(kwargs) if kwargs else ""})',
         'use a smaller max_position_embeddings, d_model or table size (e.g. pe_kwargs k)',
     )
+
+
+def _relative_names(cfg) -> list[str]:
+    "The registered encodings `add_relative` takes: relative only (no absolute table) when built for `cfg`."
+
+    def relative(name, spec) -> bool:
+        try:
+            with torch.random.fork_rng(devices=[]):
+                enc = spec.factory(replace(cfg, pe=name, pe_kwargs={}))
+        except Exception:  # it needs options to be built here: not listed
+            return False
+        return isinstance(enc, PositionEncoding) and enc.relative_only and enc.kind in ('score', 'qk')
+
+    return [n for n, spec in list_encodings().items() if spec.kind in ('score', 'qk') and relative(n, spec)]
 
 
 # DeBERTa-v2's conv_act values: transformers' default, xlarge's
@@ -233,12 +248,15 @@ class ModelConfig:
                 _encoding_memory_check(self, self.add_relative, self.add_relative_kwargs),
                 torch.random.fork_rng(devices=[]),
             ):
-                enc = get_encoding(self.add_relative).factory(added)
+                enc = _check_built(
+                    get_encoding(self.add_relative), get_encoding(self.add_relative).factory(added)
+                )
             if not enc.relative_only or enc.kind == 'none':
+                table = ' with an absolute table (max_len)' if getattr(enc, 'max_len', None) else ''
                 raise ValueError(
                     f'add_relative={self.add_relative!r} must name a relative encoding (kind score or qk, '
-                    f'no absolute table); got kind {enc.kind!r}. Relative ones: '
-                    + ', '.join(n for n, e in list_encodings().items() if e.kind in ('score', 'qk'))
+                    f'no absolute table); got kind {enc.kind!r}{table}. Relative ones: '
+                    + ', '.join(_relative_names(added))
                 )
             with _encoding_memory_check(self, self.pe, self.pe_kwargs), torch.random.fork_rng(devices=[]):
                 CombinedEncoding(spec.factory(self), enc).content_scale(self.d_model // self.n_heads)

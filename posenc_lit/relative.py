@@ -205,9 +205,10 @@ RelativeVectors.context_type = RelativeContext  # what its `prepare` returns
 
 @patch
 def _table(self: RelativeVectors, tables, layer):
-    n = 1 if self.share_layers else self.n_layers
+    # shared: one table for every layer, whose index is still checked against n_layers
+    n = 1 if self.share_layers and as_layer(layer).idx is None else self.n_layers
     l = layer_index(layer, n, self.what)
-    return tables[l]
+    return tables[0 if self.share_layers else l]
 
 
 @patch
