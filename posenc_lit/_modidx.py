@@ -520,6 +520,7 @@ d = {
                 'posenc_lit/core.py',
             ),
             'posenc_lit.core._check_modality': ('core.html#_check_modality', 'posenc_lit/core.py'),
+            'posenc_lit.core._frozen_terms': ('core.html#_frozen_terms', 'posenc_lit/core.py'),
             'posenc_lit.core._load_encoding_modules': (
                 'core.html#_load_encoding_modules',
                 'posenc_lit/core.py',

@@ -6,7 +6,7 @@
 from __future__ import annotations
 import importlib
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Callable
 import torch
 import torch.nn as nn
@@ -204,6 +204,9 @@ class Context:
     k_pos: torch.Tensor  # `(b|1, j)` integer key positions
     # the encoding whose `prepare` made this context (defined below: the name is quoted)
     pe: 'PositionEncoding' = field(kw_only=True, repr=False)
+    # whether gradients were on when it was prepared (a context made under `torch.no_grad()` holds terms
+    # without gradient: `check_context` refuses it where gradients are on)
+    grad: bool = field(default_factory=torch.is_grad_enabled, kw_only=True, repr=False)
 
 
 @dataclass(eq=False)
@@ -293,4 +296,18 @@ def check_context(
             'a context belongs to the encoding that made it (its tables and options); make it with '
             'ctx = pe.prepare(q_pos, k_pos, ...) of the pe you pass'
         )
+    if owned and not ctx.grad and torch.is_grad_enabled() and _frozen_terms(pe, ctx):
+        raise ValueError(
+            'ctx was prepared under torch.no_grad() (or inference mode) and is used with gradients on: its '
+            f'position terms carry no gradient, so the parameters of {type(pe).__name__} would silently not '
+            'train; prepare it where it is used, with gradients on'
+        )
     return ctx
+
+
+def _frozen_terms(pe, ctx) -> bool:
+    "Whether `ctx` holds a float tensor (terms made from `pe`'s parameters) while `pe` has trainable ones."
+    floats = any(
+        isinstance(v := getattr(ctx, f.name), torch.Tensor) and v.is_floating_point() for f in fields(ctx)
+    )
+    return floats and any(p.requires_grad for p in pe.parameters())

@@ -445,3 +445,29 @@ def test_resume_of_an_untouched_checkpoint_still_works(stopped_runs, tmp_path, u
     run = _copy(stopped_runs / 'seed0', tmp_path / 'run')
     assert main([*SMOKE, '--resume', '--out', str(run)]) == 0
     assert records(run) == records(undisturbed) and summary(run) == summary(undisturbed)
+
+
+# ============================================================================ contexts prepared under no_grad
+
+
+@pytest.mark.parametrize('pe', ENCODINGS)
+def test_context_prepared_under_no_grad(pe):
+    """A context made under `torch.no_grad()` and used with gradients on: where it holds terms made from the
+    encoding's parameters (a float tensor), a `ValueError` naming no_grad (those parameters would silently not
+    train); a context of indices only stays usable; under `no_grad` every context is used as before."""
+    from posenc_lit.attention import MultiHeadAttention
+
+    torch.manual_seed(0)
+    enc = build_encoding(small_cfg(pe))
+    mha = MultiHeadAttention(16, 2, layer_idx=0)  # layer 0 of the encoding's per-layer tables
+    x, pos = torch.randn(2, 5, 16), torch.arange(5)[None]
+    with torch.no_grad():
+        ctx = enc.prepare(pos, pos)
+        mha(x, pe=enc, ctx=ctx)  # used where it was made: fine
+    floats = any(isinstance(v, torch.Tensor) and v.is_floating_point() for v in vars(ctx).values())
+    if floats and any(p.requires_grad for p in enc.parameters()):
+        with pytest.raises(ValueError, match=r'prepared under torch\.no_grad\(\).*would silently not train'):
+            mha(x, pe=enc, ctx=ctx)
+    else:
+        mha(x, pe=enc, ctx=ctx).sum().backward()
+    mha(x, pe=enc, ctx=enc.prepare(pos, pos)).sum().backward()  # prepared with gradients on: trains
