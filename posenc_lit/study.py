@@ -423,30 +423,30 @@ def position_tables(config: dict, n: int) -> dict:
     rows come from the encoding's own index functions (`rel_index`, `t5_bucket`, `deberta_delta`); fixed
     functions (sinusoids, RoPE, ALiBi, none) have no table: `{}`."""
     import torch
-    from posenc_lit.absolute import LearnedEncoding
     from posenc_lit.core import rel_pos
-    from posenc_lit.deberta import DebertaRelative, build_relative_position, deberta_delta
-    from posenc_lit.relative import RelativeVectors, rel_index
-    from posenc_lit.t5 import T5RelativeBias, t5_bucket
-    from posenc_lit.tupe import TUPE
+    from posenc_lit.deberta import build_relative_position, deberta_delta
+    from posenc_lit.relative import rel_index
+    from posenc_lit.t5 import t5_bucket
 
+    # the encoding is read by what it declares (the contract), not by its class: a notebook that ran an
+    # encoding's page holds that page's copy of the class in the registry
     enc, mc = _built(config)
     pos = torch.arange(n)
     off = rel_pos(pos, pos).flatten().tolist()  # (n·n,) offsets j − i, in the order of each index below
     pairs = lambda rows: dict(zip(off, rows.flatten().tolist()))
     out = {}
-    if isinstance(enc, (LearnedEncoding, TUPE)):
+    if enc.position_tables():  # learned, TUPE: a table of max_len rows indexed by position
         out['absolute table'] = {'unit': 'positions', 'rows': enc.max_len, 'use': {p: p for p in range(n)}}
-    t5 = enc if isinstance(enc, T5RelativeBias) else getattr(enc, 'rel', None)
-    if isinstance(t5, T5RelativeBias):
+    t5 = next((m for m in (enc, getattr(enc, 'rel', None)) if hasattr(m, 'num_buckets')), None)
+    if t5 is not None:  # T5, TUPE-R: buckets of j − i
         b = t5_bucket(rel_pos(pos, pos), t5.bidirectional, t5.num_buckets, t5.max_distance)
         out['T5 buckets'] = {'unit': 'offsets', 'rows': t5.num_buckets, 'use': pairs(b)}
-    if isinstance(enc, RelativeVectors):
-        idx = rel_index(pos, pos, enc.k)
-        out['relative table'] = {'unit': 'offsets', 'rows': 2 * enc.k + 1, 'use': pairs(idx)}
-    if isinstance(enc, DebertaRelative):
+    if hasattr(enc, 'span'):  # DeBERTa: δ over 2·span rows
         idx = deberta_delta(build_relative_position(pos, pos, enc.position_buckets, enc.k), enc.span)
         out['relative table'] = {'unit': 'offsets', 'rows': 2 * enc.span, 'use': pairs(idx)}
+    elif enc.kind == 'score' and hasattr(enc, 'k'):  # Shaw, Huang method 4: clip(j − i, k), 2k + 1 rows
+        idx = rel_index(pos, pos, enc.k)
+        out['relative table'] = {'unit': 'offsets', 'rows': 2 * enc.k + 1, 'use': pairs(idx)}
     if mc.emd_steps:
         rows = mc.max_position_embeddings
         out['EMD absolute table'] = {'unit': 'positions', 'rows': rows, 'use': {p: p for p in range(n)}}
