@@ -187,7 +187,7 @@ def test_not_converged_note():
     "A cell the theory calls solvable that sits at chance carries the note that training did not converge."
     cfg = make_probe_config('smoke', steps=3, eval_examples=16)
     res = run_probes(['learned'], ['index'], cfg, progress=False)
-    assert 'did not converge: learned on index stopped near chance (cap, 3 steps' in probes.format_probe_table(res)
+    assert 'did not converge: learned on index, 1 of 1 seed(s) near chance (cap at step 3, training loss' in probes.format_probe_table(res)
 
 
 # --- issue 40: inputs of run_probes and the probes command ----------------------------------------------------------
