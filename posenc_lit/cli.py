@@ -610,7 +610,8 @@ def _add_compare(sub):
     p.add_argument(
         '--preset',
         default='quick',
-        help='quick: the position probes of every encoding (about 6 minutes), then every encoding as a '
+        help='quick: the position probes of every encoding (read from the committed probe study, '
+        'results/probes/study), then every encoding as a '
         'D=64 model for 100 steps, sentiment with one seed, three small ViTs (about 15 minutes in '
         'all on 2 idle cores); reference: the reference presets, three tasks × three seeds, lengths '
         'to 1024, every vision encoding (many hours; resumes) (default: quick)',
@@ -734,15 +735,15 @@ def _add_probes(sub):
             'training length'
         ),
         description='Train a small encoder with each encoding on each position probe (posenc_lit.probes) '
-        'and score it at the training length and longer; prints the table (chance level '
-        'included). With --out, the results are written to that JSON file after every run '
-        'and a rerun skips the finished ones.',
+        'until its loss stops falling, for each seed, and score it at the training length and longer; prints '
+        'the tables (what each encoding can do in principle, chance level included). With --out, the results '
+        'are written to that JSON file after every run and a rerun skips the finished ones.',
     )
     p.add_argument(
         '--preset',
         default='quick',
-        help='quick: n=32, D=64, 2 layers, 400 steps (the table of `compare --preset quick`); '
-        'smoke: n=16, 200 steps (default: quick)',
+        help='quick: n=32, D=64, 2 layers, one seed; study: the same with 3 seeds (results/probes/study); '
+        'smoke: n=16, at most 200 steps (default: quick)',
     )
     p.add_argument(
         '--encodings',
@@ -755,14 +756,18 @@ def _add_probes(sub):
         '--steps',
         type=_positive_int,
         default=None,
-        help="optimizer steps per encoding and probe (default: the preset's)",
+        help="the cap on optimizer steps per encoding, probe and seed (default: the preset's)",
     )
-    p.add_argument('--seed', type=int, default=None, help='seed of the weights and the data (default: 0)')
+    p.add_argument(
+        '--seed', type=int, default=None, help='the first seed of the weights and the data (default: 0)'
+    )
+    p.add_argument('--seeds', type=_positive_int, default=None, help="how many seeds (default: the preset's)")
+    p.add_argument('--no-bos', action='store_true', help='sequences without [BOS] (the direction test)')
     p.add_argument(
         '--out',
         type=_path,
         default=None,
-        help='JSON file for the results (resumes); a figure is written beside it (.png)',
+        help='JSON file for the results (resumes); the figure is written beside it (same name, .png)',
     )
     p.add_argument('--quiet', action='store_true', help='no line per run on stderr')
     p.set_defaults(func=cmd_probes, parser=p)
@@ -775,16 +780,26 @@ def cmd_probes(args) -> int:
     from pathlib import Path
 
     try:
-        cfg = make_probe_config(args.preset, steps=args.steps, seed=args.seed)
+        bos = False if args.no_bos else None
+        cfg = make_probe_config(args.preset, steps=args.steps, seed=args.seed, n_seeds=args.seeds, bos=bos)
         for what, names, valid in (
             ('encoding', args.encodings, list_encodings()),
             ('probe', args.probes, PROBES),
         ):
             if bad := [x for x in names or [] if x not in valid]:
                 raise ValueError(f'unknown {what}(s) {bad}; valid: {", ".join(valid)}')
+        if args.out is not None and Path(args.out).suffix.lower() == '.png':
+            raise ValueError(
+                f'--out {args.out}: the results are a JSON file and the figure is written beside it with the '
+                f'suffix .png, here the same file; give a .json file, e.g. '
+                f'{Path(args.out).with_suffix(".json")}'
+            )
     except ValueError as e:
         raise UsageError(str(e)) from None
-    res = run_probes(args.encodings, args.probes, cfg, out=args.out, progress=not args.quiet)
+    try:
+        res = run_probes(args.encodings, args.probes, cfg, out=args.out, progress=not args.quiet)
+    except FloatingPointError as e:  # a diverging run: the user's settings, not a bug
+        raise ValueError(str(e)) from None
     print(format_probe_table(res))
     if args.out is not None:
         plot_probes(res).savefig(Path(args.out).with_suffix('.png'), dpi=100)

@@ -6,7 +6,7 @@
 from __future__ import annotations
 import contextlib, copy, json, math, os, platform, socket, subprocess, sys, time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 import torch
 import matplotlib.pyplot as plt
@@ -32,6 +32,12 @@ from posenc_lit.probes import (
     new_probe_results,
     format_probe_table,
     plot_probes,
+    probe_cell,
+    probe_rows,
+    probe_rule,
+    probe_seeds,
+    read_probe_results,
+    seed_records,
 )
 
 # %% auto #0
@@ -44,7 +50,8 @@ __all__ = ['COMPARE_PRESETS', 'ABLATIONS', 'WORSE', 'WORSE_LEGEND', 'FAMILIES', 
 # fmt: off
 COMPARE_PRESETS = {
     'quick': dict(
-        probes=dict(preset='quick'),  # the position probes (posenc_lit.probes), run first
+        # the position probes (posenc_lit.probes), first: the committed study (3 seeds) is read, not rerun
+        probes=dict(preset='study', committed='results/probes/study/probes.json'),
         pretrain=dict(preset='quick', d_model=64, n_layers=2, n_heads=4, d_ff=256, seq_len=64, batch_size=32,
                       steps=100, lr=2e-3, eval_every=50, save_every=100, log_every=25, eval_blocks=128),
         # DeBERTa with its Enhanced Mask Decoder, as in the paper
@@ -152,13 +159,17 @@ def _stage_configs(spec: dict, encodings, tasks, vits) -> dict:
 
 
 def _probe_plan(spec: dict) -> dict | None:
-    """The probes' `ProbeConfig` and names from `spec['probes']`
-    (`{'preset': name, 'names': [...], option: value}`); None without it."""
+    """The probes' `ProbeConfig`, names and committed run from `spec['probes']` (`{'preset': name, 'names':
+    [...], 'committed': a results file of the repository, option: value}`); None without it."""
     if not spec.get('probes'):
         return None
     d = dict(spec['probes'])
-    names = _pick(d.pop('names', None), list(PROBES), PROBES, 'probe')
-    return {'config': make_probe_config(d.pop('preset', 'quick'), **d), 'names': names}
+    names, committed = _pick(d.pop('names', None), list(PROBES), PROBES, 'probe'), d.pop('committed', None)
+    return {
+        'config': make_probe_config(d.pop('preset', 'quick'), **d),
+        'names': names,
+        'committed': committed,
+    }
 
 # %% ../nbs/19_compare.ipynb #b83f30fd
 def compare_plan(
@@ -635,30 +646,58 @@ def _vit_stages(plan, out, res, run, bars) -> bool:
     return True
 
 # %% ../nbs/19_compare.ipynb #f9002011
+def _committed_probes(plan) -> tuple[str | None, dict]:
+    """The committed probe run named by the preset (`committed`: a path in the repository) and its runs, when
+    it was made with the plan's configuration; `(None, {})` otherwise."""
+    rel = plan['probes'].get('committed')
+    path = None if rel is None else Path(__file__).resolve().parent.parent / rel
+    if path is None or not path.is_file():
+        return None, {}
+    old = read_probe_results(path)
+    if old['config'] != json.loads(json.dumps(asdict(plan['probes']['config']))):
+        return None, {}
+    return rel, old['runs']
+
+
 def _probe_stages(plan, out: Path, res: dict, run):
-    """Train and score each encoding on each position probe (`posenc_lit.probes`); a finished probe (its JSON
-    file) is only read."""
+    """Train and score each encoding on each position probe, each seed (`posenc_lit.probes`); a finished probe
+    (its JSON file) is only read, and so is a run of the committed probe set (`_committed_probes`)."""
     cfg, names = plan['probes']['config'], plan['probes']['names']
     res['probes'] = new_probe_results(cfg, names)
+    rel, committed = _committed_probes(plan)
+    res['probes']['source'] = rel
     for p in names:
         for pe in plan['encodings']:
             f = out / 'probes' / p / f'{pe}.json'
-
-            def fn(p=p, pe=pe, f=f):
-                if f.is_file():
-                    return _read(f)
-                r = {**run_probe(_base(pe), p, cfg, ABLATIONS.get(pe, {}).get('pe_kwargs')), 'pe': pe}
-                _write_json(f, r)
-                return r
-
-            r = run(
-                f'probe {p} {pe}',
-                f.is_file(),
-                fn,
-                lambda r: ', accuracy '
-                + ' '.join('n/a' if v is None else f'{v:.3f}' for v in r['acc'].values()),
-            )
+            if (r := committed.get(p, {}).get(pe)) is not None:
+                r = run(f'probe {p} {pe}', True, lambda r=r: r, lambda r: f', read from {rel} (committed)')
+            else:
+                r = run(
+                    f'probe {p} {pe}',
+                    f.is_file(),
+                    lambda p=p, pe=pe, f=f: _probe_run(cfg, p, pe, f),
+                    _acc_note,
+                )
             res['probes']['runs'].setdefault(p, {})[pe] = r
+
+
+def _probe_run(cfg, p, pe, f: Path) -> dict:
+    "The record of `pe` on probe `p`, each seed: read from `f`, or trained and written there."
+    if f.is_file():
+        return _read(f)
+    kw = ABLATIONS.get(pe, {}).get('pe_kwargs')
+    seeds = {
+        str(s): {**run_probe(_base(pe), p, replace(cfg, seed=s, n_seeds=1), kw), 'pe': pe}
+        for s in probe_seeds(cfg)
+    }
+    r = {'pe': pe, 'probe': p, 'encoding': _base(pe), 'pe_kwargs': dict(kw or {}), 'seeds': seeds}
+    _write_json(f, r)
+    return r
+
+
+def _acc_note(r) -> str:
+    accs = [probe_cell(r, n)['acc'] for n in next(iter(seed_records(r)))['acc']]
+    return ', accuracy ' + ' '.join('n/a' if a is None else f'{a[0]:.3f}' for a in accs)
 
 # %% ../nbs/19_compare.ipynb #72d8b4b8
 def compare(
@@ -993,44 +1032,33 @@ def _table(caption: str, table: str, notes: list = ()) -> str:
 # %% ../nbs/19_compare.ipynb #fb3fd288
 def probes_markdown(
     res: dict,  # the results of the position probes (or the `probes` of a compare results.json)
-) -> str:  # a `Table:` caption, the table, the notes
-    """The probe table in Markdown of what `run_probes` returns: accuracy per encoding, probe and length (best
-    bold), the chance row, each n/a explained. A header names the probe and the length (`offset 64`), words
-    that wrap, so that the table fits the text column."""
-    lengths, probes = res['lengths'], [p for p in res['probes'] if p in res['runs']]
-    names, notes = list(dict.fromkeys(e for p in probes for e in res['runs'][p])), _Notes()
-    rows = []
-    for e in names:
-        cells = [e]
-        for p in probes:
-            r = res['runs'][p].get(e)
-            for n in map(str, lengths):
-                if r is None:
-                    cells.append('—')
-                elif r['acc'][n] is None:
-                    cells.append('n/a' + notes.mark(f"{e}: {r['errors'].get(n, 'cannot run').split(':')[0]}"))
-                else:
-                    cells.append(r['acc'][n])
-        rows.append(cells)
-    rows.append(['*chance*'] + [f"*{res['chance'][p][str(n)]:.3f}*" for p in probes for n in lengths])
-    c = res['config']
-    cap = (
-        f"Position probes: accuracy on fresh examples at the training length {c['length']} and at "
-        f"{', '.join(f'{f}×' for f in c['factors'][1:])} it ({c['steps']} steps, one seed; offset "
-        f"r={c['offset']}, index p={c['index']}). "
-        f"A column is a probe at a length in tokens ({probes[0]} {lengths[-1]}: the {probes[0]} probe on "
-        f"{lengths[-1]} tokens). Chance: the best a model without positions can do. Bold: the best "
-        "of each column."
-    )
-    return _table(
-        cap,
-        markdown_table(
-            ['encoding'] + [f'{p} {n}' for p in probes for n in lengths],
-            rows,
-            [None] + ['↑'] * (len(rows[0]) - 1),
-        ),
-        notes.lines(),
-    )
+) -> str:  # per probe: a `Table:` caption, the table, the notes
+    """The probe tables in Markdown of what `run_probes` returns (`probe_rows`, the rows `format_probe_table`
+    prints): per probe, a row per encoding with what it can do in principle, the mean steps, accuracy ± sd
+    over seeds (loss) at each length (best bold), the chance row; each n/a and each run that did not converge
+    where the theory says it could is explained in a note."""
+    c, parts = res['config'], []
+    k = c.get('n_seeds', 1)
+    for p in (p for p in res['probes'] if res['runs'].get(p)):
+        head, rows = probe_rows(res, p)
+        notes = _Notes()
+        cells = [
+            [x if isinstance(x, str) else (x[0], x[1], x[2] and notes.mark(x[2])) for x in r] for r in rows
+        ]
+        cells[-1] = [f'*{x}*' if x else x for x in cells[-1]]
+        what, seeds = res.get('summaries', {}).get(p, ''), (
+            'mean ± sd over %d seeds' % k if k > 1 else 'one seed'
+        )
+        cap = (
+            f"Position probes, {p} ({what}): accuracy on fresh examples at each length n ({seeds}; loss in "
+            f"nats in parentheses), trained at n = {c['length']} ({probe_rule(c)}); offset r={c['offset']}, "
+            f"index p={c['index']}{'' if c.get('bos', True) else ', no [BOS]'}. In principle: the verdict "
+            "`probe_theory` derives from the encoding's position terms. Chance: the best a model without "
+            'positions can do. Bold: the best of each column.'
+        )
+        better = [None, None, None] + ['↑'] * (len(head) - 3)
+        parts.append(_table(cap, markdown_table(head, cells, better), notes.lines()))
+    return '\n\n'.join(parts)
 
 # %% ../nbs/19_compare.ipynb #81472e3b
 def _md_encodings(results: dict) -> str:

@@ -4,7 +4,7 @@
 
 # %% ../nbs/19a_probes.ipynb #0a44d6e0
 from __future__ import annotations
-import json, math, time
+import json, math, re, time
 from dataclasses import dataclass, asdict, fields, replace
 from pathlib import Path
 from typing import Callable
@@ -16,12 +16,22 @@ from .core import list_encodings
 from .checks import PositionRangeError, is_int, is_real
 from .files import write_json
 from .model import ModelConfig, Encoder, EncoderForMLM, check_field_types
+from .attention import PositionEncoding
+from .absolute import LearnedEncoding, SinusoidalEncoding
+from .relative import RelativeVectors
+from .deberta import DebertaRelative, make_log_bucket_position, deberta_delta
+from .t5 import T5RelativeBias, t5_bucket
+from .alibi import ALiBi
+from .rope import RoPE
+from .tupe import TUPE
 
 # %% auto #0
-__all__ = ['PAD', 'BOS', 'FIRST', 'PROBE_PRESETS', 'PROBES', 'ProbeConfig', 'make_probe_config',
-           'offset_batch', 'index_batch', 'precede_batch', 'Probe', 'ProbeModel', 'probe_loss',
-           'probe_accuracy', 'train_probe', 'score_probe', 'run_probe', 'probe_lengths', 'new_probe_results',
-           'run_probes', 'format_probe_table', 'plot_probes']
+__all__ = ['PAD', 'BOS', 'FIRST', 'PROBE_PRESETS', 'PROBES', 'SOLVABLE', 'ProbeConfig', 'make_probe_config',
+           'probe_seeds', 'offset_batch', 'index_batch', 'precede_batch', 'Probe', 'ProbeModel', 'probe_loss',
+           'probe_accuracy', 'train_probe', 'score_probe', 'run_probe', 'position_signal', 'reversal_bound',
+           'probe_theory', 'probe_lengths', 'new_probe_results', 'read_probe_results', 'run_probes',
+           'seed_records', 'probe_cell', 'probe_training', 'probe_rows', 'probe_rule', 'format_probe_table',
+           'plot_probes']
 
 # %% ../nbs/19a_probes.ipynb #b3bd4b09
 PAD, BOS, FIRST = 0, 1, 2  # token ids: padding (never drawn), the start token, the first content id
@@ -29,38 +39,42 @@ PAD, BOS, FIRST = 0, 1, 2  # token ids: padding (never drawn), the start token, 
 # %% ../nbs/19a_probes.ipynb #e1c16647
 def _check_probe_config(cfg):
     check_field_types(cfg)
-    for f in (
-        'length',
-        'n_values',
-        'offset',
-        'index',
-        'd_model',
-        'n_layers',
-        'n_heads',
-        'd_ff',
-        'steps',
-        'batch_size',
-        'eval_examples',
-    ):
+    positive = ('length', 'n_values', 'offset', 'index', 'd_model', 'n_layers', 'n_heads', 'd_ff', 'steps')
+    for f in positive + ('window', 'patience', 'batch_size', 'eval_examples', 'n_seeds'):
         if getattr(cfg, f) < 1:
             raise ValueError(f'{f} must be an integer ≥ 1; got {getattr(cfg, f)}')
+    for f in ('min_steps', 'warmup'):
+        if getattr(cfg, f) < 0:
+            raise ValueError(f'{f} must be an integer ≥ 0; got {getattr(cfg, f)}')
     f = cfg.factors
     if not (isinstance(f, (tuple, list)) and f and all(is_int(x) and x >= 1 for x in f)):
         raise ValueError(f'factors must be a non-empty list of integers ≥ 1; got {cfg.factors!r}')
-    if not 0 <= cfg.seed < 2**32:
-        raise ValueError(f'seed must be in [0, 2**32); got {cfg.seed}')
-    if not cfg.lr > 0 or cfg.weight_decay < 0:
-        raise ValueError(f'lr must be > 0 and weight_decay ≥ 0; got {cfg.lr}, {cfg.weight_decay}')
+    if not (0 <= cfg.seed and cfg.seed + cfg.n_seeds <= 2**32):
+        raise ValueError(
+            f'the seeds seed … seed + n_seeds - 1 must be in [0, 2**32); got {cfg.seed}, {cfg.n_seeds}'
+        )
+    for f in ('lr', 'init_std'):
+        if not getattr(cfg, f) > 0:
+            raise ValueError(f'{f} must be > 0; got {getattr(cfg, f)}')
+    for f in ('weight_decay', 'stop_loss', 'min_delta'):
+        if getattr(cfg, f) < 0:
+            raise ValueError(f'{f} must be ≥ 0; got {getattr(cfg, f)}')
+    _check_probe_lengths(cfg)
+
+
+def _check_probe_lengths(cfg):
     if max(cfg.offset, cfg.index) + 2 > cfg.length:
         raise ValueError(
-            f'offset={cfg.offset} and index={cfg.index} must leave content tokens to score '
-            f'in length={cfg.length}'
+            f'offset={cfg.offset} and index={cfg.index} must leave content tokens to score in '
+            f'length={cfg.length}'
         )
     longest = cfg.length * max(cfg.factors)
-    if cfg.n_values < longest + 1:
+    need = longest + 2 - int(cfg.bos)  # the precede probe's fillers: every content token but A and B
+    if cfg.n_values < need:
         raise ValueError(
-            f'n_values={cfg.n_values} must be ≥ the longest evaluation length + 1 = {longest + 1} '
-            '(content tokens are drawn without replacement)'
+            f'n_values={cfg.n_values} must be ≥ the longest evaluation length '
+            f'{"+ 1" if cfg.bos else "+ 2 (no [BOS])"} = {need} (content tokens are drawn without '
+            'replacement)'
         )
 
 # %% ../nbs/19a_probes.ipynb #b75ce5bb
@@ -73,24 +87,45 @@ class ProbeConfig:
     n_values: int = 130  # content tokens; ≥ the longest evaluation length + 1 (drawn, no repeats)
     offset: int = 2  # r of the offset probe: predict the token r places to the left
     index: int = 24  # p of the index probe: the absolute position whose token is copied
+    bos: bool = True  # start every sequence with [BOS] (False: content tokens only, the direction test)
     d_model: int = 64
     n_layers: int = 2
     n_heads: int = 4
     d_ff: int = 128
-    steps: int = 400  # optimizer steps per encoding and probe
+    init_std: float = 0.125  # std of every linear and embedding weight: 1/√D at D = 64 (BERT's 0.02 stalls)
+    steps: int = 3000  # the cap: optimizer steps per encoding, probe and seed at most
+    window: int = 100  # the stopping rule reads the mean training loss of windows of this many steps
+    stop_loss: float = 0.01  # solved: stop after a window whose mean is below this (nats)
+    min_delta: float = 0.02  # flat: from `min_steps` on, stop when a window's mean is less than this (nats)
+    patience: int = 5  # below the mean of the window `patience` windows before it
+    min_steps: int = 1000
     batch_size: int = 64
-    lr: float = 3e-3  # AdamW, one-cycle schedule (10% warm-up)
+    lr: float = 3e-3  # AdamW, linear warm-up over `warmup` steps, then constant
+    warmup: int = 100
     weight_decay: float = 0.01
     eval_examples: int = 512  # fresh sequences per evaluation length
-    seed: int = 0
+    seed: int = 0  # the first seed: runs use seed, seed + 1, …, seed + n_seeds - 1
+    n_seeds: int = 1  # each seed: fresh weights and fresh data
 
     def __post_init__(self):
         _check_probe_config(self)
 
 # %% ../nbs/19a_probes.ipynb #d8d2c68f
 PROBE_PRESETS = {
-    'quick': {},  # the defaults of `ProbeConfig`
-    'smoke': dict(length=16, n_values=65, offset=1, index=10, steps=200, batch_size=32, eval_examples=128),
+    'quick': {},  # the defaults of `ProbeConfig`: one seed
+    'study': dict(n_seeds=3),  # three seeds: the committed run, results/probes/study
+    'smoke': dict(
+        length=16,
+        n_values=65,
+        offset=1,
+        index=10,
+        steps=200,
+        window=50,
+        patience=1,
+        min_steps=100,
+        batch_size=32,
+        eval_examples=128,
+    ),
 }
 
 
@@ -106,40 +141,47 @@ def make_probe_config(preset: str = 'quick', **overrides) -> ProbeConfig:
         kw['factors'] = tuple(kw['factors'])
     return ProbeConfig(**kw)
 
+
+def probe_seeds(cfg: ProbeConfig) -> list:
+    return list(range(cfg.seed, cfg.seed + cfg.n_seeds))
+
 # %% ../nbs/19a_probes.ipynb #99b25264
 def _content(b: int, m: int, cfg: ProbeConfig, g: torch.Generator, skip: int = 0) -> torch.Tensor:
     "`(b, m)` content ids, distinct within each row, from the `n_values - skip` ids after the first `skip`."
     return torch.rand(b, cfg.n_values - skip, generator=g).argsort(-1)[:, :m] + FIRST + skip
 
 
-def _with_bos(x):
-    return torch.cat([torch.full((x.shape[0], 1), BOS), x], 1)  # (b, n)
+def _with_bos(x, cfg):
+    return torch.cat([torch.full((x.shape[0], 1), BOS), x], 1) if cfg.bos else x  # (b, n)
 
 
 def offset_batch(b, n, cfg, g):
     "Predict the token `cfg.offset` places to the left: ids `(b, n)`, labels `(b, n)` (−100: not scored)."
-    ids, r = _with_bos(_content(b, n - 1, cfg, g)), cfg.offset
+    s, r = int(cfg.bos), cfg.offset  # s: position of the first content token
+    ids = _with_bos(_content(b, n - s, cfg, g), cfg)
     y = torch.full_like(ids, -100)
-    y[:, 1 + r :] = ids[:, 1 : n - r]
+    y[:, s + r :] = ids[:, s : n - r]
     return ids, y
 
 # %% ../nbs/19a_probes.ipynb #fe272a49
 def index_batch(b, n, cfg, g):
     "Every content position predicts the token at position `cfg.index`: ids `(b, n)`, labels `(b, n)`."
-    ids = _with_bos(_content(b, n - 1, cfg, g))
+    s = int(cfg.bos)
+    ids = _with_bos(_content(b, n - s, cfg, g), cfg)
     y = ids[:, cfg.index : cfg.index + 1].expand(b, n).clone()
-    y[:, 0] = -100
+    y[:, :s] = -100
     return ids, y
 
 
 def precede_batch(b, n, cfg, g):
     "Markers A = `FIRST`, B = `FIRST + 1` at random positions: ids `(b, n)`, labels `(b,)` (1.0: A first)."
-    x = _content(b, n - 1, cfg, g, skip=2)  # fillers, never A or B
-    slots = torch.rand(b, n - 1, generator=g).argsort(-1)[:, :2]
+    m = n - int(cfg.bos)
+    x = _content(b, m, cfg, g, skip=2)  # fillers, never A or B
+    slots = torch.rand(b, m, generator=g).argsort(-1)[:, :2]
     rows = torch.arange(b)
     x[rows, slots[:, 0]] = FIRST
     x[rows, slots[:, 1]] = FIRST + 1
-    return _with_bos(x), (slots[:, 0] < slots[:, 1]).float()
+    return _with_bos(x, cfg), (slots[:, 0] < slots[:, 1]).float()
 
 # %% ../nbs/19a_probes.ipynb #3ab92d02
 @dataclass
@@ -151,34 +193,24 @@ class Probe:
     summary: str
     batch: Callable
     chance: Callable  # (n, cfg) -> best accuracy of a model without positions
+    chance_loss: Callable  # (n, cfg) -> its loss (nats): uniform over the candidates
+
+
+def _m(n, cfg):  # content tokens in a sequence of n
+    return n - int(cfg.bos)
 
 
 PROBES = {
     p.name: p
     for p in (
-        Probe(
-            'offset',
-            'token',
-            'predict the token r places to the left (relative)',
-            offset_batch,
-            lambda n, cfg: 1 / (n - 2),
-        ),
-        Probe(
-            'index',
-            'token',
-            'predict the token at absolute position p (absolute)',
-            index_batch,
-            lambda n, cfg: 1 / (n - 1),
-        ),
-        Probe(
-            'precede',
-            'sequence',
-            'is marker A left of marker B? (order over the span)',
-            precede_batch,
-            lambda n, cfg: 0.5,
-        ),
+        Probe('offset', 'token', 'predict the token r places to the left (relative)', offset_batch,
+              lambda n, cfg: 1 / (_m(n, cfg) - 1), lambda n, cfg: math.log(_m(n, cfg) - 1)),
+        Probe('index', 'token', 'predict the token at absolute position p (absolute)', index_batch,
+              lambda n, cfg: 1 / _m(n, cfg), lambda n, cfg: math.log(_m(n, cfg))),
+        Probe('precede', 'sequence', 'is marker A left of marker B? (order over the span)', precede_batch,
+              lambda n, cfg: 0.5, lambda n, cfg: math.log(2)),
     )
-}
+}  # fmt: skip
 
 # %% ../nbs/19a_probes.ipynb #8c0a956c
 class ProbeModel(nn.Module):
@@ -198,14 +230,15 @@ class ProbeModel(nn.Module):
             dropout=0.0,
             attn_dropout=0.0,
             pad_token_id=PAD,
+            initializer_range=cfg.init_std,
         )
-        self.kind, self.encoder = PROBES[probe].kind, Encoder(self.cfg)
+        self.kind, self.encoder, self.start = PROBES[probe].kind, Encoder(self.cfg), int(cfg.bos)
         self.head = nn.Linear(cfg.d_model, 1 if self.kind == 'sequence' else self.cfg.vocab_size)
-        self.apply(lambda m: EncoderForMLM._init_weights(self, m))  # BERT's init, as pretraining has it
+        self.apply(lambda m: EncoderForMLM._init_weights(self, m))  # normal(0, init_std), as pretraining
 
     def forward(self, ids):
         out = self.head(self.encoder(ids)['hidden_states'])  # (b, n, V) or (b, n, 1)
-        return out[:, 1:, 0].amax(-1) if self.kind == 'sequence' else out
+        return out[:, self.start :, 0].amax(-1) if self.kind == 'sequence' else out
 
 # %% ../nbs/19a_probes.ipynb #f6180e09
 def probe_loss(kind: str, out, y):
@@ -223,52 +256,171 @@ def probe_accuracy(kind: str, out, y) -> float:
     return (out.argmax(-1)[keep] == y[keep]).float().mean().item()
 
 # %% ../nbs/19a_probes.ipynb #1c24adc3
+def _stop_reason(means: list, step: int, cfg: ProbeConfig) -> str | None:
+    "Why training stops after the window that ends at `step` (`means`: window means so far), or None."
+    if means[-1] < cfg.stop_loss:
+        return 'solved'
+    if (
+        step >= cfg.min_steps
+        and len(means) > cfg.patience
+        and means[-1 - cfg.patience] - means[-1] < cfg.min_delta
+    ):
+        return 'flat'
+    return 'cap' if step >= cfg.steps else None
+
+
 def train_probe(
     pe: str, probe: str, cfg: ProbeConfig, pe_kwargs: dict | None = None
 ) -> tuple[ProbeModel, dict]:
-    "Train a `ProbeModel`: it (eval mode) and `{'final_loss' (mean of the last 10% of steps), 'train_s'}`."
-    kind, t = PROBES[probe].kind, time.time()
+    """Train a `ProbeModel` until the stopping rule stops it: it (eval mode) and `{'final_loss' (the last
+    window's mean), 'steps', 'stopped', 'curve' (window means), 'train_s', 'cpu_s'}`; `FloatingPointError`
+    if the loss is not finite."""
+    kind, t, cpu = PROBES[probe].kind, time.time(), time.process_time()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
         model = ProbeModel(pe, probe, cfg, pe_kwargs)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, cfg.lr, total_steps=cfg.steps, pct_start=0.1)
-    g, losses = torch.Generator().manual_seed(cfg.seed), []
-    for _ in range(cfg.steps):
+    warm = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / (cfg.warmup + 1)))
+    g, losses, means, stopped = torch.Generator().manual_seed(cfg.seed), [], [], None
+    while stopped is None:
         ids, y = PROBES[probe].batch(cfg.batch_size, cfg.length, cfg, g)
         loss = probe_loss(kind, model(ids), y)
+        if not torch.isfinite(loss):
+            raise FloatingPointError(
+                f'{pe} on the {probe} probe (seed {cfg.seed}): the training loss is {loss.item()} at step '
+                f'{len(losses) + 1}, not finite: lr={cfg.lr} is likely too large'
+            )
         opt.zero_grad()
         loss.backward()
         opt.step()
-        sched.step()
+        warm.step()
         losses.append(loss.item())
-    tail = losses[-max(1, cfg.steps // 10) :]
-    return model.eval(), {'final_loss': sum(tail) / len(tail), 'train_s': time.time() - t}
+        if len(losses) % cfg.window == 0 or len(losses) == cfg.steps:
+            means.append(sum(losses[-cfg.window :]) / len(losses[-cfg.window :]))
+            stopped = _stop_reason(means, len(losses), cfg)
+    stats = {'final_loss': means[-1], 'steps': len(losses), 'stopped': stopped, 'curve': means}
+    return model.eval(), {**stats, 'train_s': time.time() - t, 'cpu_s': time.process_time() - cpu}
 
 # %% ../nbs/19a_probes.ipynb #f489d737
 @torch.no_grad()
 def score_probe(model: ProbeModel, probe: str, cfg: ProbeConfig) -> dict:
-    "`{n: accuracy}` on fresh examples (seeded by `cfg.seed`, n); `{n: {'error': reason}}` if it cannot run."
+    """`{n: {'acc', 'loss'}}` on fresh examples (seeded by `cfg.seed`, n); `{n: {'error': reason}}` if it
+    cannot run."""
     out = {}
     for n in (cfg.length * f for f in cfg.factors):
         g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + n)
         ids, y = PROBES[probe].batch(cfg.eval_examples, n, cfg, g)
         try:
-            out[n] = probe_accuracy(model.kind, model(ids), y)
+            logits = model(ids)
         except PositionRangeError as e:
             out[n] = {'error': str(e)}
+            continue
+        out[n] = {
+            'acc': probe_accuracy(model.kind, logits, y),
+            'loss': probe_loss(model.kind, logits, y).item(),
+        }
     return out
 
 # %% ../nbs/19a_probes.ipynb #974142bc
 def run_probe(pe: str, probe: str, cfg: ProbeConfig, pe_kwargs: dict | None = None) -> dict:
-    "Train and score an encoding on a probe: `{'pe', 'probe', 'acc': {n: accuracy | None}, 'errors', ...}`."
+    """Train and score an encoding on a probe with seed `cfg.seed`: `{'pe', 'probe', 'seed', 'acc': {n:
+    accuracy | None}, 'loss': {n: loss | None}, 'errors', 'final_loss', 'steps', 'stopped', 'curve', ...}`."""
     if probe not in PROBES:
         raise ValueError(f'unknown probe {probe!r}; valid: {", ".join(PROBES)}')
     model, stats = train_probe(pe, probe, cfg, pe_kwargs)
-    scores = score_probe(model, probe, cfg)
-    acc = {str(n): None if isinstance(v, dict) else v for n, v in scores.items()}
-    errors = {str(n): v['error'] for n, v in scores.items() if isinstance(v, dict)}
-    return {'pe': pe, 'probe': probe, 'acc': acc, 'errors': errors, **stats}
+    scores = {str(n): v for n, v in score_probe(model, probe, cfg).items()}
+    return {
+        'pe': pe,
+        'probe': probe,
+        'seed': cfg.seed,
+        'encoding': pe,
+        'pe_kwargs': dict(pe_kwargs or {}),
+        'acc': {n: v.get('acc') for n, v in scores.items()},
+        'loss': {n: v.get('loss') for n, v in scores.items()},
+        'errors': {n: v['error'] for n, v in scores.items() if 'error' in v},
+        **stats,
+    }
+
+# %% ../nbs/19a_probes.ipynb #e5f6a7b8
+def position_signal(m: nn.Module, n: int) -> dict | None:
+    """What an encoding module `m` gives attention at length n, from its own settings: `{'absolute': rows of
+    its absolute table (math.inf: any length; None: no absolute signal), 'classes': {d: class} for each
+    relative distance d = j − i in (−n, n), or None, 'scalar': its relative terms are scalar biases (they
+    change attention weights, never values), 'what': words}`; None for an encoding not derived here."""
+    d = torch.arange(-(n - 1), n)
+    if type(m) is PositionEncoding:  # `none`
+        return dict(absolute=None, classes=None, scalar=False, what='no position signal')
+    if isinstance(m, (LearnedEncoding, SinusoidalEncoding)):
+        rows = m.max_len if isinstance(m, LearnedEncoding) else math.inf
+        return dict(absolute=rows, classes=None, scalar=False, what='absolute vectors')
+    if isinstance(m, TUPE):
+        rel = position_signal(m.rel, n) if m.rel is not None else None
+        return dict(
+            absolute=m.max_len, classes=rel and rel['classes'], scalar=True, what='absolute correlation'
+        )
+    if isinstance(m, RelativeVectors):
+        c, what = d.clamp(-m.k, m.k) if m.clip else d, f'relative vectors, clip k={m.k}'
+    elif isinstance(m, DebertaRelative):
+        rel = make_log_bucket_position(-d, m.position_buckets, m.k) if m.position_buckets else -d  # i − j
+        c, what = deberta_delta(rel, m.span), f'relative table, k={m.span}'
+    elif isinstance(m, T5RelativeBias):
+        c, what = t5_bucket(d, m.bidirectional, m.num_buckets, m.max_distance), 'scalar bias per bucket'
+    elif isinstance(m, ALiBi):
+        c, what = (d.abs() if m.bidirectional else d.clamp(max=0)), 'bias −m·|d|'
+    elif isinstance(m, RoPE) and m.scaling == 'none':
+        c, what = d, 'rotation by d·θ'
+    else:
+        return None
+    scalar = isinstance(m, (T5RelativeBias, ALiBi))
+    return dict(absolute=None, classes=dict(zip(d.tolist(), c.tolist())), scalar=scalar, what=what)
+
+# %% ../nbs/19a_probes.ipynb #a7b8c9d0
+def reversal_bound(probe: str, n: int, cfg: ProbeConfig) -> float:
+    "Best accuracy of a model whose outputs reverse with its input (a symmetric encoding, no [BOS])."
+    r = cfg.offset
+    return {'offset': n / (2 * (n - r)), 'index': 0.5, 'precede': 0.5}[probe]
+
+
+def _shares(C: dict, d: int, among) -> list:  # the distances in `among` with the class of d
+    return [e for e in among if C[e] == C[d]]
+
+
+def _relative_theory(C: dict, probe: str, n: int, cfg: ProbeConfig) -> tuple[str, str]:
+    r, p, far = cfg.offset, cfg.index, range(1, n - int(cfg.bos))
+    symmetric = all(C[e] == C[-e] for e in far)
+    if symmetric and not cfg.bos:
+        return 'impossible', f'reversal symmetry: ≤ {reversal_bound(probe, n, cfg):.3f}'
+    if probe == 'offset':
+        if len(_shares(C, -r, C)) == 1:
+            return 'yes', f'−{r} has a class of its own'
+        return 'via [BOS]', 'direction from the distances to [BOS]'
+    if probe == 'index':
+        if not cfg.bos:
+            return 'indirect', 'no [BOS]: only the edges mark positions'
+        same = _shares(C, -p, [-j for j in range(1, n)])
+        if len(same) == 1:
+            return 'via [BOS]', f'distance {p} to [BOS] has a class of its own'
+        return 'indirect', f'distance {p} to [BOS] shares its class with {-same[0]}…{-same[-1]}'
+    if not symmetric:
+        return 'yes', 'the sign of j − i has classes of its own'
+    if len({C[e] for e in far}) == len(far):
+        return 'via [BOS]', 'compare the two distances to [BOS]'
+    return 'indirect', 'distances to [BOS] share classes'
+
+
+def probe_theory(pe: str, probe: str, cfg: ProbeConfig, pe_kwargs: dict | None = None) -> tuple[str, str]:
+    """Can encoding `pe` solve `probe` at the training length in principle, and how: `(verdict, how)`, the
+    verdict 'yes', 'via [BOS]', 'indirect', 'impossible', or '?' (an encoding `position_signal` does not
+    know), derived from `position_signal` by the rules above."""
+    S, n = position_signal(ProbeModel(pe, probe, cfg, pe_kwargs).encoder.pe, cfg.length), cfg.length
+    if S is None:
+        return '?', 'not derived'
+    if S['absolute'] is not None and S['absolute'] >= n:
+        return 'yes', {'offset': 'absolute positions i, i − r', 'index': 'absolute position p',
+                       'precede': 'compare two absolute positions'}[probe]  # fmt: skip
+    if S['classes'] is None:
+        return 'impossible', 'no position signal: a bag of words'
+    return _relative_theory(S['classes'], probe, n, cfg)
 
 # %% ../nbs/19a_probes.ipynb #573ef62b
 def probe_lengths(cfg: ProbeConfig) -> list:
@@ -277,110 +429,277 @@ def probe_lengths(cfg: ProbeConfig) -> list:
 
 def new_probe_results(cfg: ProbeConfig, probes) -> dict:
     "The header of a probe set's results: config, lengths, probes, chance levels, summaries; no runs yet."
+    ns = probe_lengths(cfg)
     return {
         'config': asdict(cfg),
-        'lengths': probe_lengths(cfg),
+        'lengths': ns,
         'probes': list(probes),
-        'chance': {p: {str(n): PROBES[p].chance(n, cfg) for n in probe_lengths(cfg)} for p in probes},
+        'chance': {p: {str(n): PROBES[p].chance(n, cfg) for n in ns} for p in probes},
+        'chance_loss': {p: {str(n): PROBES[p].chance_loss(n, cfg) for n in ns} for p in probes},
         'summaries': {p: PROBES[p].summary for p in probes},
         'runs': {},
         'compute_s': 0.0,
     }
 
 
+def _results_problem(res) -> str | None:  # what makes `res` not a probe set's results, or None
+    if not isinstance(res, dict):
+        return f'a JSON {type(res).__name__}, not an object'
+    if miss := [k for k in ('config', 'lengths', 'probes', 'chance', 'runs') if k not in res]:
+        return f'no {", ".join(miss)}'
+    if not isinstance(res['runs'], dict) or not all(isinstance(v, dict) for v in res['runs'].values()):
+        return "'runs' is not {probe: {encoding: record}}"
+    for p, by in res['runs'].items():
+        for e, r in by.items():
+            recs = r.get('seeds', {}).values() if isinstance(r, dict) and 'seeds' in r else [r]
+            if not all(isinstance(x, dict) and isinstance(x.get('acc'), dict) for x in recs):
+                return f'the record of {e} on {p} has no accuracies'
+    return None
+
+
+def read_probe_results(path) -> dict:
+    "The probe results in the JSON file `path`; `ValueError` naming the file and what is wrong with it."
+    path = Path(path)
+    try:
+        res = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f'{path}: cannot read probe results ({type(e).__name__}: {e})') from None
+    if why := _results_problem(res):
+        raise ValueError(f'{path} is not the results of run_probes: {why}')
+    return res
+
+# %% ../nbs/19a_probes.ipynb #a1b2c3d4
 def _load_results(out: Path, cfg: ProbeConfig, probes) -> dict:
-    "The results in `out` when they were made with the same config (`ValueError` otherwise), else new ones."
+    """The results in `out` when they were made with the same config (`ValueError` otherwise, or if `out` is
+    damaged), else new ones."""
     res = new_probe_results(cfg, probes)
-    if out is None or not out.is_file():
+    if out is None or not out.exists():
         return res
-    old = json.loads(out.read_text())
-    if old.get('config') != json.loads(json.dumps(res['config'])):
+    old = read_probe_results(out)
+    if old['config'] != json.loads(json.dumps(res['config'])):
         raise ValueError(
-            f'{out} holds probes run with another configuration: ' 'use another file or the same settings'
+            f'{out} holds probes run with another configuration: use another file or the same settings'
         )
-    return {**old, **res, 'runs': old.get('runs', {}), 'compute_s': old.get('compute_s', 0.0)}
+    return {**old, **res, 'runs': old['runs'], 'compute_s': old.get('compute_s', 0.0)}
+
+
+def _names(x, what: str, valid) -> list:
+    "A list of names from a list or one string; `ValueError` for an empty list or an unknown name."
+    x = [x] if isinstance(x, str) else list(x)
+    if not x:
+        raise ValueError(f'{what}s is empty: give at least one name, or None for all ({", ".join(valid)})')
+    if bad := [e for e in x if e not in valid]:
+        raise ValueError(f'unknown {what}(s) {bad}; valid: {", ".join(valid)}')
+    return x
 
 # %% ../nbs/19a_probes.ipynb #ab308f39
 def run_probes(
-    encodings: list[str] | None = None,  # encoding names (default: every registered one, `none` included)
-    probes: list[str] | None = None,  # probe names (default: all of `PROBES`)
-    cfg: ProbeConfig | None = None,  # default: the `quick` preset
+    encodings: (
+        list[str] | str | None
+    ) = None,  # encoding names (default: every registered one, `none` included)
+    probes: list[str] | str | None = None,  # probe names (default: all of `PROBES`)
+    cfg: ProbeConfig | None = None,  # default: the `quick` preset; its seeds: `probe_seeds(cfg)`
     out: str | Path | None = None,  # a JSON file, written after each run; its finished runs are skipped
     progress: bool = True,  # one line per run on stderr
     pe_kwargs: dict | None = None,  # {name: encoding options}, e.g. for an ablation
     pe_names: dict | None = None,  # {name: registered encoding it runs} (default: itself)
-) -> dict:  # {'config', 'lengths', 'chance', 'runs': {probe: {name: ...}}, ...}
-    "Train and score every encoding on every probe; `ValueError` for an unknown probe or encoding."
+) -> dict:  # {'config', 'lengths', 'chance', 'runs': {probe: {name: {'seeds': {seed: record}}}}, ...}
+    """Train and score every encoding on every probe, each seed; `ValueError` for an empty list, an unknown
+    probe or encoding, a damaged `out`; `FloatingPointError` if a loss is not finite."""
     import sys
 
-    cfg = cfg or make_probe_config('quick')
-    encodings, probes = list(encodings or list_encodings()), list(probes or PROBES)
-    if bad := [p for p in probes if p not in PROBES]:
-        raise ValueError(f'unknown probe(s) {bad}; valid: {", ".join(PROBES)}')
-    pe_names = pe_names or {}
-    if bad := [e for e in encodings if pe_names.get(e, e) not in list_encodings()]:
+    cfg, pe_names = cfg or make_probe_config('quick'), pe_names or {}
+    probes = list(PROBES) if probes is None else _names(probes, 'probe', list(PROBES))
+    names = (
+        list_encodings()
+        if encodings is None
+        else _names(encodings, 'encoding', [*pe_names, *list_encodings()])
+    )
+    if bad := [e for e in names if pe_names.get(e, e) not in list_encodings()]:
         raise ValueError(f'unknown encoding(s) {bad}; valid: {", ".join(list_encodings())}')
     out = None if out is None else Path(out)
     res = _load_results(out, cfg, probes)
-    for p in probes:
-        for name in encodings:
-            if name in res['runs'].get(p, {}):
-                continue
-            r = run_probe(pe_names.get(name, name), p, cfg, (pe_kwargs or {}).get(name))
-            res['runs'].setdefault(p, {})[name] = {**r, 'pe': name}
-            res['compute_s'] += r['train_s']
-            if out is not None:
-                write_json(out, res, indent=1)
-            if progress:
-                print(f"probe {p} {name}: {_fmt_acc(r)} ({r['train_s']:.1f} s)", file=sys.stderr, flush=True)
+    for p, name, s in ((p, e, s) for p in probes for e in names for s in probe_seeds(cfg)):
+        pe, kw = pe_names.get(name, name), (pe_kwargs or {}).get(name)
+        slot = (
+            res['runs']
+            .setdefault(p, {})
+            .setdefault(name, {'pe': name, 'probe': p, 'encoding': pe, 'seeds': {}})
+        )
+        if str(s) in slot['seeds']:
+            continue
+        r = run_probe(pe, p, replace(cfg, seed=s, n_seeds=1), kw)
+        slot['seeds'][str(s)] = {**r, 'pe': name}
+        res['compute_s'] += r['train_s']
+        if out is not None:
+            write_json(out, res, indent=1)
+        if progress:
+            print(f"probe {p} {name} seed {s}: {_fmt_acc(r)} ({r['steps']} steps, {r['stopped']}, "
+                  f"{r['train_s']:.1f} s)", file=sys.stderr, flush=True)  # fmt: skip
     return res
 
 
 def _fmt_acc(r):
     return ' '.join('n/a' if v is None else f'{v:.3f}' for v in r['acc'].values())
 
-# %% ../nbs/19a_probes.ipynb #8cca6726
-def format_probe_table(res: dict) -> str:
-    "The probe table: a row per encoding (accuracy per probe and length), the chance row, the n/a reasons."
-    lengths, probes = res['lengths'], [p for p in res['probes'] if p in res['runs']]
-    names = list(dict.fromkeys(e for p in probes for e in res['runs'][p]))
-    head = ['encoding'] + [f'{p}@{n}' for p in probes for n in lengths]
-    rows, notes = [head], {}
-    for e in names:
-        cells = [e]
-        for p in probes:
-            r = res['runs'][p].get(e)
-            for n in map(str, lengths):
-                cells.append('—' if r is None else 'n/a' if r['acc'][n] is None else f"{r['acc'][n]:.3f}")
-                if r is not None and n in r['errors']:
-                    notes.setdefault(e, f"n/a: {e} cannot run {n} tokens: {r['errors'][n].split(':')[0]}")
-        rows.append(cells)
-    rows.append(['chance'] + [f"{res['chance'][p][str(n)]:.3f}" for p in probes for n in lengths])
-    w = [max(len(r[c]) for r in rows) for c in range(len(head))]
-    lines = ['  '.join(c.ljust(w[0]) if k == 0 else c.rjust(w[k]) for k, c in enumerate(r)) for r in rows]
-    c = res['config']
-    intro = (
-        'Position probes: accuracy (↑ higher is better) on fresh examples at the training length '
-        f"{c['length']} and longer ({c['steps']} steps, D={c['d_model']}, {c['n_layers']} layers; offset "
-        f"r={c['offset']}, index p={c['index']}); chance: the best a model without positions can do"
+# %% ../nbs/19a_probes.ipynb #b2c3d4e5
+def seed_records(r: dict) -> list:
+    "The per-seed records of a run (a one-seed record, as `compare` writes it, is its own)."
+    return list(r['seeds'].values()) if 'seeds' in r else [r]
+
+
+def _mean_sd(xs) -> tuple | None:
+    xs = [x for x in xs if x is not None]
+    if not xs:
+        return None
+    m = sum(xs) / len(xs)
+    return m, (sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5 if len(xs) > 1 else 0.0
+
+
+def probe_cell(r: dict, n) -> dict:
+    """Over the seeds of run `r` at length n: `{'acc': (mean, sd) | None, 'loss': (mean, sd) | None, 'seeds',
+    'error'}` (None: the length cannot run; `error`: why)."""
+    recs, n = seed_records(r), str(n)
+    errs = [x['errors'][n] for x in recs if n in x.get('errors', {})]
+    return {
+        'acc': _mean_sd(x['acc'].get(n) for x in recs),
+        'loss': _mean_sd((x.get('loss') or {}).get(n) for x in recs),
+        'seeds': len(recs),
+        'error': errs[0] if errs else None,
+    }
+
+
+def probe_training(r: dict) -> dict:
+    "How the seeds of run `r` trained: mean steps and final loss, the stop reasons (None where not recorded)."
+    recs = seed_records(r)
+    steps = _mean_sd(x.get('steps') for x in recs)
+    return {
+        'steps': steps and steps[0],
+        'final_loss': _mean_sd(x.get('final_loss') for x in recs),
+        'stopped': sorted({x['stopped'] for x in recs if x.get('stopped')}),
+    }
+
+# %% ../nbs/19a_probes.ipynb #c3d4e5f6
+SOLVABLE = ('yes', 'via [BOS]')  # the verdicts of `probe_theory` that say a probe can be solved
+
+
+def _theory(res: dict, p: str, e: str, r: dict) -> tuple[str, str]:
+    try:
+        cfg = make_probe_config('quick', **{k: v for k, v in res['config'].items() if k in _FIELDS})
+        return probe_theory(r.get('encoding', e), p, cfg, r.get('pe_kwargs'))
+    except (ValueError, KeyError, TypeError):  # an ablation's name, a config of an older version
+        return '?', 'not derived'
+
+
+_FIELDS = {f.name for f in fields(ProbeConfig)}
+
+
+def _not_converged(res, p, e, r, verdict) -> str | None:
+    """The note of a run the theory calls solvable with a seed near chance at the training length (less than a
+    tenth of the way from chance to 1), or None."""
+    n, c = str(res['lengths'][0]), res['chance'][p][str(res['lengths'][0])]
+    recs = seed_records(r)
+    low = [x for x in recs if x['acc'].get(n) is not None and x['acc'][n] <= c + 0.1 * (1 - c)]
+    if verdict not in SOLVABLE or not low:
+        return None
+    how = '; '.join(
+        f"{x.get('stopped') or 'fixed steps'}"
+        + ('' if x.get('steps') is None else f" at step {x['steps']}")
+        + ('' if x.get('final_loss') is None else f", training loss {x['final_loss']:.3f}")
+        for x in low
     )
-    return '\n'.join([intro, ''] + lines + list(notes.values()))
+    return (
+        f"did not converge: {e} on {p}, {len(low)} of {len(recs)} seed(s) near chance ({how}), although it can "
+        f"solve it ({verdict})"
+    )
+
+
+def probe_rows(res: dict, p: str) -> tuple[list, list]:
+    """The table of probe `p`: header and rows of cells (`(value, text, note)` for the scores), an
+    encoding per row with the theory's verdict, the mean steps, accuracy (mean ± sd over seeds) and loss at
+    each length; the chance row last."""
+    lengths, rows = res['lengths'], []
+    head = ['encoding', 'in principle (n = %d)' % lengths[0], 'steps'] + [f'n = {n}' for n in lengths]
+    for e, r in res['runs'].get(p, {}).items():
+        (v, how), t = _theory(res, p, e, r), probe_training(r)
+        steps = '—' if t['steps'] is None else f"{t['steps']:.0f} {'/'.join(t['stopped'])}"
+        row = [e, f'{v}: {how}', steps]
+        for k, n in enumerate(lengths):
+            c = probe_cell(r, n)
+            if c['acc'] is None:
+                why = re.sub(r'^position \d+ is ', 'positions are ', (c['error'] or '?').split(':')[0])
+                row.append((None, 'n/a', f'n/a: {e} cannot run n > {lengths[0]}: {why}'))
+                continue
+            loss = '' if c['loss'] is None else f" ({c['loss'][0]:.2f})"
+            sd = f"±{c['acc'][1]:.3f}" if c['seeds'] > 1 else ''
+            note = _not_converged(res, p, e, r, v) if k == 0 else None
+            row.append((c['acc'][0], f"{c['acc'][0]:.3f}{sd}{loss}", note or ''))
+        rows.append(row)
+    cl = res.get('chance_loss', {}).get(p, {})
+    ch = [
+        f"{res['chance'][p][str(n)]:.3f}" + (f" ({cl[str(n)]:.2f})" if str(n) in cl else '') for n in lengths
+    ]
+    rows.append(['chance', '', ''] + ch)
+    return head, rows
+
+# %% ../nbs/19a_probes.ipynb #8cca6726
+_SUP = str.maketrans('0123456789', '⁰¹²³⁴⁵⁶⁷⁸⁹')
+
+
+def probe_rule(c: dict) -> str:
+    "The training budget of a probe config, in words."
+    if 'window' not in c:
+        return f"{c['steps']} steps"
+    return (
+        f"trained until a {c['window']}-step window's mean loss is below {c['stop_loss']} (solved) or, "
+        f"from step {c['min_steps']} on, lies less than {c['min_delta']} nats below the window "
+        f"{c.get('patience', 1)} windows before (flat); at most {c['steps']} steps (cap)"
+    )
+
+
+def format_probe_table(res: dict) -> str:
+    """The probe tables as text: for each probe a row per encoding (the theory's verdict, mean steps and stop
+    reasons, accuracy ± sd over seeds with the loss in parentheses at each length), the chance row, the
+    notes."""
+    c, lines = res['config'], []
+    k, g = c.get('n_seeds', 1), c.get
+    intro = (
+        f"Position probes: accuracy (↑; {'mean ± sd over %d seeds' % k if k > 1 else 'one seed'}) and loss "
+        f"(nats, in parentheses) on {g('eval_examples', '?')} fresh sequences per length n, trained at "
+        f"n = {c['length']} ({probe_rule(c)}); D={g('d_model', '?')}, {g('n_layers', '?')} layers, offset "
+        f"r={c['offset']}, index p={c['index']}{'' if g('bos', True) else ', no [BOS]'}. In principle: what "
+        "the encoding's position terms allow at the training length (probe_theory); chance: the best a model "
+        "without positions can do"
+    )
+    for p in (p for p in res['probes'] if res['runs'].get(p)):
+        head, rows = probe_rows(res, p)
+        notes, grid = {}, [head]
+        for row in rows:
+            grid.append([x if isinstance(x, str) else x[1] + _mark(notes, x[2]) for x in row])
+        w = [max(len(r[j]) for r in grid) for j in range(len(head))]
+        lines += ['', f"{p}: {res.get('summaries', {}).get(p, '')}"]
+        lines += ['  '.join(x.ljust(w[j]) if j < 2 else x.rjust(w[j]) for j, x in enumerate(r)) for r in grid]
+        lines += [f'{str(m).translate(_SUP)} {t}' for t, m in notes.items()]
+    return '\n'.join([intro] + lines)
+
+
+def _mark(notes: dict, text: str) -> str:
+    return str(notes.setdefault(text, len(notes) + 1)).translate(_SUP) if text else ''
 
 # %% ../nbs/19a_probes.ipynb #04fab0da
 def plot_probes(res: dict, ncols: int = 4):
-    "Accuracy against length, a panel per encoding, a line per probe; chance dashed, training length dotted."
-    probes, lengths = [p for p in res['probes'] if p in res['runs']], res['lengths']
+    """Accuracy against length, a panel per encoding, a line per probe (mean over seeds, the seeds' range
+    shaded); chance dashed, training length dotted."""
+    probes, lengths = [p for p in res['probes'] if res['runs'].get(p)], res['lengths']
     names = list(dict.fromkeys(e for p in probes for e in res['runs'][p]))
     nrows = math.ceil(len(names) / ncols)
-    size = (2.2 * ncols, 1.9 * nrows)
-    fig, axs = plt.subplots(nrows, ncols, figsize=size, sharex=True, sharey=True, squeeze=False)
+    fig, axs = plt.subplots(
+        nrows, ncols, figsize=(2.2 * ncols, 1.9 * nrows), sharex=True, sharey=True, squeeze=False
+    )
     colors = dict(zip(probes, plt.get_cmap('tab10').colors))
     for ax, e in zip(axs.flat, names):
         for p in probes:
-            acc = res['runs'][p].get(e, {}).get('acc', {})
-            pts = [(n, acc[str(n)]) for n in lengths if acc.get(str(n)) is not None]
-            if pts:
-                ax.plot(*zip(*pts), 'o-', ms=3, lw=1.2, color=colors[p], label=p)
+            _plot_run(ax, res['runs'][p].get(e), lengths, colors[p], p)
             ax.plot(lengths, [res['chance'][p][str(n)] for n in lengths], '--', lw=0.8, color=colors[p])
         ax.axvline(lengths[0], ls=':', color='gray', lw=0.8)
         ax.set_title(e, fontsize=9)
@@ -395,3 +714,14 @@ def plot_probes(res: dict, ncols: int = 4):
     axs.flat[0].legend(fontsize=8, loc='lower left')
     fig.tight_layout()
     return fig
+
+
+def _plot_run(ax, r, lengths, color, label):
+    if r is None:
+        return
+    pts = [(n, [x['acc'].get(str(n)) for x in seed_records(r)]) for n in lengths]
+    pts = [(n, a) for n, a in pts if None not in a]
+    if pts:
+        ns, accs = zip(*pts)
+        ax.plot(ns, [sum(a) / len(a) for a in accs], 'o-', ms=3, lw=1.2, color=color, label=label)
+        ax.fill_between(ns, [min(a) for a in accs], [max(a) for a in accs], color=color, alpha=0.2, lw=0)

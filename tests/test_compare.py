@@ -211,8 +211,10 @@ def test_notebook_table_is_the_committed_json():
     "The quick study's tables in nbs/19_compare.ipynb are `results_markdown` of the committed results.json, not typed numbers."
     from posenc_lit.compare import results_markdown
     root = Path(__file__).resolve().parent.parent
+    from posenc_lit.probes import read_probe_results
     res = json.loads((root / 'results' / 'compare' / 'quick' / 'results.json').read_text())
     if not res.get('finished'): pytest.skip('results/compare/quick/results.json is a run in progress')
+    res['probes'] = read_probe_results(root / 'results' / 'probes' / 'study' / 'probes.json')  # what compare now reads
     assert _markdown_output('display(Markdown(results_markdown(quick)))') == results_markdown(res)
     assert res['preset'] == 'quick'
     assert len(res['records']) == len(res['encodings']) * len(res['tasks']) * len(res['seeds'])

@@ -185,12 +185,15 @@ def test_figures_have_number_caption_alt(nb, request):
 
 
 def test_readme_sample_is_the_committed_quick_run():
-    "The main job's output in nbs/index.ipynb (and README.md) is `format_results` of the committed quick run."
+    """The main job's output in nbs/index.ipynb (and README.md) is `format_results` of the committed quick run, with
+    the committed probe study as its probe table (what `compare --preset quick` reads and prints)."""
     from posenc_lit.compare import format_results
+    from posenc_lit.probes import read_probe_results
     res = json.loads((ROOT / 'results' / 'compare' / 'quick' / 'results.json').read_text(encoding='utf-8'))
     if not res.get('finished'): pytest.skip('results/compare/quick/results.json is a run in progress')
+    res['probes'] = read_probe_results(ROOT / 'results' / 'probes' / 'study' / 'probes.json')
     cells = json.loads((NBS / 'index.ipynb').read_text(encoding='utf-8'))['cells']
-    cell = next(c for c in cells if 'print(format_results(quick))' in ''.join(c['source']))
+    cell = next(c for c in cells if "print(format_results({**quick, 'probes': probe_study}))" in ''.join(c['source']))
     printed = ''.join(''.join(o['text']) for o in cell.get('outputs', []) if o.get('name') == 'stdout')
     assert printed.rstrip('\n') == format_results(res).rstrip('\n'), \
         ('nbs/index.ipynb shows another run than results/compare/quick/results.json: re-execute it '
