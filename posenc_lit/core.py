@@ -204,8 +204,8 @@ class Context:
     k_pos: torch.Tensor  # `(b|1, j)` integer key positions
     # the encoding whose `prepare` made this context (defined below: the name is quoted)
     pe: 'PositionEncoding' = field(kw_only=True, repr=False)
-    # whether gradients were on when it was prepared (a context made under `torch.no_grad()` holds terms
-    # without gradient: `check_context` refuses it where gradients are on)
+    # whether gradients were on when it was prepared (a context made under torch.no_grad() holds terms
+    # without gradient, refused where gradients are on)
     grad: bool = field(default_factory=torch.is_grad_enabled, kw_only=True, repr=False)
 
 

@@ -367,7 +367,12 @@ def test_share_layers_from_the_cli(tmp_path, capsys):
     assert json.loads((out / 'summary.json').read_text())['steps'] == 2
 
 
-def test_factory_returning_a_linear_layer_is_refused():
+def test_factory_returning_a_linear_layer_is_refused(monkeypatch):
+    from posenc_lit import core
+
+    # the registry as it was after the test: later tests in this worker walk it
+    monkeypatch.setattr(core, '_REGISTRY', dict(core._REGISTRY))
+
     @register_encoding('issue40-linear', 'score', 'a factory that returns nn.Linear', replace=True)
     def _linear(cfg):
         return nn.Linear(2, 2)
