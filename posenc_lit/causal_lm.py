@@ -20,7 +20,7 @@ __all__ = ['LMCache', 'lm_positions', 'DecoderLayer', 'CausalLM']
 @dataclass(eq=False)
 class LMCache:
     """What a `CausalLM` keeps between calls: one `KVCache` per layer, which keys are real tokens, and the
-    model it belongs to (`CausalLM.new_cache`)."""
+    model it belongs to (the `new_cache` method of `CausalLM`)."""
 
     layers: list  # KVCache per layer
     # `(b, j)` bool, True = real token (False = padding), for every cached key
@@ -144,7 +144,7 @@ def forward(
 ) -> dict:
     """`{'logits': (b, n, V), 'cache': the cache extended by the inputs}` (None without a cache); with a cache
     the inputs continue the text it holds. `ValueError` for malformed inputs (as `Encoder.forward`) and for a
-    cache of another model, depth or batch, or one already continued (`LMCache.fork` continues one text in
+    cache of another model, depth or batch, or one already continued (the cache's `fork` method continues one text in
     several ways)."""
     input_ids = _check_lm_inputs(self, input_ids, attention_mask, cache)
     b, n = input_ids.shape

@@ -352,10 +352,11 @@ def test_toys_in_the_causal_lm_match_a_naive_loop_and_cached_decoding(cls):
         ref = naive_attention(q, k, v, toy_term(pe, q, k, ctx, keep, True), keep, True, D_HEAD ** -0.5)
         torch.testing.assert_close(merge(attn, ref), seen['out'], atol=1e-5, rtol=1e-5)
         # cached decoding: 5 tokens, then one at a time, equals the full forward
-        cache = lm.new_cache()
-        steps = [lm(ids[:, :5], attention_mask=am[:, :5], cache=cache)['logits']]
-        for t in range(5, 8):
-            steps.append(lm(ids[:, t:t + 1], attention_mask=am[:, t:t + 1], cache=cache)['logits'])
+        out = lm(ids[:, :5], attention_mask=am[:, :5], cache=lm.new_cache())
+        steps = [out['logits']]
+        for t in range(5, 8):  # each call returns the extended cache (the one passed in is left as it was)
+            out = lm(ids[:, t:t + 1], attention_mask=am[:, t:t + 1], cache=out['cache'])
+            steps.append(out['logits'])
     real = keep[:, :, None]
     torch.testing.assert_close(torch.cat(steps, 1) * real, full * real, atol=1e-5, rtol=1e-5)
 
