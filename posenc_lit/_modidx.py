@@ -1107,6 +1107,38 @@ d = {
             'posenc_lit.rope.rope_frequencies': ('rope.html#rope_frequencies', 'posenc_lit/rope.py'),
             'posenc_lit.rope.rope_inv_freq': ('rope.html#rope_inv_freq', 'posenc_lit/rope.py'),
         },
+        'posenc_lit.rope_mixed': {
+            'posenc_lit.rope_mixed.RoPEMixed': ('rope_mixed.html#ropemixed', 'posenc_lit/rope_mixed.py'),
+            'posenc_lit.rope_mixed.RoPEMixed.__init__': (
+                'rope_mixed.html#ropemixed.__init__',
+                'posenc_lit/rope_mixed.py',
+            ),
+            'posenc_lit.rope_mixed.RoPEMixed.prepare': (
+                'rope_mixed.html#ropemixed.prepare',
+                'posenc_lit/rope_mixed.py',
+            ),
+            'posenc_lit.rope_mixed.RoPEMixed.transform_qk': (
+                'rope_mixed.html#ropemixed.transform_qk',
+                'posenc_lit/rope_mixed.py',
+            ),
+            'posenc_lit.rope_mixed.RoPEMixedContext': (
+                'rope_mixed.html#ropemixedcontext',
+                'posenc_lit/rope_mixed.py',
+            ),
+            'posenc_lit.rope_mixed._check_rope_mixed': (
+                'rope_mixed.html#_check_rope_mixed',
+                'posenc_lit/rope_mixed.py',
+            ),
+            'posenc_lit.rope_mixed._rope_mixed': ('rope_mixed.html#_rope_mixed', 'posenc_lit/rope_mixed.py'),
+            'posenc_lit.rope_mixed.mixed_angles': (
+                'rope_mixed.html#mixed_angles',
+                'posenc_lit/rope_mixed.py',
+            ),
+            'posenc_lit.rope_mixed.mixed_frequencies': (
+                'rope_mixed.html#mixed_frequencies',
+                'posenc_lit/rope_mixed.py',
+            ),
+        },
         'posenc_lit.study': {
             'posenc_lit.study._built': ('study.html#_built', 'posenc_lit/study.py'),
             'posenc_lit.study._group_table': ('study.html#_group_table', 'posenc_lit/study.py'),
