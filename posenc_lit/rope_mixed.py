@@ -26,7 +26,7 @@ def _check_rope_mixed(d_head, n_heads, n_layers, base, rotate):
             raise ValueError(f'{name} must be an integer ≥ 1; got {v!r}')
     if d_head % 4:
         raise ValueError(
-            'vit-rope-mixed turns d/2 pairs, d/4 in each of two directions: the head dimension '
+            'rope-mixed turns d/2 pairs, d/4 in each of two directions: the head dimension '
             f'd_model/n_heads must be a multiple of 4; got {d_head}'
         )
     if not (is_real(base) and math.isfinite(base) and base > 1):
@@ -116,7 +116,7 @@ def prepare(
     "Context with `cos`, `sin` `(L, h, n, d/2)` of the grid's angles; `ValueError` without `grid`."
     if grid is None:
         raise ValueError(
-            'vit-rope-mixed needs the token grid: make the context with pe.prepare(pos, pos, grid=(gh, gw))'
+            'rope-mixed needs the token grid: make the context with pe.prepare(pos, pos, grid=(gh, gw))'
         )
     c = VisionEncoding.prepare(self, q_pos, k_pos, grid=grid)
     acc = torch.promote_types(self.theta_x.dtype, torch.float32)  # never below float32
@@ -135,7 +135,7 @@ def transform_qk(
     "Rotated `(q, k)`, same shapes and dtype; `ValueError` for another head count or dimension, or no layer."
     if q.shape[1] != self.n_heads or q.shape[-1] != self.d_head:
         raise ValueError(
-            f'vit-rope-mixed was built for {self.n_heads} heads of dimension {self.d_head}; got q of shape '
+            f'rope-mixed was built for {self.n_heads} heads of dimension {self.d_head}; got q of shape '
             f'{tuple(q.shape)} (b, h, n, d)'
         )
     l = layer_index(layer, self.n_layers, 'RoPEMixed', 'frequencies')
@@ -144,7 +144,7 @@ def transform_qk(
 
 # %% ../nbs/09a_rope_mixed.ipynb #a554c813
 @register_encoding(
-    'vit-rope-mixed',
+    'rope-mixed',
     'qk',
     (
         'RoPE-Mixed: every q/k pair turned by x·θx + y·θy, θ learned per layer and head (base 10, random '

@@ -170,7 +170,7 @@ API_BAD = {   # id: (call that gets `tmp_path`, error type, what was wrong, what
         "unknown position encoding 'rope2d'", "'rope2d' is an image encoding (modality='image')"),
     'unknown-image-encoding': (
         lambda tmp: ViTConfig(pe='t5'), ValueError,
-        "unknown vision position encoding 't5'", "valid names: learned, learned2d, none, rel2d, rope2d, sincos2d"),
+        "unknown vision position encoding 't5'", "valid names: learned, learned2d, none, rel2d, rope-mixed, rope2d, sincos2d"),
     'image-size-patches-do-not-divide': (
         lambda tmp: ViTConfig(image_size=28, patch_size=5), ValueError,
         'the height 28 is not a multiple of patch_size=5', 'use 25 or 30'),

@@ -203,7 +203,7 @@ def test_parity_with_timm_live():
 # ---------------------------------------------------------------- in the ViT
 def _vit(**kw):
     torch.manual_seed(0)
-    cfg = ViTConfig(image_size=16, d_model=32, n_layers=2, n_heads=2, d_ff=64, pe='vit-rope-mixed', **kw)
+    cfg = ViTConfig(image_size=16, d_model=32, n_layers=2, n_heads=2, d_ff=64, pe='rope-mixed', **kw)
     m = ViT(cfg).eval()
     torch.nn.init.normal_(m.head.weight)
     return m
@@ -256,8 +256,8 @@ def test_save_and_load(tmp_path):
 
 
 def test_vit_train_evaluates_other_sizes_with_the_model_as_it_is():
-    cfg = make_vit_config('smoke', pe='vit-rope-mixed', eval_sizes=['28', '56', '28x44'], interpolate=None)
-    assert cfg.pe == 'vit-rope-mixed'
+    cfg = make_vit_config('smoke', pe='rope-mixed', eval_sizes=['28', '56', '28x44'], interpolate=None)
+    assert cfg.pe == 'rope-mixed'
     m = _vit()
     assert model_for(m, (56, 56), 'bicubic') is m and model_for(m, (28, 28), 'none') is m
     g = torch.Generator().manual_seed(0)
