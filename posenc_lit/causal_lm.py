@@ -11,10 +11,10 @@ import torch.nn as nn
 from fastcore.basics import patch
 from .checks import *
 from .attention import *
-from .model import _check_ids, _check_inputs
+from .model import _check_ids, _check_inputs, _desc, mask_positions
 
 # %% auto #0
-__all__ = ['LMCache', 'lm_positions', 'DecoderLayer', 'CausalLM']
+__all__ = ['LMCache', 'document_ids', 'DecoderLayer', 'CausalLM']
 
 # %% ../nbs/10a_causal_lm.ipynb #1a0579d8
 @dataclass(eq=False)
@@ -28,6 +28,7 @@ class LMCache:
     model: weakref.ref | None = field(default=None, repr=False)  # the CausalLM whose `new_cache` made it
     # why it may not be passed again (a call continued it and returned the extension); None: it may
     spent: str | None = None
+    pos: torch.Tensor | None = None  # `(b, j)` int64, the position of every cached key
 
     def __len__(self):
         return 0 if self.mask is None else self.mask.shape[1]
@@ -35,12 +36,25 @@ class LMCache:
     def fork(self) -> LMCache:
         """A cache holding the same text that may be continued (its tensors are shared: no call changes them
         in place); fork before each call to continue one text in several ways."""
-        return LMCache([KVCache(c.k, c.v) for c in self.layers], self.mask, self.model)
+        return LMCache([KVCache(c.k, c.v) for c in self.layers], self.mask, self.model, pos=self.pos)
 
 
-def lm_positions(mask: torch.Tensor) -> torch.Tensor:  # `(b, j)` bool, True = real token
-    "0-based position of each token: the number of real tokens before it (`(b, j)` int64; padding gets 0)."
-    return (mask.long().cumsum(-1) - 1).clamp(min=0)
+# %% ../nbs/10a_causal_lm.ipynb #027f913f
+def _last_real(mask: torch.Tensor) -> torch.Tensor:  # `(b, j)` bool
+    "`(b, j)` int64: the index of the last real token at or before each token; -1 before the first."
+    t = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)  # (b, j)
+    return torch.where(mask, t, -1).cummax(-1).values
+
+
+def document_ids(
+    pos: torch.Tensor,  # `(b, j)` int64 positions
+    mask: torch.Tensor,  # `(b, j)` bool, True = real token
+) -> torch.Tensor:  # `(b, j)` int64, d: 0 for the first document of a row
+    "Each token's document: a real token begins one where its position is not one more than the last real token's."
+    # (b, j): s⁻, the last real token before each token; -1: none
+    prev = nn.functional.pad(_last_real(mask), (1, 0), value=-1)[:, : mask.shape[1]]
+    begins = mask & (prev >= 0) & (pos != pos.gather(1, prev.clamp(min=0)) + 1)  # (b, j)
+    return begins.long().cumsum(-1)
 
 # %% ../nbs/10a_causal_lm.ipynb #da6eb3fa
 class DecoderLayer(nn.Module):
@@ -53,7 +67,7 @@ class DecoderLayer(nn.Module):
         self.attn = MultiHeadAttention(d_model, n_heads, dropout, layer_idx=layer_idx)
         self.ffn = nn.Sequential(nn.Linear(d_model, d_ff), nn.GELU(), nn.Linear(d_ff, d_model))
 
-    # x (b, i, D); mask (b, 1, 1, j)
+    # x (b, i, D); mask (b, 1, i|1, j)
     def forward(self, x, mask, pe, ctx, cache: KVCache | None = None, fast: bool = True):
         x = x + self.attn(self.attn_ln(x), mask=mask, pe=pe, ctx=ctx, causal=True, cache=cache, fast=fast)
         return x + self.ffn(self.ffn_ln(x))  # (b, i, D)
@@ -120,45 +134,84 @@ def _check_lm_cache(lm, cache, b: int, device):
         raise ValueError(f'cache is on device {cache.mask.device} but input_ids is on {device}')
 
 
-def _check_lm_inputs(lm, input_ids, attention_mask, cache) -> torch.Tensor:
-    "`input_ids` as int64, checked as `Encoder.forward` checks them (and `attention_mask`, `cache`)."
-    input_ids = _check_inputs(input_ids, attention_mask, None)[0]
+def _check_lm_mask(input_ids, m, cache) -> None:
+    """`ValueError` unless `m` is a mask `(b, n)`, or `(b, len(cache) + n)` whose cached part repeats the cache's
+    mask; bool or 0/1."""
+    (b, n), P = input_ids.shape, 0 if cache is None else len(cache)
+    if not (P and isinstance(m, torch.Tensor) and m.shape == (b, P + n)):  # for the new tokens alone
+        if P and isinstance(m, torch.Tensor) and m.shape != (b, n):
+            raise ValueError(
+                f'attention_mask must have shape (b, n) = {(b, n)} (the new tokens) or (b, len(cache) + n) = '
+                f'{(b, P + n)} (the cached tokens and the new ones); got {_desc(m)}'
+            )
+        _check_inputs(input_ids, m, None)
+        return
+    _check_inputs(input_ids.new_zeros(b, P + n), m, None)  # its kind and values
+    same = (m[:, :P].bool() == cache.mask).all(-1)  # (b,)
+    if not is_tracing() and not bool(same.all()):
+        raise ValueError(
+            f'the first len(cache)={P} columns of attention_mask must repeat the mask the cached tokens were '
+            f'given (row {int((~same).int().argmax())} differs): a cached key keeps its position and padding'
+        )
+
+
+def _check_lm_inputs(lm, input_ids, attention_mask, position_ids, cache) -> tuple:
+    """`(input_ids, position_ids)` as int64, checked as `Encoder.forward` checks them (and `attention_mask`,
+    `cache`)."""
+    input_ids, position_ids = _check_inputs(input_ids, None, position_ids)[:2]
     dev = lm.word.weight.device
     if input_ids.device != dev:
         raise ValueError(f'input_ids are on device {input_ids.device} but the model is on {dev}: move one')
     _check_ids(input_ids, lm.word.num_embeddings, 'input_ids', 'vocab_size')
     if cache is not None:
         _check_lm_cache(lm, cache, input_ids.shape[0], input_ids.device)
-    return input_ids
+    _check_lm_mask(input_ids, attention_mask, cache)
+    if position_ids is not None and not is_tracing():
+        check_position_limit(position_ids)  # |p| < 2**62: distances j - i fit in int64
+    return input_ids, position_ids
 
 # %% ../nbs/10a_causal_lm.ipynb #fa5c7c80
+def _lm_keys(input_ids, attention_mask, position_ids, cache) -> tuple:
+    "The keys' mask and positions `(b, j)`, cached keys first, and the new tokens' positions `(b, n)`."
+    n, P = input_ids.shape[1], 0 if cache is None else len(cache)
+    m = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+    new = m[:, m.shape[1] - n :]  # (b, n)
+    if position_ids is not None:
+        q_pos = position_ids.expand_as(input_ids)
+    elif P:  # a: the position after the last real cached token (0: none)
+        last = _last_real(cache.mask)[:, -1:]  # (b, 1)
+        q_pos = mask_positions(new, torch.where(last >= 0, cache.pos.gather(1, last.clamp(min=0)) + 1, 0))
+    else:
+        q_pos = mask_positions(new)
+    if not P:
+        return new, q_pos, q_pos
+    return torch.cat([cache.mask, new], 1), q_pos, torch.cat([cache.pos, q_pos], 1)
+
+
 @patch
 def forward(
     self: CausalLM,
     input_ids: torch.Tensor,  # `(b, n)` token ids: the whole text, or the next tokens after the cache
-    # `(b, n)` bool or 0/1, False/0 = padding (left padding: first)
+    # `(b, n)`, or `(b, len(cache) + n)` with the cached tokens; bool or 0/1, False/0 = padding (left: first)
     attention_mask: torch.Tensor | None = None,
     # from `new_cache()`, or the cache the last call returned; left as it is (the extension is returned)
     cache: LMCache | None = None,
     fast: bool = True,
+    # `(b, n)`, `(1, n)` or `(n,)`: the new tokens' 0-based positions (packed documents restart at 0);
+    # default: from the mask, after the cache
+    position_ids: torch.Tensor | None = None,
 ) -> dict:
-    """`{'logits': (b, n, V), 'cache': the cache extended by the inputs}` (None without a cache); with a cache
-    the inputs continue the text it holds. `ValueError` for malformed inputs (as `Encoder.forward`) and for a
-    cache of another model, depth or batch, or one already continued (the cache's `fork` method continues one text in
-    several ways)."""
-    input_ids = _check_lm_inputs(self, input_ids, attention_mask, cache)
-    b, n = input_ids.shape
-    m = (
-        torch.ones(b, n, dtype=torch.bool, device=input_ids.device)
-        if attention_mask is None
-        else attention_mask.bool()
-    )
-    if cache is not None and len(cache):
-        m = torch.cat([cache.mask, m], 1)  # (b, j): cached keys first
-    pos = lm_positions(m)  # (b, j)
-    # (b, n): the new tokens' positions
-    q_pos = pos[:, pos.shape[1] - n :]
-    ctx = self.pe.prepare(q_pos, pos, key_mask=m, causal=True)  # once per forward, for all layers
+    """`{'logits': (b, n, V)}`, and with a cache `'cache'`: the cache extended by the inputs, which continue the
+    text it holds. A real token whose position is not one more than the last real token's begins a document that
+    attends only itself. `ValueError` for malformed inputs (as `Encoder.forward`) and for a cache of another
+    model, depth or batch, or one already continued (the cache's `fork` method continues one text in several
+    ways); `PositionRangeError` for positions outside a learned table or of size ≥ 2**62."""
+    input_ids, position_ids = _check_lm_inputs(self, input_ids, attention_mask, position_ids, cache)
+    m, q_pos, k_pos = _lm_keys(input_ids, attention_mask, position_ids, cache)  # (b, j), (b, n), (b, j)
+    d = document_ids(k_pos, m)  # (b, j)
+    d_q = d[:, d.shape[1] - input_ids.shape[1] :]  # (b, n): the new tokens' documents
+    mask = m[:, None, None, :] & (d_q[:, None, :, None] == d[:, None, None, :])  # (b, 1, n, j); attend: causal
+    ctx = self.pe.prepare(q_pos, k_pos, key_mask=m, causal=True)  # once per forward, for all layers
     x = self.word(input_ids) * self.pe.word_scale  # (b, n, D)
     p = self.pe.embed(q_pos)
     if p is not None:
@@ -166,12 +219,14 @@ def forward(
     # a copy extended by the layers: a call that fails leaves `cache` as it was
     new = None if cache is None else cache.fork()
     for l, layer in enumerate(self.layers):
-        x = layer(x, m[:, None, None, :], self.pe, ctx, None if new is None else new.layers[l], fast)
-    if cache is not None:
-        new.mask = m
-        cache.spent = (
-            'this cache was continued by an earlier call, which returned the extended cache: pass that one '
-            "(out['cache']) to continue the text, or call cache.fork() before each call to continue the same "
-            'text in several ways'
-        )
-    return {'logits': self.ln(x) @ self.word.weight.T, 'cache': new}  # (b, n, V)
+        x = layer(x, mask, self.pe, ctx, None if new is None else new.layers[l], fast)
+    logits = self.ln(x) @ self.word.weight.T  # (b, n, V)
+    if cache is None:  # tensors only: a traced or exported model returns this dict
+        return {'logits': logits}
+    new.mask, new.pos = m, k_pos
+    cache.spent = (
+        'this cache was continued by an earlier call, which returned the extended cache: pass that one '
+        "(out['cache']) to continue the text, or call cache.fork() before each call to continue the same "
+        'text in several ways'
+    )
+    return {'logits': logits, 'cache': new}
