@@ -512,7 +512,7 @@ def forward(
     self: Encoder,
     input_ids: torch.Tensor,  # token ids `(b, n)`, integer
     attention_mask: torch.Tensor | None = None,  # `(b, n)`, bool or 0/1; True/1 = real token
-    # `(b, n)`, `(1, n)` or `(n,)`, 0-based; default `mask_positions(attention_mask)`, without a mask `0 … n-1`
+    # `(b, n)`, `(1, n)` or `(n,)`, 0-based; default `mask_positions(attention_mask)`, or `0 … n-1`
     position_ids: torch.Tensor | None = None,
     # `(b, n)` segment ids; all 0 (ignored) if `type_vocab_size=0`
     token_type_ids: torch.Tensor | None = None,
