@@ -281,7 +281,13 @@ d = {
                 'causal_lm.html#_check_lm_inputs',
                 'posenc_lit/causal_lm.py',
             ),
-            'posenc_lit.causal_lm.lm_positions': ('causal_lm.html#lm_positions', 'posenc_lit/causal_lm.py'),
+            'posenc_lit.causal_lm._check_lm_mask': (
+                'causal_lm.html#_check_lm_mask',
+                'posenc_lit/causal_lm.py',
+            ),
+            'posenc_lit.causal_lm._last_real': ('causal_lm.html#_last_real', 'posenc_lit/causal_lm.py'),
+            'posenc_lit.causal_lm._lm_keys': ('causal_lm.html#_lm_keys', 'posenc_lit/causal_lm.py'),
+            'posenc_lit.causal_lm.document_ids': ('causal_lm.html#document_ids', 'posenc_lit/causal_lm.py'),
         },
         'posenc_lit.checks': {
             'posenc_lit.checks.MemoryLimitError': ('checks.html#memorylimiterror', 'posenc_lit/checks.py'),
@@ -944,6 +950,7 @@ d = {
             'posenc_lit.model.load_config': ('model.html#load_config', 'posenc_lit/model.py'),
             'posenc_lit.model.load_model': ('model.html#load_model', 'posenc_lit/model.py'),
             'posenc_lit.model.load_weights': ('model.html#load_weights', 'posenc_lit/model.py'),
+            'posenc_lit.model.mask_positions': ('model.html#mask_positions', 'posenc_lit/model.py'),
             'posenc_lit.model.padding_invariance_error': (
                 'model.html#padding_invariance_error',
                 'posenc_lit/model.py',

@@ -20,9 +20,9 @@ from .absolute import four_terms
 
 # %% auto #0
 __all__ = ['check_field_types', 'ModelConfig', 'Embeddings', 'EncoderLayer', 'ConvLayer', 'build_encoding',
-           'Encoder', 'EnhancedMaskDecoder', 'EncoderForMLM', 'padding_invariance_error', 'CheckpointError',
-           'check_weight_dtypes', 'check_state_dict', 'read_weights', 'save_model', 'load_config',
-           'load_weights', 'load_model', 'four_term_scores', 'count_parameters']
+           'mask_positions', 'Encoder', 'EnhancedMaskDecoder', 'EncoderForMLM', 'padding_invariance_error',
+           'CheckpointError', 'check_weight_dtypes', 'check_state_dict', 'read_weights', 'save_model',
+           'load_config', 'load_weights', 'load_model', 'four_term_scores', 'count_parameters']
 
 # %% ../nbs/10_model.ipynb #14ec465d
 _KINDS = {
@@ -449,6 +449,14 @@ def build_encoding(cfg: ModelConfig) -> PositionEncoding:
     )
     return CombinedEncoding(base, get_encoding(cfg.add_relative).factory(added))
 
+# %% ../nbs/10_model.ipynb #aef2f2d7
+def mask_positions(
+    mask: torch.Tensor,  # `(b, n)` bool or 0/1, True/1 = real token
+    start: torch.Tensor | int = 0,  # a: the first real token's position, an int or `(b, 1)` int64
+) -> torch.Tensor:
+    "0-based positions `(b, n)` int64 from the mask: `a` + the real tokens before each token, clipped at 0."
+    return (mask.long().cumsum(-1) - 1 + start).clamp(min=0)
+
 # %% ../nbs/10_model.ipynb #a378717b
 def _check_loaded_weights(module, state_dict, prefix, *args):  # a `load_state_dict` pre-hook of the models
     """Run `check_state_dict` on the weights `load_state_dict` is given for `module`, whoever calls it (e.g.
@@ -473,9 +481,14 @@ class Encoder(nn.Module):
         self.conv = ConvLayer(cfg) if cfg.conv_kernel_size else None
         self.register_load_state_dict_pre_hook(_check_loaded_weights)  # every load checked, by any caller
 
-    def positions(self, input_ids, position_ids: torch.Tensor | None = None):
-        n = input_ids.shape[1]
-        pos = default_positions(n, input_ids.device) if position_ids is None else position_ids
+    def positions(self, input_ids, position_ids=None, attention_mask=None):
+        "`(b|1, n)` int64: `position_ids` if given, else `mask_positions(attention_mask)`, else `0 … n-1`."
+        if position_ids is not None:
+            pos = position_ids
+        elif attention_mask is not None:
+            pos = mask_positions(attention_mask)  # (b, n)
+        else:
+            pos = default_positions(input_ids.shape[1], input_ids.device)
         return pos[None] if pos.ndim == 1 else pos  # (b|1, n)
 
 # %% ../nbs/10_model.ipynb #ed7b4c2b
@@ -499,7 +512,8 @@ def forward(
     self: Encoder,
     input_ids: torch.Tensor,  # token ids `(b, n)`, integer
     attention_mask: torch.Tensor | None = None,  # `(b, n)`, bool or 0/1; True/1 = real token
-    position_ids: torch.Tensor | None = None,  # `(b, n)`, `(1, n)` or `(n,)`, 0-based; default `0 … n-1`
+    # `(b, n)`, `(1, n)` or `(n,)`, 0-based; default `mask_positions(attention_mask)`, or `0 … n-1`
+    position_ids: torch.Tensor | None = None,
     # `(b, n)` segment ids; all 0 (ignored) if `type_vocab_size=0`
     token_type_ids: torch.Tensor | None = None,
     output_attentions: bool = False,  # also return each layer's probabilities (manual path)
@@ -528,7 +542,7 @@ def forward(
         # |p| < 2**62: the distances j - i of every encoding fit in int64
         check_position_limit(position_ids)
     with _forward_memory_check(input_ids):
-        pos = self.positions(input_ids, position_ids)
+        pos = self.positions(input_ids, position_ids, attention_mask)  # (b|1, n)
         mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]  # (b, 1, 1, j)
         # once per forward, shared by all layers; key_mask (b, j): the real tokens
         ctx = self.pe.prepare(pos, pos, key_mask=None if mask is None else mask[:, 0, 0])
