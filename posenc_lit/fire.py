@@ -21,8 +21,8 @@ def fire_psi(
     x: torch.Tensor,  # distances i - j (tokens), float, any shape
     c: torch.Tensor,  # c: a float scalar tensor (its sign is ignored, as in the authors' listing)
 ) -> torch.Tensor:  # ψ(x) in the shape and dtype of x
-    """FIRE's log transform $\psi(x) = \log(c\,x + 1)$ (Li et al. 2024, §3), odd in x:
-    $\operatorname{sign}(x)\log(|c x| + 1)$, so $\psi(0) = 0$ and keys after the query get $-\psi(j - i)$."""
+    """FIRE's log transform $\\psi(x) = \\log(c\\,x + 1)$ (Li et al. 2024, §3), odd in x:
+    $\\operatorname{sign}(x)\\log(|c x| + 1)$, so $\\psi(0) = 0$ and keys after the query get $-\\psi(j - i)$."""
     return torch.sign(x) * torch.log1p((c * x).abs())
 
 # %% ../nbs/08a_fire.ipynb #982a4042
@@ -33,8 +33,8 @@ def fire_inputs(
     L: torch.Tensor,  # the threshold L > 0 (tokens), a float scalar tensor
     eps: float = 1e-6,  # added to the normalizer (the authors' listing)
 ) -> torch.Tensor:  # `(b|1, i, j)` in the dtype of c
-    """The input of FIRE's MLP, $\psi(i - j)/(\psi(\max\{L, i\}) + \varepsilon)$ (Li et al. 2024, §3;
-    $\psi$ odd for keys after the query, see `fire_psi`); positions are checked by `rel_pos`."""
+    """The input of FIRE's MLP, $\\psi(i - j)/(\\psi(\\max\\{L, i\\}) + \\varepsilon)$ (Li et al. 2024, §3;
+    $\\psi$ odd for keys after the query, see `fire_psi`); positions are checked by `rel_pos`."""
     rel = rel_pos(q_pos, k_pos)  # (…, i, j): j - i, int64
     rel = rel if rel.ndim == 3 else rel[None]  # (b|1, i, j)
     i = (q_pos if q_pos.ndim == 2 else q_pos[None]).to(c.dtype)  # (b|1, i)
@@ -59,7 +59,7 @@ def fire_mlp(
     n_heads: int,
     width: int = 32,  # hidden ReLU units
 ) -> nn.Sequential:  # `(…, 1) -> (…, h)`
-    "FIRE's $f_\theta$: one input, one hidden ReLU layer, one output per head (the authors' listing)."
+    "FIRE's $f_\\theta$: one input, one hidden ReLU layer, one output per head (the authors' listing)."
     return nn.Sequential(nn.Linear(1, width), nn.ReLU(), nn.Linear(width, n_heads))
 
 
@@ -67,7 +67,7 @@ def fire_bias(
     mlp: nn.Module,  # f_θ, e.g. fire_mlp(h)
     x: torch.Tensor,  # `(b|1, i, j)` inputs, from fire_inputs
 ) -> torch.Tensor:  # `(b|1, h, i, j)` in logit units
-    "The bias $f_\theta(x)$ of every pair and head."
+    "The bias $f_\\theta(x)$ of every pair and head."
     return mlp(x[..., None]).permute(0, 3, 1, 2)  # (b|1, i, j, h) -> (b|1, h, i, j)
 
 # %% ../nbs/08a_fire.ipynb #252d307d
@@ -79,9 +79,9 @@ class FireContext(Context):
 
 # %% ../nbs/08a_fire.ipynb #b8418d92
 class FIRE(PositionEncoding):
-    """FIRE (Li et al. 2024, §3): per head, the bias $f_\theta(\psi(i-j)/\psi(\max\{L, i\}))$ of a small
-    MLP, with $c$ in $\psi$ and the threshold $L$ learned; one MLP per layer, or one shared (FIRE-S). Keys
-    after the query get the odd extension $\psi(i - j) = -\psi(j - i)$ (bidirectional; the paper is causal).
+    """FIRE (Li et al. 2024, §3): per head, the bias $f_\\theta(\\psi(i-j)/\\psi(\\max\\{L, i\\}))$ of a small
+    MLP, with $c$ in $\\psi$ and the threshold $L$ learned; one MLP per layer, or one shared (FIRE-S). Keys
+    after the query get the odd extension $\\psi(i - j) = -\\psi(j - i)$ (bidirectional; the paper is causal).
     """
 
     kind, context_type = 'score', FireContext
