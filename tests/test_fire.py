@@ -1,8 +1,9 @@
-"""FIRE (Li et al. 2024, nbs/08a_fire.ipynb): parity with a naive scalar loop, the closed form at chosen points,
-cached decoding in the `CausalLM`, the `Encoder` with it, and the checks of its constructor.
+"""FIRE (Li et al. 2024, nbs/08a_fire.ipynb): parity with a naive scalar loop, the closed form at chosen
+points, cached decoding in the `CausalLM`, the `Encoder` with it, and the checks of its constructor.
 
 One formula serves both attentions: for the keys a causal query sees (j ≤ i) it is the paper's
-`f_θ(ψ(i-j)/ψ(max(L, i)))`; keys after the query (the bidirectional encoder) get the odd extension ψ(-t) = -ψ(t).
+`f_θ(ψ(i-j)/ψ(max(L, i)))`; keys after the query (the bidirectional encoder) get the odd extension
+ψ(-t) = -ψ(t).
 """
 import math
 import re
@@ -65,7 +66,8 @@ def test_parity_with_a_naive_loop(pe, causal):
 def test_closed_form_at_chosen_points():
     c, L = torch.tensor(0.1, dtype=torch.float64), torch.tensor(8.0, dtype=torch.float64)
     assert fire_psi(torch.tensor(0.0, dtype=torch.float64), c).item() == 0.0  # ψ(0) = 0
-    assert fire_psi(torch.tensor(30.0, dtype=torch.float64), c).item() == pytest.approx(math.log(4.0), abs=1e-15)
+    psi30 = fire_psi(torch.tensor(30.0, dtype=torch.float64), c).item()
+    assert psi30 == pytest.approx(math.log(4.0), abs=1e-15)
     pos = torch.arange(20)
     x = fire_inputs(pos, pos, c, L)[0]  # (i, j)
     psi = lambda v: math.log(0.1 * v + 1)
@@ -141,7 +143,7 @@ def test_the_encoder_runs_with_it():
     cfg = ModelConfig(vocab_size=50, d_model=16, n_layers=2, n_heads=2, d_ff=32, max_position_embeddings=8,
                       pe='fire', pe_kwargs={'init_L': 6.0}, dropout=0.0, attn_dropout=0.0)
     m = EncoderForMLM(cfg).eval()
-    with torch.no_grad():  # the model's init (normal, std 0.02) makes the MLP's bias nearly flat: let it weigh
+    with torch.no_grad():  # the model's init (normal, std 0.02) leaves the MLP's bias nearly flat
         for p in m.encoder.pe.mlps.parameters():
             p.normal_()
     assert isinstance(m.encoder.pe, FIRE) and m.encoder.pe.n_layers == 2 and not m.encoder.pe.relative_only
