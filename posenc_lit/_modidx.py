@@ -650,6 +650,20 @@ d = {
                 'posenc_lit/finetune.py',
             ),
         },
+        'posenc_lit.fire': {
+            'posenc_lit.fire.FIRE': ('fire.html#fire', 'posenc_lit/fire.py'),
+            'posenc_lit.fire.FIRE.__init__': ('fire.html#fire.__init__', 'posenc_lit/fire.py'),
+            'posenc_lit.fire.FIRE.prepare': ('fire.html#fire.prepare', 'posenc_lit/fire.py'),
+            'posenc_lit.fire.FIRE.score_terms': ('fire.html#fire.score_terms', 'posenc_lit/fire.py'),
+            'posenc_lit.fire.FIRE.threshold': ('fire.html#fire.threshold', 'posenc_lit/fire.py'),
+            'posenc_lit.fire.FireContext': ('fire.html#firecontext', 'posenc_lit/fire.py'),
+            'posenc_lit.fire._check_fire_args': ('fire.html#_check_fire_args', 'posenc_lit/fire.py'),
+            'posenc_lit.fire._fire': ('fire.html#_fire', 'posenc_lit/fire.py'),
+            'posenc_lit.fire.fire_bias': ('fire.html#fire_bias', 'posenc_lit/fire.py'),
+            'posenc_lit.fire.fire_inputs': ('fire.html#fire_inputs', 'posenc_lit/fire.py'),
+            'posenc_lit.fire.fire_mlp': ('fire.html#fire_mlp', 'posenc_lit/fire.py'),
+            'posenc_lit.fire.fire_psi': ('fire.html#fire_psi', 'posenc_lit/fire.py'),
+        },
         'posenc_lit.heads': {
             'posenc_lit.heads.ClassificationHead': ('heads.html#classificationhead', 'posenc_lit/heads.py'),
             'posenc_lit.heads.ClassificationHead.__init__': (

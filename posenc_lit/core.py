@@ -74,6 +74,7 @@ ENCODING_MODULES = [
     'posenc_lit.deberta',
     'posenc_lit.rope',
     'posenc_lit.alibi',
+    'posenc_lit.fire',
     'posenc_lit.vit',
     'posenc_lit.rope_mixed',
 ]

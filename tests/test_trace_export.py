@@ -38,7 +38,8 @@ def _padding(n, n_real):  # (2, n) bool: row 0 all real, row 1 padded after n_re
 
 
 def test_every_encoding_is_covered():
-    assert {'learned', 'sinusoidal', 'none', 'shaw', 'huang4', 't5', 'tupe-a', 'tupe-r', 'deberta', 'rope', 'alibi'} <= set(NAMES)
+    assert {'learned', 'sinusoidal', 'none', 'shaw', 'huang4', 't5', 'tupe-a', 'tupe-r', 'deberta', 'rope', 'alibi',
+            'fire'} <= set(NAMES)
 
 
 @pytest.mark.parametrize('name', NAMES)
