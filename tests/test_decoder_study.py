@@ -1,6 +1,7 @@
 """The decoder study (issue 41, nbs/26_decoder_study.ipynb): causal-LM pretraining resumes exactly, the length
-evaluation equals a naive computation, the causal probes' generators equal their closed forms, the page reads a
-results folder, and the runner runs end to end at smoke size."""
+evaluation equals a naive computation, the causal probes' generators equal their closed forms, the page reads
+a results folder, and the runner runs end to end at smoke size."""
+
 import json, os, subprocess, sys
 from pathlib import Path
 import pytest
@@ -8,14 +9,40 @@ import torch
 from conftest import write_small_corpus
 
 from posenc_lit.decoder_study import (
-    make_lm_config, pretrain_lm, load_lm, lm_model, lm_blocks, lm_length_loss, make_causal_probe_config,
-    counting_batch, selective_copy_batch, flip_flop_batch, causal_index_batch, SET, INC, COUNT0, BLANK, COPY,
-    W, R, BOS, decoder_table, decoder_claims, length_losses, entry_runs, DECODER,
+    make_lm_config,
+    pretrain_lm,
+    load_lm,
+    lm_model,
+    lm_blocks,
+    lm_length_loss,
+    make_causal_probe_config,
+    counting_batch,
+    selective_copy_batch,
+    flip_flop_batch,
+    causal_index_batch,
+    SET,
+    INC,
+    COUNT0,
+    BLANK,
+    COPY,
+    W,
+    R,
+    BOS,
+    decoder_table,
+    decoder_claims,
+    length_losses,
+    entry_runs,
+    DECODER,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-ENV = {**os.environ, 'HF_HUB_OFFLINE': '1', 'HF_DATASETS_OFFLINE': '1', 'TOKENIZERS_PARALLELISM': 'false',
-       'PYTHONPATH': str(ROOT)}
+ENV = {
+    **os.environ,
+    'HF_HUB_OFFLINE': '1',
+    'HF_DATASETS_OFFLINE': '1',
+    'TOKENIZERS_PARALLELISM': 'false',
+    'PYTHONPATH': str(ROOT),
+}
 
 
 @pytest.fixture(scope='module')
@@ -24,13 +51,24 @@ def small_corpus(tmp_path_factory):
 
 
 def _records(run, split):
-    return [json.loads(l) for l in (Path(run) / 'metrics.jsonl').read_text().splitlines()
-            if json.loads(l)['split'] == split]
+    return [
+        json.loads(l)
+        for l in (Path(run) / 'metrics.jsonl').read_text().splitlines()
+        if json.loads(l)['split'] == split
+    ]
 
 
 def test_resume_matches_uninterrupted(tmp_path, small_corpus):
-    cfg = make_lm_config('smoke', pe='rope', data=small_corpus, steps=8, save_every=4, log_every=1, eval_every=4,
-                         factors=[1, 2])
+    cfg = make_lm_config(
+        'smoke',
+        pe='rope',
+        data=small_corpus,
+        steps=8,
+        save_every=4,
+        log_every=1,
+        eval_every=4,
+        factors=[1, 2],
+    )
     full = pretrain_lm(cfg, tmp_path / 'full', progress=False)
     assert pretrain_lm(cfg, tmp_path / 'cut', stop_at=4, progress=False) == {'stopped_at_step': 4, 'steps': 8}
     assert not (tmp_path / 'cut' / 'lengths.json').exists()
@@ -41,9 +79,13 @@ def test_resume_matches_uninterrupted(tmp_path, small_corpus):
     rate = lambda s: {k: v for k, v in s.items() if 'per_s' not in k}
     assert rate(full) == rate(resumed) and full['steps'] == 8
     (m1, c1), (m2, _) = load_lm(tmp_path / 'full'), load_lm(tmp_path / 'cut')
-    assert c1 == cfg and all(torch.equal(p, q) for p, q in zip(m1.state_dict().values(), m2.state_dict().values()))
+    assert c1 == cfg and all(
+        torch.equal(p, q) for p, q in zip(m1.state_dict().values(), m2.state_dict().values())
+    )
     l1, l2 = (json.loads((tmp_path / d / 'lengths.json').read_text()) for d in ('full', 'cut'))
-    assert l1 == l2 and [r['length'] for r in l1['results']] == [16, 32] and set(l1['variants']) == {'pi', 'ntk'}
+    assert (
+        l1 == l2 and [r['length'] for r in l1['results']] == [16, 32] and set(l1['variants']) == {'pi', 'ntk'}
+    )
     assert pretrain_lm(cfg, tmp_path / 'cut', resume=True, progress=False) == resumed  # finished: left as is
 
 
@@ -102,22 +144,34 @@ def test_page_reads_a_fake_results_folder(tmp_path):
     assert [p.name for p in entry_runs(tmp_path, 'fire')] == ['fire', 'fire-s1', 'fire-s2']
     assert length_losses(tmp_path, 't5') == {1: [3.0, 3.0, 3.0], 8: [4.1, 4.0, 4.2]}
     row = decoder_claims(tmp_path)[0]
-    assert row['seeds'] == '3 vs 3' and row['verdict'] == 'cannot tell at this power' and row['lo'] < 0 < row['hi']
+    assert (
+        row['seeds'] == '3 vs 3'
+        and row['verdict'] == 'cannot tell at this power'
+        and row['lo'] < 0 < row['hi']
+    )
     assert '| fire | 3 | 3.000 ± 0.000 | 4.133 ± 0.153 |' in decoder_table(tmp_path, factors=(1, 8))
 
 
 def test_runner_end_to_end(tmp_path):
-    "The runner refuses an unknown name before running anything, then runs an LM and the probes at smoke size."
-    run = lambda *names: subprocess.run(['bash', str(ROOT / 'tools' / 'run_decoder_study.sh'), *names],
-                                        env={**ENV, 'STUDY_ROOT': str(tmp_path), 'COMMIT': '0', 'PRESET': 'smoke'},
-                                        capture_output=True, text=True, timeout=1200)
+    "The runner refuses an unknown name before it runs anything, then runs an LM and the probes (smoke size)."
+    run = lambda *names: subprocess.run(
+        ['bash', str(ROOT / 'tools' / 'run_decoder_study.sh'), *names],
+        env={**ENV, 'STUDY_ROOT': str(tmp_path), 'COMMIT': '0', 'PRESET': 'smoke'},
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     bad = run('alibi', 'nope')
     assert bad.returncode == 2 and "unknown entry 'nope'" in bad.stderr and not (tmp_path / 'runs').exists()
     ok = run('alibi', 'probes-alibi')
     assert ok.returncode == 0, ok.stderr[-2000:]
     dest = tmp_path / 'results' / 'decoder'
-    assert {p.name for p in (dest / 'alibi').iterdir()} == {'config.json', 'metrics.jsonl', 'summary.json',
-                                                            'lengths.json'}
+    assert {p.name for p in (dest / 'alibi').iterdir()} == {
+        'config.json',
+        'metrics.jsonl',
+        'summary.json',
+        'lengths.json',
+    }
     assert len(json.loads((dest / 'alibi' / 'lengths.json').read_text())['results']) == 4
     probes = json.loads((dest / 'probes' / 'alibi.json').read_text())
     assert len(probes['runs']) == 6 and probes['lengths'] == [16, 32]
