@@ -376,6 +376,7 @@ d = {
             'posenc_lit.cli._add_compare': ('cli.html#_add_compare', 'posenc_lit/cli.py'),
             'posenc_lit.cli._add_finetune': ('cli.html#_add_finetune', 'posenc_lit/cli.py'),
             'posenc_lit.cli._add_lengths': ('cli.html#_add_lengths', 'posenc_lit/cli.py'),
+            'posenc_lit.cli._add_lm': ('cli.html#_add_lm', 'posenc_lit/cli.py'),
             'posenc_lit.cli._add_pretrain': ('cli.html#_add_pretrain', 'posenc_lit/cli.py'),
             'posenc_lit.cli._add_probes': ('cli.html#_add_probes', 'posenc_lit/cli.py'),
             'posenc_lit.cli._add_run_dir': ('cli.html#_add_run_dir', 'posenc_lit/cli.py'),
@@ -398,6 +399,7 @@ d = {
             'posenc_lit.cli.cmd_encodings': ('cli.html#cmd_encodings', 'posenc_lit/cli.py'),
             'posenc_lit.cli.cmd_finetune': ('cli.html#cmd_finetune', 'posenc_lit/cli.py'),
             'posenc_lit.cli.cmd_lengths': ('cli.html#cmd_lengths', 'posenc_lit/cli.py'),
+            'posenc_lit.cli.cmd_lm': ('cli.html#cmd_lm', 'posenc_lit/cli.py'),
             'posenc_lit.cli.cmd_pretrain': ('cli.html#cmd_pretrain', 'posenc_lit/cli.py'),
             'posenc_lit.cli.cmd_probes': ('cli.html#cmd_probes', 'posenc_lit/cli.py'),
             'posenc_lit.cli.cmd_tasks': ('cli.html#cmd_tasks', 'posenc_lit/cli.py'),
@@ -613,6 +615,168 @@ d = {
             'posenc_lit.deberta.make_log_bucket_position': (
                 'deberta.html#make_log_bucket_position',
                 'posenc_lit/deberta.py',
+            ),
+        },
+        'posenc_lit.decoder_study': {
+            'posenc_lit.decoder_study.CausalProbeConfig': (
+                'decoder_study.html#causalprobeconfig',
+                'posenc_lit/decoder_study.py',
+            ),
+            'posenc_lit.decoder_study.CausalProbeConfig.__post_init__': (
+                'decoder_study.html#causalprobeconfig.__post_init__',
+                'posenc_lit/decoder_study.py',
+            ),
+            'posenc_lit.decoder_study.CausalProbeModel': (
+                'decoder_study.html#causalprobemodel',
+                'posenc_lit/decoder_study.py',
+            ),
+            'posenc_lit.decoder_study.CausalProbeModel.__init__': (
+                'decoder_study.html#causalprobemodel.__init__',
+                'posenc_lit/decoder_study.py',
+            ),
+            'posenc_lit.decoder_study.CausalProbeModel.forward': (
+                'decoder_study.html#causalprobemodel.forward',
+                'posenc_lit/decoder_study.py',
+            ),
+            'posenc_lit.decoder_study.LMConfig': (
+                'decoder_study.html#lmconfig',
+                'posenc_lit/decoder_study.py',
+            ),
+            'posenc_lit.decoder_study.LMData': ('decoder_study.html#lmdata', 'posenc_lit/decoder_study.py'),
+            'posenc_lit.decoder_study._acc_cell': (
+                'decoder_study.html#_acc_cell',
+                'posenc_lit/decoder_study.py',
+            ),
+            'posenc_lit.decoder_study._causal_results': (
+                'decoder_study.html#_causal_results',
+                'posenc_lit/decoder_study.py',
+            ),
+            'posenc_lit.decoder_study._cell': ('decoder_study.html#_cell', 'posenc_lit/decoder_study.py'),
+            'posenc_lit.decoder_study._init': ('decoder_study.html#_init', 'posenc_lit/decoder_study.py'),
+            'posenc_lit.decoder_study._lm_finish': (
+                'decoder_study.html#_lm_finish',
+                'posenc_lit/decoder_study.py',
+            ),
+            'posenc_lit.decoder_study._lm_loop': (
+                'decoder_study.html#_lm_loop',
+                'posenc_lit/decoder_study.py',
+            ),
+            'posenc_lit.decoder_study._lm_parts': (
+                'decoder_study.html#_lm_parts',
+                'posenc_lit/decoder_study.py',
+            ),
+            'posenc_lit.decoder_study._missing': (
+                'decoder_study.html#_missing',
+                'posenc_lit/decoder_study.py',
+            ),
+            'posenc_lit.decoder_study._scored': ('decoder_study.html#_scored', 'posenc_lit/decoder_study.py'),
+            'posenc_lit.decoder_study.causal_index_batch': (
+                'decoder_study.html#causal_index_batch',
+                'posenc_lit/decoder_study.py',
+            ),
+            'posenc_lit.decoder_study.causal_precede_batch': (
+                'decoder_study.html#causal_precede_batch',
+                'posenc_lit/decoder_study.py',
+            ),
+            'posenc_lit.decoder_study.counting_batch': (
+                'decoder_study.html#counting_batch',
+                'posenc_lit/decoder_study.py',
+            ),
+            'posenc_lit.decoder_study.decoder_claims': (
+                'decoder_study.html#decoder_claims',
+                'posenc_lit/decoder_study.py',
+            ),
+            'posenc_lit.decoder_study.decoder_table': (
+                'decoder_study.html#decoder_table',
+                'posenc_lit/decoder_study.py',
+            ),
+            'posenc_lit.decoder_study.entry_runs': (
+                'decoder_study.html#entry_runs',
+                'posenc_lit/decoder_study.py',
+            ),
+            'posenc_lit.decoder_study.eval_stream': (
+                'decoder_study.html#eval_stream',
+                'posenc_lit/decoder_study.py',
+            ),
+            'posenc_lit.decoder_study.flip_flop_batch': (
+                'decoder_study.html#flip_flop_batch',
+                'posenc_lit/decoder_study.py',
+            ),
+            'posenc_lit.decoder_study.length_losses': (
+                'decoder_study.html#length_losses',
+                'posenc_lit/decoder_study.py',
+            ),
+            'posenc_lit.decoder_study.lm_blocks': (
+                'decoder_study.html#lm_blocks',
+                'posenc_lit/decoder_study.py',
+            ),
+            'posenc_lit.decoder_study.lm_data': ('decoder_study.html#lm_data', 'posenc_lit/decoder_study.py'),
+            'posenc_lit.decoder_study.lm_evaluate': (
+                'decoder_study.html#lm_evaluate',
+                'posenc_lit/decoder_study.py',
+            ),
+            'posenc_lit.decoder_study.lm_length_loss': (
+                'decoder_study.html#lm_length_loss',
+                'posenc_lit/decoder_study.py',
+            ),
+            'posenc_lit.decoder_study.lm_lengths': (
+                'decoder_study.html#lm_lengths',
+                'posenc_lit/decoder_study.py',
+            ),
+            'posenc_lit.decoder_study.lm_loss': ('decoder_study.html#lm_loss', 'posenc_lit/decoder_study.py'),
+            'posenc_lit.decoder_study.lm_model': (
+                'decoder_study.html#lm_model',
+                'posenc_lit/decoder_study.py',
+            ),
+            'posenc_lit.decoder_study.lm_model_config': (
+                'decoder_study.html#lm_model_config',
+                'posenc_lit/decoder_study.py',
+            ),
+            'posenc_lit.decoder_study.load_lm': ('decoder_study.html#load_lm', 'posenc_lit/decoder_study.py'),
+            'posenc_lit.decoder_study.loss_at': ('decoder_study.html#loss_at', 'posenc_lit/decoder_study.py'),
+            'posenc_lit.decoder_study.make_causal_probe_config': (
+                'decoder_study.html#make_causal_probe_config',
+                'posenc_lit/decoder_study.py',
+            ),
+            'posenc_lit.decoder_study.make_lm_config': (
+                'decoder_study.html#make_lm_config',
+                'posenc_lit/decoder_study.py',
+            ),
+            'posenc_lit.decoder_study.plot_lengths': (
+                'decoder_study.html#plot_lengths',
+                'posenc_lit/decoder_study.py',
+            ),
+            'posenc_lit.decoder_study.position_buckets': (
+                'decoder_study.html#position_buckets',
+                'posenc_lit/decoder_study.py',
+            ),
+            'posenc_lit.decoder_study.pretrain_lm': (
+                'decoder_study.html#pretrain_lm',
+                'posenc_lit/decoder_study.py',
+            ),
+            'posenc_lit.decoder_study.probe_accuracy_at': (
+                'decoder_study.html#probe_accuracy_at',
+                'posenc_lit/decoder_study.py',
+            ),
+            'posenc_lit.decoder_study.probe_table': (
+                'decoder_study.html#probe_table',
+                'posenc_lit/decoder_study.py',
+            ),
+            'posenc_lit.decoder_study.read_causal_probes': (
+                'decoder_study.html#read_causal_probes',
+                'posenc_lit/decoder_study.py',
+            ),
+            'posenc_lit.decoder_study.rescaled': (
+                'decoder_study.html#rescaled',
+                'posenc_lit/decoder_study.py',
+            ),
+            'posenc_lit.decoder_study.run_causal_probes': (
+                'decoder_study.html#run_causal_probes',
+                'posenc_lit/decoder_study.py',
+            ),
+            'posenc_lit.decoder_study.selective_copy_batch': (
+                'decoder_study.html#selective_copy_batch',
+                'posenc_lit/decoder_study.py',
             ),
         },
         'posenc_lit.figures': {

@@ -10,7 +10,8 @@ from .files import dumps, run_entries
 
 # %% auto #0
 __all__ = ['UsageError', 'cmd_encodings', 'cmd_pretrain', 'cmd_lengths', 'cmd_finetune', 'cmd_tasks',
-           'cmd_vit', 'cmd_compare', 'cmd_probes', 'cmd_bench', 'build_parser', 'Interrupted', 'main']
+           'cmd_vit', 'cmd_compare', 'cmd_probes', 'cmd_bench', 'cmd_lm', 'build_parser', 'Interrupted',
+           'main']
 
 # %% ../nbs/13_cli.ipynb #90336ca0
 class UsageError(ValueError):
@@ -896,6 +897,53 @@ def cmd_bench(args) -> int:
     print(f'results: {args.out}/bench.json, bench.md, bench.png')
     return 0
 
+# %% ../nbs/13_cli.ipynb #45c8aabc
+# the pretraining flags a causal-LM run has too (LMConfig's fields), and its own
+_LM_FLAGS = [f for f in _TRAIN_FLAGS if f[0] not in ('--emd-steps', '--eval-blocks')] + [
+    ('--eval-tokens', int, 'validation tokens evaluated (cut to a multiple of the longest length)'),
+    ('--init-std', float, 'std of every linear and embedding weight'),
+]
+
+
+def _add_lm(sub):
+    p = sub.add_parser(
+        'lm',
+        help='causal-LM pretraining (the decoder study), then the loss at 1×, 2×, 4×, 8× the length',
+        description='Pretrain a small decoder (CausalLM) with the chosen position encoding on the next-token '
+        'loss, on the one training loop (checkpoints, signals and --resume as pretrain), then write '
+        'OUT/lengths.json: the loss at 1×, 2×, 4× and 8× the training length (RoPE: also with position '
+        'interpolation and NTK scaling). See nbs/26_decoder_study.ipynb.',
+    )
+    p.add_argument('--pe', required=True, help='position encoding (see `posenc_lit encodings`)')
+    p.add_argument(
+        '--preset',
+        default='study',
+        help='study: 2 layers, D=128, 3,000 steps of 32×64 tokens (about 20-30 min of one core); smoke: a '
+        'tiny model, 6 steps (default: study)',
+    )
+    _add_run_dir(p)
+    _add_run_flags(p, 'JSON object of extra encoding options, e.g. \'{"base": 500}\'', _LM_FLAGS)
+    p.set_defaults(func=cmd_lm, parser=p)
+
+
+def cmd_lm(args) -> int:
+    """Run `pretrain_lm` with the preset and overrides from `args`; prints the summary as JSON. Status 128 + n
+    after signal n."""
+    from posenc_lit.decoder_study import make_lm_config, pretrain_lm
+
+    over = {f[2:].replace('-', '_'): getattr(args, f[2:].replace('-', '_')) for f, _, _ in _LM_FLAGS}
+    try:
+        cfg = make_lm_config(
+            args.preset, pe=args.pe, pe_kwargs=args.pe_kwargs, mixed_precision=args.mixed_precision, **over
+        )
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    _check_out(args.out)
+    summary = pretrain_lm(
+        cfg, args.out, args.resume, args.stop_at, progress=not args.quiet, overwrite=args.overwrite
+    )
+    return _report_run(summary)
+
 # %% ../nbs/13_cli.ipynb #45f4ccb7
 def build_parser() -> argparse.ArgumentParser:
     "The `posenc_lit` argument parser."
@@ -908,6 +956,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(func=cmd_encodings, parser=e)
     _add_pretrain(sub)
     _add_lengths(sub)
+    _add_lm(sub)
     _add_finetune(sub)
     t = sub.add_parser('tasks', help='list the fine-tuning tasks')
     t.set_defaults(func=cmd_tasks, parser=t)
@@ -920,6 +969,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 _AFTER_STOP = {  # what the user does after a command was stopped outside its training loop (`_after_stop`)
     'pretrain': 'what finished is kept: --resume continues from the last checkpoint',
+    'lm': 'what finished is kept: --resume continues from the last checkpoint',
     'vit': 'what finished is kept: --resume continues from the last checkpoint',
     'compare': 'what finished is kept: the same command continues from the last finished stage',
     'finetune': 'fine-tuning keeps no checkpoint: run the same command with --overwrite to start it again',
@@ -931,7 +981,7 @@ def _after_stop(args) -> str:
     """What to do after `args.command` stopped outside its training loop; for a run with checkpoints, what
     `--out` holds decides (a stop may come before the folder is made, or before its first checkpoint)."""
     again = _AFTER_STOP.get(args.command, 'nothing it wrote needs to be kept')
-    if args.command not in ('pretrain', 'vit'):
+    if args.command not in ('pretrain', 'lm', 'vit'):
         return again
     out = pathlib.Path(args.out)
     if any((out / ck).is_dir() for ck in ('checkpoint', 'checkpoint.old')):

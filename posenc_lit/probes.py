@@ -270,20 +270,26 @@ def _stop_reason(means: list, step: int, cfg: ProbeConfig) -> str | None:
 
 
 def train_probe(
-    pe: str, probe: str, cfg: ProbeConfig, pe_kwargs: dict | None = None
-) -> tuple[ProbeModel, dict]:
+    pe: str,
+    probe: str,
+    cfg: ProbeConfig,
+    pe_kwargs: dict | None = None,
+    tasks: dict | None = None,  # name -> Probe (default: PROBES; 26_decoder_study: the causal probes)
+    model_cls: type | None = None,  # (pe, probe, cfg, pe_kwargs) -> model (default: ProbeModel)
+) -> tuple[nn.Module, dict]:
     """Train a `ProbeModel` until the stopping rule stops it: it (eval mode) and `{'final_loss' (the last
     window's mean), 'steps', 'stopped', 'curve' (window means), 'train_s', 'cpu_s'}`; `FloatingPointError`
     if the loss is not finite."""
-    kind, t, cpu = PROBES[probe].kind, time.time(), time.process_time()
+    tasks, model_cls = tasks or PROBES, model_cls or ProbeModel
+    kind, t, cpu = tasks[probe].kind, time.time(), time.process_time()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
-        model = ProbeModel(pe, probe, cfg, pe_kwargs)
+        model = model_cls(pe, probe, cfg, pe_kwargs)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     warm = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / (cfg.warmup + 1)))
     g, losses, means, stopped = torch.Generator().manual_seed(cfg.seed), [], [], None
     while stopped is None:
-        ids, y = PROBES[probe].batch(cfg.batch_size, cfg.length, cfg, g)
+        ids, y = tasks[probe].batch(cfg.batch_size, cfg.length, cfg, g)
         loss = probe_loss(kind, model(ids), y)
         if not torch.isfinite(loss):
             raise FloatingPointError(
@@ -303,13 +309,15 @@ def train_probe(
 
 # %% ../nbs/19a_probes.ipynb #f489d737
 @torch.no_grad()
-def score_probe(model: ProbeModel, probe: str, cfg: ProbeConfig) -> dict:
+def score_probe(
+    model: nn.Module, probe: str, cfg: ProbeConfig, tasks: dict | None = None  # default: PROBES
+) -> dict:
     """`{n: {'acc', 'loss'}}` on fresh examples (seeded by `cfg.seed`, n); `{n: {'error': reason}}` if it
     cannot run."""
-    out = {}
+    out, tasks = {}, tasks or PROBES
     for n in (cfg.length * f for f in cfg.factors):
         g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + n)
-        ids, y = PROBES[probe].batch(cfg.eval_examples, n, cfg, g)
+        ids, y = tasks[probe].batch(cfg.eval_examples, n, cfg, g)
         try:
             logits = model(ids)
         except PositionRangeError as e:
