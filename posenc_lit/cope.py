@@ -22,10 +22,12 @@ def cope_gates(
     k: torch.Tensor,  # `(b, h, j, d)` keys
     scale: float,  # the logits' content scale, 1/sqrt(d): the authors' code gates the scaled logits
     key_mask: torch.Tensor | None = None,  # `(b|1, j)` bool, True = a real key; padding keys get gate 0
-) -> torch.Tensor:  # g `(b, h, i, j)` in [0, 1], in the dtype of q
+) -> torch.Tensor:  # g `(b, h, i, j)` in [0, 1]: float32 (float64 for float64 q)
     """CoPE's gates $g_{ij} = \\sigma(q_i\\cdot k_j/\\sqrt d)$ (Golovneva et al. 2024, eq. 3), 0 for padding
     keys."""
-    g = torch.sigmoid((q @ k.transpose(-1, -2)) * scale)  # (b, h, i, j)
+    # counted in float32 at least: a bfloat16 sum of gates has a resolution of 0.25 by position 64
+    s = (q @ k.transpose(-1, -2)).to(torch.promote_types(q.dtype, torch.float32))  # (b, h, i, j)
+    g = torch.sigmoid(s * scale)
     return g if key_mask is None else g * key_mask[:, None, None, :]
 
 # %% ../nbs/08b_cope.ipynb #8d869160

@@ -260,3 +260,19 @@ def test_prepare_and_the_hooks_refuse_bad_input():
         pe.score_terms(q[..., :4], q[..., :4], pe.prepare(pos, pos), 0)
     with pytest.raises(ValueError, match="the paper's causal form"):
         ModelConfig(pe='signed-cope', pe_kwargs={'bidirectional': False})
+
+
+def test_counts_stay_float32_for_bfloat16_inputs():
+    "A bfloat16 sum of gates would have a resolution of 0.25 by position 64: gates and counts stay float32."
+    q, k, keep = _inputs()
+    qb, kb = q.bfloat16(), k.bfloat16()
+    g = cope_gates(qb, kb, D ** -0.5, keep)
+    assert g.dtype == torch.float32
+    torch.testing.assert_close(g, cope_gates(qb.float(), kb.float(), D ** -0.5, keep), atol=1e-2, rtol=0)
+    pe = CoPE(D, 1, init_std=0.5)
+    t = pe.score_terms(qb, kb, pe.prepare(torch.arange(7), torch.arange(7), key_mask=keep), 0)[0]
+    assert t.dtype == torch.float32 and t.isfinite().all()
+    cfg = ModelConfig(vocab_size=50, d_model=24, n_layers=2, n_heads=3, d_ff=32, pe='signed-cope')
+    with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16):
+        out = Encoder(cfg).eval()(torch.randint(5, 50, (2, 9)))['hidden_states']
+    assert out.isfinite().all()
