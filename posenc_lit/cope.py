@@ -77,7 +77,7 @@ class CoPE(PositionEncoding):
         self,
         d_head: int,  # d: the width of a table row, the queries' head dimension
         n_layers: int,  # one table per layer
-        npos_max: int = 64,  # rows per direction: counts are clamped at npos_max - 1 (eq. 4's p_max)
+        npos_max: int = 64,  # rows per direction: counts are clamped at npos_max - 1 (the paper's p_max)
         # signed counts, rows -(npos_max-1) … npos_max-1; False: the paper's rows 0 … npos_max-1
         bidirectional: bool = True,
         init_std: float = 0.0,  # 0: zero tables, as in the authors' code
