@@ -142,21 +142,22 @@ def _sharing(f):
 
 
 def _result_loss(name: str, r) -> float | None:
-    """The held-out loss in `name`'s result `r` (a run's summary): None while there is none ('pending');
-    a result without a finite `eval_loss` is an error, not a cell."""
+    """The held-out loss in `name`'s result `r` (a run's summary): None for a run still to come (`r` None:
+    'pending'); a result without a finite `eval_loss` is an error, not a cell."""
     if r is None:
         return None
     loss = r.get('eval_loss') if isinstance(r, dict) else None
     if isinstance(loss, bool) or not isinstance(loss, (int, float)) or not math.isfinite(loss):
         raise ValueError(
             f"results[{name!r}] must be a run's summary with a finite eval_loss (nats); got {r!r}. "
-            f"Leave {name!r} out of results (or map it to None) to show 'pending'"
+            f"Map {name!r} to None to show 'pending' (a run to come), or leave it out: 'not run yet'"
         )
     return float(loss)
 
 
 def encodings_table(
-    results: dict | None = None,  # {encoding name: a run's summary.json}, for the results column
+    # {encoding name: a run's summary.json, or None: 'pending'}; an encoding left out: 'not run yet'
+    results: dict | None = None,
     results_page: str = '',  # the page that reports those runs (a link target for each result)
     **config,  # passed to encoding_facts
 ) -> str:
@@ -196,7 +197,7 @@ def encodings_table(
         if results is not None:
             loss = losses.get(name)
             cells.append(
-                'pending'
+                ('pending' if name in losses else 'not run yet')
                 if loss is None
                 else f'[{loss:.3f}]({results_page})' if results_page else f'{loss:.3f}'
             )

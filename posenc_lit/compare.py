@@ -1238,7 +1238,7 @@ FAMILIES = {
     'relative': ('t5', 'shaw', 'huang4'),
     'TUPE': ('tupe-a', 'tupe-r'),
     'DeBERTa': ('deberta',),
-    'modern': ('rope', 'alibi', 'fire'),
+    'modern': ('rope', 'alibi', 'fire', 'cope'),
 }
 
 

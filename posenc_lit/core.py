@@ -75,6 +75,7 @@ ENCODING_MODULES = [
     'posenc_lit.rope',
     'posenc_lit.alibi',
     'posenc_lit.fire',
+    'posenc_lit.cope',
     'posenc_lit.vit',
     'posenc_lit.rope_mixed',
 ]

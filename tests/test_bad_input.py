@@ -155,7 +155,7 @@ API_BAD = {   # id: (call that gets `tmp_path`, error type, what was wrong, what
         lambda tmp: ModelConfig(**{**TEXT, 'd_model': 30}), ValueError, 'd_model=30', 'must be divisible by n_heads=4'),
     'unknown-encoding': (
         lambda tmp: ModelConfig(**TEXT, pe='bogus'), ValueError,
-        "unknown position encoding 'bogus'", 'valid names: alibi, deberta, fire, huang4, learned, none, rope'),
+        "unknown position encoding 'bogus'", 'valid names: alibi, cope, deberta, fire, huang4, learned, none, rope'),
     'unknown-encoding-option': (
         lambda tmp: ModelConfig(**TEXT, pe='t5', pe_kwargs={'bukets': 3}), ValueError,
         "pe_kwargs {'bukets': 3} are not accepted by pe='t5'", "pe='t5' accepts num_buckets, max_distance, bidirectional"),
