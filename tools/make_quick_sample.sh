@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The README's sample run of `posenc_lit compare --preset quick` (issue 38), made from a clean tree of COMMIT.
+#
+# Usage: bash tools/make_quick_sample.sh COMMIT      (on idle cores: about 15 minutes)
+#
+# Clones this repository at COMMIT into a temporary folder (a clean tree: the run's results.json records COMMIT and
+# git_dirty false), runs the quick preset there (one command, timed), copies its results.json and what it printed to
+# results/compare/quick/ of this checkout, then makes the README's sample again from that file: the sample cell of
+# nbs/index.ipynb (id 6c829d98; no other cell is touched) is run again and README.md regenerated
+# (tools/make_readme.py). tests/test_readme_sample.py checks the README against the file. Commit the three afterwards.
+# PYTHON: an interpreter with posenc_lit's dependencies (default: python). Threads: PyTorch's default (one per core)
+# unless OMP_NUM_THREADS is set; the run records which in results.json (`environment`).
+set -euo pipefail
+[ $# -eq 1 ] || { echo "usage: bash tools/make_quick_sample.sh COMMIT" >&2; exit 2; }
+here=$(cd "$(dirname "$0")/.." && pwd)
+py=${PYTHON:-python}
+commit=$(git -C "$here" rev-parse --verify "$1^{commit}")
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+git clone -q "$(git -C "$here" rev-parse --path-format=absolute --git-common-dir)" "$tmp/clone"
+git -C "$tmp/clone" checkout -q --detach "$commit"
+[ -z "$(git -C "$tmp/clone" status --porcelain)" ] || { echo "the clone of $commit is not clean" >&2; exit 1; }
+echo "quick compare of $commit in $tmp/clone (load average: $(cut -d' ' -f1-3 /proc/loadavg))" >&2
+start=$(date +%s)
+(cd "$tmp/clone" && PYTHONPATH="$tmp/clone" HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 \
+  "$py" -c 'import sys; from posenc_lit.cli import main; sys.exit(main(sys.argv[1:]))' \
+  compare --preset quick --out runs/compare-quick --quiet > "$tmp/stdout.txt")
+wall=$(( $(date +%s) - start ))
+dest=$here/results/compare/quick
+mkdir -p "$dest"
+cp "$tmp/clone/runs/compare-quick/results.json" "$dest/results.json"
+cp "$tmp/stdout.txt" "$dest/stdout.txt"
+"$py" - "$dest/results.json" "$commit" "$wall" <<'EOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+env = r['environment']
+assert r['finished'] and env['git_commit'] == sys.argv[2] and env['git_dirty'] is False, (r['finished'], env)
+print(f"{sys.argv[2][:12]}: {int(sys.argv[3])} s wall (the command), compute_s {r['compute_s']:.0f}, "
+      f"{env['cpu_count']} × {env['cpu']}, {env['torch_threads']} threads", file=sys.stderr)
+EOF
+cd "$here"
+PYTHONPATH=$here "$py" - <<'EOF'
+from execnb.nbio import read_nb, write_nb
+from execnb.shell import CaptureShell
+nb = read_nb('nbs/index.ipynb')
+sh = CaptureShell(path='nbs')
+sh.run(next(c for c in nb.cells if c.get('id') == '995439d0').source)   # the imports
+cell = next(c for c in nb.cells if c.get('id') == '6c829d98')             # the sample
+sh.cell(cell)
+assert not any(o.get('output_type') == 'error' for o in cell.outputs), cell.outputs
+write_nb(nb, 'nbs/index.ipynb')
+EOF
+nbdev_clean --fname nbs/index.ipynb
+"$py" tools/make_readme.py
+PYTHONPATH=$here "$py" -m pytest -q tests/test_readme_sample.py
+echo "now commit results/compare/quick nbs/index.ipynb README.md (the README names $commit)" >&2
