@@ -84,7 +84,7 @@ COMPARE_PRESETS = {
         finetune=dict(preset='quick', epochs=1, max_train=QUICK_TRAIN, lr=1e-3),
         # for --tasks reviews: cut to the pretraining length
         task_overrides={'reviews': dict(max_len=32, eval_lengths=[32, 64, 128])},
-        tasks=['order'], seeds=[0], lengths=[32, 64, 128], length_tokens=4096,
+        tasks=['order'], seeds=[0], lengths=[32, 64, 128], length_tokens=8192,
         vit=None, vit_encodings=[],  # no ViT grid: the ViT study (23_vit_study) is the vision comparison
         # the committed study, printed beside this run's numbers at the end (posenc_lit.study)
         study='results',
@@ -231,8 +231,10 @@ def compare_plan(
         or not all(isinstance(s, int) and 0 <= s < 2**32 for s in seeds)
     ):
         raise ValueError(f'seeds must be distinct integers in [0, 2**32), at least one; got {seeds}')
-    if vit_encodings and not spec.get('vit'):
-        raise ValueError(f'the preset {name!r} has no ViT grid: leave out the vision encodings')
+    if vit_encodings is not None:  # the names first, then whether the preset trains ViTs at all
+        _pick(vit_encodings, [], list_encodings('image'), 'vision encoding')
+        if not spec.get('vit'):
+            raise ValueError(f'the preset {name!r} has no ViT grid: leave out the vision encodings')
     vits = (
         _pick(
             vit_encodings,

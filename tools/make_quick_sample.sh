@@ -40,15 +40,17 @@ print(f"{sys.argv[2][:12]}: {int(sys.argv[3])} s wall (the command), compute_s {
 EOF
 cd "$here"
 PYTHONPATH=$here "$py" - <<'EOF'
+import os
 from execnb.nbio import read_nb, write_nb
 from execnb.shell import CaptureShell
-nb = read_nb('nbs/index.ipynb')
-sh = CaptureShell(path='nbs')
+os.chdir('nbs')   # the notebook's paths are relative to its folder
+nb = read_nb('index.ipynb')
+sh = CaptureShell()
 sh.run(next(c for c in nb.cells if c.get('id') == '995439d0').source)   # the imports
 cell = next(c for c in nb.cells if c.get('id') == '6c829d98')             # the sample
 sh.cell(cell)
 assert not any(o.get('output_type') == 'error' for o in cell.outputs), cell.outputs
-write_nb(nb, 'nbs/index.ipynb')
+write_nb(nb, 'index.ipynb')
 EOF
 nbdev_clean --fname nbs/index.ipynb
 "$py" tools/make_readme.py
