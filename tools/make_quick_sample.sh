@@ -9,7 +9,8 @@
 # nbs/index.ipynb (id 6c829d98; no other cell is touched) is run again and README.md regenerated
 # (tools/make_readme.py). tests/test_readme_sample.py checks the README against the file. Commit the three afterwards.
 # PYTHON: an interpreter with posenc_lit's dependencies (default: python). Threads: PyTorch's default (one per core)
-# unless OMP_NUM_THREADS is set; the run records which in results.json (`environment`).
+# unless OMP_NUM_THREADS is set; the run records which in results.json (`environment`). COMPARE_ARGS: more options
+# of `compare`, only for trying this script out (e.g. COMPARE_ARGS='--encodings none'; the test then fails).
 set -euo pipefail
 [ $# -eq 1 ] || { echo "usage: bash tools/make_quick_sample.sh COMMIT" >&2; exit 2; }
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -24,7 +25,7 @@ echo "quick compare of $commit in $tmp/clone (load average: $(cut -d' ' -f1-3 /p
 start=$(date +%s)
 (cd "$tmp/clone" && PYTHONPATH="$tmp/clone" HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 \
   "$py" -c 'import sys; from posenc_lit.cli import main; sys.exit(main(sys.argv[1:]))' \
-  compare --preset quick --out runs/compare-quick --quiet > "$tmp/stdout.txt")
+  compare --preset quick --out runs/compare-quick --quiet ${COMPARE_ARGS:-} > "$tmp/stdout.txt")
 wall=$(( $(date +%s) - start ))
 dest=$here/results/compare/quick
 mkdir -p "$dest"
