@@ -50,6 +50,8 @@ sh = CaptureShell()
 sh.run(next(c for c in nb.cells if c.get('id') == '995439d0').source)   # the imports
 cell = next(c for c in nb.cells if c.get('id') == '6c829d98')             # the sample
 sh.cell(cell)
+# execnb gives the printed text before the displayed Markdown; the cell displays the sentence first
+cell.outputs = sorted(cell.outputs, key=lambda o: o.get('output_type') == 'stream')
 assert not any(o.get('output_type') == 'error' for o in cell.outputs), cell.outputs
 write_nb(nb, 'index.ipynb')
 EOF
