@@ -732,10 +732,10 @@ def _acc_note(r) -> str:
 
 
 def _committed_study(spec: dict, encodings, tasks) -> dict | None:
-    """The committed study that `spec['study']` names (a results folder of the repository;
-    `posenc_lit.study`):
-    for each of `encodings`, its held-out loss (`pretrain`: mean, std, seeds, steps) and each task's test
-    metric (score, std, seeds) where committed, else None; None without `spec['study']` or that folder."""
+    """The committed study that `spec['study']` names (a results folder of the repository, read by
+    `posenc_lit.study`): for each of `encodings`, its held-out loss (`pretrain`: mean, std, seeds, steps) and
+    each task's test metric (score, std, seeds) where committed, else None; None without `spec['study']` or
+    that folder."""
     rel = spec.get('study')
     root = None if rel is None else Path(__file__).resolve().parent.parent / rel
     if root is None or not (root / 'study').is_dir():
