@@ -612,10 +612,11 @@ def _add_compare(sub):
         '--preset',
         default='quick',
         help='quick: the position probes of every encoding (read from the committed probe study, '
-        'results/probes/study), then every encoding as a '
-        'D=64 model for 100 steps, sentiment with one seed, three small ViTs (about 15 minutes in '
-        'all on 2 idle cores); reference: the reference presets, three tasks × three seeds, lengths '
-        'to 1024, every vision encoding (many hours; resumes) (default: quick)',
+        "results/probes/study), then every study entry as the study's model pretrained for a few "
+        'hundred steps and fine-tuned on the order task with one seed, no ViTs (about 15 minutes on '
+        "2 idle cores; it prints what it can and cannot show, and the committed study's numbers); "
+        'reference: the reference presets, three tasks × three seeds, lengths to 1024, every vision '
+        'encoding (many hours; resumes) (default: quick)',
     )
     p.add_argument(
         '--out', type=_path, required=True, help='output folder (the same folder resumes the study)'

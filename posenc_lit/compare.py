@@ -41,29 +41,56 @@ from posenc_lit.probes import (
 )
 
 # %% auto #0
-__all__ = ['COMPARE_PRESETS', 'ABLATIONS', 'WORSE', 'WORSE_LEGEND', 'FAMILIES', 'compare_plan',
-           'pretrained_runs', 'environment', 'compare', 'format_results', 'markdown_table', 'probes_markdown',
-           'results_markdown', 'encoding_families', 'plot_pretraining', 'plot_task', 'plot_lengths',
-           'plot_downstream', 'plot_vit', 'save_figures']
+__all__ = ['QUICK_STEPS', 'QUICK_TRAIN', 'COMPARE_PRESETS', 'ABLATIONS', 'WORSE', 'WORSE_LEGEND', 'FAMILIES',
+           'compare_plan', 'pretrained_runs', 'environment', 'compare', 'format_results', 'markdown_table',
+           'probes_markdown', 'results_markdown', 'encoding_families', 'plot_pretraining', 'plot_task',
+           'plot_lengths', 'plot_downstream', 'plot_vit', 'save_figures']
 
 # %% ../nbs/19_compare.ipynb #acd90be7
 # fmt: off
+QUICK_STEPS, QUICK_TRAIN = 300, 2000  # pretraining steps, fine-tuning examples (measured below)
 COMPARE_PRESETS = {
     'quick': dict(
+        # printed before any table (format_results); {steps}: the pretraining steps
+        about=(
+            'what this run can and cannot show: the position probes are the committed probe study (3 '
+            'seeds, each run trained until its loss stopped falling), read, not rerun: what each '
+            "encoding can do. The language models are the study's entries and model (results/study) "
+            'pretrained for {steps:,} steps instead of 12,000: too few to rank them. In the study most '
+            'relative entries are far below `none` by step 1,000, t5, alibi and sinusoidal by step '
+            '2,000, learned only after about 5,000; in our 400-step trials none, shaw and learned all '
+            'stayed within 0.3 nats of the unigram loss. So `none` need not be last here, and the order '
+            'task (bag-of-words and `none` at 0.5 by construction) is not expected to leave chance. This '
+            "part checks the pipeline, one seed; the committed study's numbers are printed at the end, "
+            "beside this run's"
+        ),
         # the position probes (posenc_lit.probes), first: the committed study (3 seeds) is read, not rerun
         probes=dict(preset='study', committed='results/probes/study/probes.json'),
-        pretrain=dict(preset='quick', d_model=64, n_layers=2, n_heads=4, d_ff=256, seq_len=64, batch_size=32,
-                      steps=100, lr=2e-3, eval_every=50, save_every=100, log_every=25, eval_blocks=128),
-        # DeBERTa with its Enhanced Mask Decoder, as in the paper
-        pe_overrides={'deberta': dict(emd_steps=2)},
-        # every training sentence (half of them: some models stay at the majority class)
-        finetune=dict(preset='quick', epochs=1, lr=1e-3),
+        # the study's pretraining (training.PRESETS['study']: D = 128, 2 layers, 32-token blocks, 64 a step,
+        # lr 2e-3), cut from 12,000 steps to QUICK_STEPS (issue 38)
+        pretrain=dict(preset='study', steps=QUICK_STEPS, eval_every=QUICK_STEPS, save_every=QUICK_STEPS,
+                      log_every=25, eval_blocks=1024),
+        # the study's entries (tools/study_entries.sh): clipped relative tables at Shaw's k = 16, which the
+        # 32-token blocks reach on both sides; DeBERTa at the depth of every other entry (no EMD)
+        pe_overrides={'huang4': dict(pe_kwargs={'k': 16}), 'deberta': dict(pe_kwargs={'k': 16})},
+        # known at this size (printed beside a number worse than its baseline or than `none`)
+        known={
+            'learned': 'at this size it leaves the bag-of-words plateau after about 5,000 steps '
+                       '(results/study/learned: 6.06 at step 4,000, 5.63 at 5,000; nbs/19b_regime.ipynb)',
+            'sinusoidal': 'at this size it leaves the plateau after 1,000 to 2,000 steps (results/study/'
+                          'sinusoidal: 6.32 at step 1,000, 5.49 at 2,000)',
+            'order': "no entry has learned word order at this size; the study's entries other than "
+                     '`none` reach 0.70 to 0.89 after 12,000 pretraining steps and 2 epochs on all '
+                     '16,658 pairs (results/study_order)',
+        },
+        # a word-order task: bag-of-words and `none` at 0.5 by construction (15_tasks)
+        finetune=dict(preset='quick', epochs=1, max_train=QUICK_TRAIN, lr=1e-3),
         # for --tasks reviews: cut to the pretraining length
-        task_overrides={'reviews': dict(max_len=64, eval_lengths=[64, 128, 256])},
-        tasks=['sentiment'], seeds=[0], lengths=[64, 128, 256], length_tokens=8192,
-        vit=dict(preset='smoke', d_model=32, n_layers=2, n_heads=2, d_ff=64,
-                 steps=100, batch_size=64, eval_every=50, save_every=100, log_every=25),
-        vit_encodings=['learned', 'sincos2d', 'none'],
+        task_overrides={'reviews': dict(max_len=32, eval_lengths=[32, 64, 128])},
+        tasks=['order'], seeds=[0], lengths=[32, 64, 128], length_tokens=8192,
+        vit=None, vit_encodings=[],  # no ViT grid: the ViT study (23_vit_study) is the vision comparison
+        # the committed study, printed beside this run's numbers at the end (posenc_lit.study)
+        study='results',
     ),
     'reference': dict(
         pretrain=dict(preset='reference'),
@@ -104,9 +131,9 @@ def _check_no_shadowed_ablation():
         if name in list_encodings():
             f = get_encoding(name).factory
             raise ValueError(
-                f'the encoding {name!r} registered by {f.__module__}.{getattr(f, "__qualname__", f)} has the '
-                f'name of an ablation in posenc_lit.compare.ABLATIONS ({ABLATIONS[name]}), which compare would '
-                'run instead: register it under another name'
+                f'the encoding {name!r} registered by {f.__module__}.{getattr(f, "__qualname__", f)} has '
+                f'the name of an ablation in posenc_lit.compare.ABLATIONS ({ABLATIONS[name]}), which '
+                'compare would run instead: register it under another name'
             )
 
 # %% ../nbs/19_compare.ipynb #8f0f06dc
@@ -207,6 +234,10 @@ def compare_plan(
         or not all(isinstance(s, int) and 0 <= s < 2**32 for s in seeds)
     ):
         raise ValueError(f'seeds must be distinct integers in [0, 2**32), at least one; got {seeds}')
+    if vit_encodings is not None:  # the names first, then whether the preset trains ViTs at all
+        _pick(vit_encodings, [], list_encodings('image'), 'vision encoding')
+        if not spec.get('vit'):
+            raise ValueError(f'the preset {name!r} has no ViT grid: leave out the vision encodings')
     vits = (
         _pick(
             vit_encodings,
@@ -214,7 +245,7 @@ def compare_plan(
             list_encodings('image'),
             'vision encoding',
         )
-        if vit
+        if vit and spec.get('vit')
         else []
     )
     return {
@@ -699,6 +730,33 @@ def _acc_note(r) -> str:
     accs = [probe_cell(r, n)['acc'] for n in next(iter(seed_records(r)))['acc']]
     return ', accuracy ' + ' '.join('n/a' if a is None else f'{a[0]:.3f}' for a in accs)
 
+
+def _committed_study(spec: dict, encodings, tasks) -> dict | None:
+    """The committed study that `spec['study']` names (a results folder of the repository, read by
+    `posenc_lit.study`): for each of `encodings`, its held-out loss (`pretrain`: mean, std, seeds, steps) and
+    each task's test metric (score, std, seeds) where committed, else None; None without `spec['study']` or
+    that folder."""
+    rel = spec.get('study')
+    root = None if rel is None else Path(__file__).resolve().parent.parent / rel
+    if root is None or not (root / 'study').is_dir():
+        return None
+    from .study import study_rows, task_rows
+
+    pre, done = {r['entry']: r for r in study_rows(root)}, {
+        t: {r['entry']: r for r in task_rows(root, t)} for t in tasks
+    }
+    pick = lambda r, *keys: None if r is None else {k: r[k] for k in keys}
+    return {
+        'source': rel,
+        'entries': {
+            pe: {
+                'pretrain': pick(pre.get(pe), 'loss', 'std', 'seeds', 'steps'),
+                **{t: pick(done[t].get(pe), 'metric', 'score', 'std', 'seeds') for t in tasks},
+            }
+            for pe in encodings
+        },
+    }
+
 # %% ../nbs/19_compare.ipynb #72d8b4b8
 def compare(
     preset: str | dict = 'quick',  # a name in `COMPARE_PRESETS`, or a dict shaped like its entries
@@ -750,6 +808,7 @@ def compare(
             return res
     if not _vit_stages(plan, out, res, run, bars):
         return res
+    res['study'] = _committed_study(plan['spec'], plan['encodings'], plan['tasks'])
     res['finished'] = True
     _write_json(out / 'results.json', res)
     if figures:
@@ -881,9 +940,82 @@ def _language_rows(results: dict) -> tuple[list, list]:
         ['unigram', _mark('—' if uni is None else f'{uni:.4f}', False)]
         + [_mark('—', False)] * (len(tasks) + len(lengths))
     )
-    if any(WORSE in c for r in rows for c in r):
-        notes.append(WORSE_LEGEND)
     return rows, notes
+
+
+def _worse_cells(results: dict) -> list:
+    """The cells of the main table worse than their baseline, in table order: `(pe, column, value, baseline,
+    what)`, `what` naming the baseline."""
+    pre, mm, uni, out = results['pretrain'], results['main_metrics'], _unigram(results), []
+    for pe in results['encodings']:
+        if _worse(loss := pre.get(pe, {}).get('eval_loss'), uni, 'loss'):
+            out.append((pe, 'pretrain loss', loss, uni, 'the unigram loss'))
+        for t in results['tasks']:
+            s, floor = _task_stats(results, pe, t), _task_baseline(results, t)
+            if s is not None and _worse(s['mean'], floor, mm[t]):
+                out.append((pe, f'{t} {mm[t]}', s['mean'], floor, 'the better of majority and bag-of-words'))
+        for r in results['lengths'].get(pe, {}).get('results', []):
+            if _worse(r.get('loss'), uni, 'loss'):
+                out.append((pe, f"loss@{r['length']}", r['loss'], uni, 'the unigram loss'))
+    return out
+
+
+def _study_of(results: dict, pe: str, key: str):
+    return (((results.get('study') or {}).get('entries') or {}).get(pe) or {}).get(key)
+
+
+def _known(results: dict, key: str, study: dict | None = None) -> str:
+    """What the preset knows (`spec['known']`) of `key` (an encoding or a task) at this size, then the
+    committed
+    study's number (its pretraining loss for an encoding, else `study`), as a clause; '' without either."""
+    known = results['spec'].get('known', {}).get(key)
+    out = f'; {known}' if known else ''
+    if key in results['encodings'] and (st := _study_of(results, key, 'pretrain')) is not None:
+        steps = st['steps'] if isinstance(st['steps'], int) else max(st['steps'])
+        out += f"; the study's loss after {steps:,} steps: {st['loss']:.4f}"
+    elif study is not None:
+        out += f"; the study's: {study['score']:.4f}"
+    return out
+
+
+def _before_table(results: dict) -> list:
+    """The lines printed before the main table: the ⚠ legend, then per encoding its ⚠ cells with their
+    baseline,
+    what the preset knows of it at this size (`spec['known']`) and the committed study's number; each task's
+    note where one of its cells is ⚠; then where `none` ranks on the pretraining loss."""
+    lines, seq, said = [], min((p['seq_len'] for p in results['pretrain'].values()), default=0), set()
+    groups = {}  # (pe, baseline) -> [(column, value)]
+    for pe, col, v, base, what in _worse_cells(results):
+        groups.setdefault((pe, what, base), []).append((col, v))
+    if groups:
+        lines.append(WORSE_LEGEND + ':')
+    for (pe, what, base), cols in groups.items():
+        shown = ', '.join(f'{col} {v:.4f}' for col, v in cols)
+        worse = 'above' if what == 'the unigram loss' else 'below'
+        why = _known(results, pe) if pe not in said and worse == 'above' else ''
+        said |= {pe} if why else set()
+        past = any(c.startswith('loss@') and int(c[5:]) > seq for c, _ in cols)
+        lines.append(
+            f'  {pe}: {shown} {worse} {what} {base:.4f}'
+            + (f' (loss@n with n > {seq}: past the training blocks)' if past else '')
+            + why
+        )
+    for t in results['tasks']:
+        if any(c.startswith(f'{t} ') for cols in groups.values() for c, _ in cols) and _known(results, t):
+            lines.append(f"  {t} {results['main_metrics'][t]}: {_known(results, t)[2:]}")
+    loss = {pe: p['eval_loss'] for pe, p in results['pretrain'].items() if pe in results['encodings']}
+    if 'none' in loss and len(loss) > 1:
+        above = sorted((pe for pe in loss if pe != 'none' and loss[pe] >= loss['none']), key=loss.get)
+        if not above:
+            nxt = max((pe for pe in loss if pe != 'none'), key=loss.get)
+            lines.append(
+                f"none is last on pretrain loss ({loss['none']:.4f}), {loss['none'] - loss[nxt]:.4f} nats "
+                f'above the next ({nxt}, {loss[nxt]:.4f})'
+            )
+        else:
+            lines.append(f"none is not last on pretrain loss ({loss['none']:.4f}): at or above it:")
+            lines += [f"  {pe} {loss[pe]:.4f}{'' if pe in said else _known(results, pe)}" for pe in above]
+    return lines
 
 
 def _downstream(results: dict, task: str) -> dict | None:
@@ -935,7 +1067,10 @@ def format_results(results: dict) -> str:
         if (results.get('probes') or {}).get('runs')
         else []
     )
-    lines = head + probes + [''] + _grid(rows) + notes
+    about = results['spec'].get('about')
+    if about:  # what the preset can and cannot show, before any table
+        head.insert(1, about.format(steps=max((p['steps'] for p in pre.values()), default=0)))
+    lines = head + probes + [''] + _before_table(results) + _grid(rows) + notes
     for t in results['tasks']:
         if (d := _downstream(results, t)) is None:
             continue
@@ -954,7 +1089,46 @@ def format_results(results: dict) -> str:
                 'bicubically)'
             ),
         ] + _grid(_vit_rows(results))
-    return '\n'.join(lines)
+    return '\n'.join(lines + _study_lines(results))
+
+
+def _study_lines(results: dict) -> list:
+    """The committed study's headline (`results['study']`) beside this run's numbers: pretraining loss and
+    each task's main metric per encoding; [] without it."""
+    st, pre, tasks = results.get('study'), results['pretrain'], results['tasks']
+    if not st:
+        return []
+    both = lambda v, s: [
+        '—' if v is None else f'{v:.4f}',
+        (
+            'not committed'
+            if s is None
+            else f"{s['loss' if 'loss' in s else 'score']:.4f} ± {s['std']:.4f} ({s['seeds']})"
+        ),
+    ]
+    rows = [['encoding', 'pretrain loss ↓ (this run)', '(study, seeds)']]
+    rows[0] += [
+        x for t in tasks for x in (f"{t} {results['main_metrics'][t]} ↑ (this run)", '(study, seeds)')
+    ]
+    for pe in results['encodings']:
+        r = both(pre.get(pe, {}).get('eval_loss'), _study_of(results, pe, 'pretrain'))
+        for t in tasks:
+            r += both((_task_stats(results, pe, t) or {}).get('mean'), _study_of(results, pe, t))
+        rows.append([pe] + r)
+    steps = sorted(
+        {
+            x['pretrain']['steps']
+            for x in st['entries'].values()
+            if x['pretrain'] and isinstance(x['pretrain']['steps'], int)
+        }
+    )
+    return [
+        '',
+        f"The committed study ({st['source']}/study, pretrained for "
+        f"{', '.join(f'{s:,}' for s in steps)} steps, "
+        f"nbs/19c_study.ipynb; tasks: {st['source']}/study_<task>) beside this run; mean ± std over "
+        "its seeds:",
+    ] + _grid(rows)
 
 # %% ../nbs/19_compare.ipynb #20f764c3
 def _md_escape(s) -> str:

@@ -111,7 +111,9 @@ def test_printed_table_is_format_results_of_the_json(study):
     out, stdout, _, _ = study
     res = json.loads((out / 'results.json').read_text())
     assert stdout == format_results(res) + f'\nresults: {out}/results.json, figures: {out}/figures/\n'
-    rows = {l.split()[0]: l for l in stdout.splitlines()[3:9]}
+    lines = stdout.splitlines()
+    top = next(k for k, l in enumerate(lines) if l.startswith('encoding '))   # the ⚠ legend and its lines come first
+    rows = {l.split()[0]: l for l in lines[top:top + 6]}
     assert set(rows) == {'encoding', 'learned', 't5', 'majority', 'bag-of-words', 'unigram'}
     assert f"{res['pretrain']['t5']['eval_loss']:.4f}" in rows['t5']
 
@@ -181,7 +183,7 @@ def test_bad_input_exits_2_before_anything_runs(argv, msg, study, tmp_path, caps
 
 def test_another_study_in_the_same_folder_is_refused(study, capsys):
     rc, _, err = run_cli(['compare', '--preset', 'quick', '--out', str(study[0]), '--encodings', 'learned'], capsys)
-    assert rc == 2 and "holds a study with another preset, spec (finetune, length_tokens, lengths, " in err and "(preset 'tiny')" in err, err
+    assert rc == 2 and "holds a study with another preset, spec (about, finetune, known, length_tokens, lengths, " in err and "(preset 'tiny')" in err, err
 
 
 def test_a_folder_of_other_files_is_refused(tmp_path, capsys):
@@ -242,7 +244,11 @@ def test_printed_table_marks_direction_and_baseline(study):
     header = next(l for l in stdout.splitlines() if l.startswith('encoding '))
     assert 'pretrain loss ↓' in header and 'sentiment accuracy ↑' in header and 'loss@32 ↓' in header, header
     worse = [f"{v['eval_loss']:.4f} {WORSE}" for v in res['pretrain'].values() if v['eval_loss'] > v['unigram_loss']]   # 6 steps: above unigram
-    assert worse and all(w in stdout for w in worse) and WORSE_LEGEND in stdout.splitlines()
+    assert worse and all(w in stdout for w in worse)
+    lines = stdout.splitlines()   # the legend, and each encoding with a ⚠, before the table
+    top = lines.index(header)
+    assert WORSE_LEGEND + ':' in lines[:top] and all(f'  {pe}: ' in '\n'.join(lines[:top]) for pe, v in res['pretrain'].items()
+                                                      if v['eval_loss'] > v['unigram_loss'])
 
 
 @pytest.mark.parametrize('name', ['tupe-a-tiecls', 'deberta-noemd', 'deberta-noc2p', 'deberta-nop2c'])

@@ -1,0 +1,61 @@
+"""The README's sample of `posenc_lit compare --preset quick` (issue 38): the printed block is `format_results` of the
+committed results/compare/quick/results.json, made by tools/make_quick_sample.sh from a clean tree of the commit the
+README names, with the quick preset of this tree; and it shows what the preset promises (time, order task, ⚠ cells
+explained before the table)."""
+import json, re
+from pathlib import Path
+import pytest
+
+from posenc_lit.compare import COMPARE_PRESETS, WORSE, WORSE_LEGEND, format_results
+from posenc_lit.probes import read_probe_results
+
+ROOT = Path(__file__).resolve().parent.parent
+QUICK = ROOT / 'results' / 'compare' / 'quick'
+BUDGET_S = 15 * 60  # the quick preset's promise: about 15 minutes on 2 idle cores
+
+
+@pytest.fixture(scope='module')
+def res() -> dict:
+    return json.loads((QUICK / 'results.json').read_text())
+
+
+@pytest.fixture(scope='module')
+def sample() -> tuple[str, str]:
+    "(the commit the README names, the printed block under that sentence, dedented)."
+    text = (ROOT / 'README.md').read_text()
+    m = re.search(r'`bash tools/make_quick_sample\.sh ([0-9a-f]{12})`[^\n]*\n\n((?:    [^\n]*\n|\n)+)', text)
+    assert m, 'README.md has no sample sentence naming `bash tools/make_quick_sample.sh COMMIT` and its block'
+    block = [l[4:] for l in m.group(2).rstrip('\n').split('\n')]
+    return m.group(1), '\n'.join(block)
+
+
+def test_readme_block_is_format_results_of_the_committed_json(res, sample):
+    probes = read_probe_results(ROOT / 'results' / 'probes' / 'study' / 'probes.json')
+    assert sample[1] == format_results({**res, 'probes': probes})
+
+
+def test_the_sample_was_made_from_the_clean_commit_the_readme_names(res, sample):
+    env = res['environment']
+    assert res['finished'] and env['git_dirty'] is False and env['git_commit'].startswith(sample[0]), env
+    assert format_results(res) + '\n' in (QUICK / 'stdout.txt').read_text()   # what the run printed
+
+
+def test_the_sample_is_the_quick_preset_of_this_tree(res):
+    assert res['preset'] == 'quick' and res['spec'] == json.loads(json.dumps(COMPARE_PRESETS['quick']))
+
+
+def test_the_sample_shows_what_the_preset_promises(res):
+    "Within the time; `none` at 0.5 on the order task; every ⚠ of the main table explained before the table."
+    assert res['compute_s'] <= BUDGET_S, res['compute_s']
+    none = [r['test']['accuracy'] for r in res['records'] if r['pe'] == 'none' and r['task'] == 'order']
+    assert none == [0.5], none
+    lines = format_results(res).split('\n')
+    top = next(k for k, l in enumerate(lines) if l.startswith('encoding ') and 'pretrain loss' in l)
+    table = lines[top: top + len(res['encodings']) + 1]
+    before = '\n'.join(lines[:top])
+    assert lines[1].startswith('what this run can and cannot show')
+    for row in table[1:]:
+        if WORSE in row:
+            assert WORSE_LEGEND + ':' in before and f'\n  {row.split()[0]}: ' in before, row
+    assert 'none is last on pretrain loss' in before or 'none is not last on pretrain loss' in before
+    assert any(l.startswith('The committed study') for l in lines[top:])
