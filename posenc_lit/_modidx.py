@@ -95,6 +95,10 @@ d = {
                 'attention.html#combinedencoding.relative_only',
                 'posenc_lit/attention.py',
             ),
+            'posenc_lit.attention.CombinedEncoding.score_mods': (
+                'attention.html#combinedencoding.score_mods',
+                'posenc_lit/attention.py',
+            ),
             'posenc_lit.attention.CombinedEncoding.score_terms': (
                 'attention.html#combinedencoding.score_terms',
                 'posenc_lit/attention.py',
@@ -165,6 +169,7 @@ d = {
                 'attention.html#_check_pe_call',
                 'posenc_lit/attention.py',
             ),
+            'posenc_lit.attention._checked': ('attention.html#_checked', 'posenc_lit/attention.py'),
             'posenc_lit.attention._content_scale': (
                 'attention.html#_content_scale',
                 'posenc_lit/attention.py',
@@ -173,6 +178,8 @@ d = {
                 'attention.html#_cpu_math_path',
                 'posenc_lit/attention.py',
             ),
+            'posenc_lit.attention._flex': ('attention.html#_flex', 'posenc_lit/attention.py'),
+            'posenc_lit.attention._fused_mods': ('attention.html#_fused_mods', 'posenc_lit/attention.py'),
             'posenc_lit.attention._manual': ('attention.html#_manual', 'posenc_lit/attention.py'),
             'posenc_lit.attention._softmax_rows': ('attention.html#_softmax_rows', 'posenc_lit/attention.py'),
             'posenc_lit.attention._with_causal': ('attention.html#_with_causal', 'posenc_lit/attention.py'),
@@ -183,10 +190,20 @@ d = {
                 'posenc_lit/attention.py',
             ),
             'posenc_lit.attention.attend_fast': ('attention.html#attend_fast', 'posenc_lit/attention.py'),
+            'posenc_lit.attention.attend_fused': ('attention.html#attend_fused', 'posenc_lit/attention.py'),
             'posenc_lit.attention.attend_manual': ('attention.html#attend_manual', 'posenc_lit/attention.py'),
+            'posenc_lit.attention.causal_block_mask': (
+                'attention.html#causal_block_mask',
+                'posenc_lit/attention.py',
+            ),
             'posenc_lit.attention.causal_mask': ('attention.html#causal_mask', 'posenc_lit/attention.py'),
             'posenc_lit.attention.default_positions': (
                 'attention.html#default_positions',
+                'posenc_lit/attention.py',
+            ),
+            'posenc_lit.attention.dense_mod': ('attention.html#dense_mod', 'posenc_lit/attention.py'),
+            'posenc_lit.attention.fused_unavailable': (
+                'attention.html#fused_unavailable',
                 'posenc_lit/attention.py',
             ),
             'posenc_lit.attention.is_tracing': ('attention.html#is_tracing', 'posenc_lit/attention.py'),
@@ -200,6 +217,7 @@ d = {
                 'posenc_lit/attention.py',
             ),
             'posenc_lit.attention.scores': ('attention.html#scores', 'posenc_lit/attention.py'),
+            'posenc_lit.attention.use_fused': ('attention.html#use_fused', 'posenc_lit/attention.py'),
         },
         'posenc_lit.bench': {
             'posenc_lit.bench.Case': ('bench.html#case', 'posenc_lit/bench.py'),
@@ -511,6 +529,10 @@ d = {
             ),
             'posenc_lit.core.PositionEncoding.relative_only': (
                 'core.html#positionencoding.relative_only',
+                'posenc_lit/core.py',
+            ),
+            'posenc_lit.core.PositionEncoding.score_mods': (
+                'core.html#positionencoding.score_mods',
                 'posenc_lit/core.py',
             ),
             'posenc_lit.core.PositionEncoding.score_terms': (
