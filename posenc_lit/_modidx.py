@@ -666,6 +666,11 @@ d = {
                 'posenc_lit/finetune.py',
             ),
         },
+        'posenc_lit.fused': {
+            'posenc_lit.fused.batched_positions': ('fused.html#batched_positions', 'posenc_lit/fused.py'),
+            'posenc_lit.fused.fused_scores': ('fused.html#fused_scores', 'posenc_lit/fused.py'),
+            'posenc_lit.fused.offset_mod': ('fused.html#offset_mod', 'posenc_lit/fused.py'),
+        },
         'posenc_lit.heads': {
             'posenc_lit.heads.ClassificationHead': ('heads.html#classificationhead', 'posenc_lit/heads.py'),
             'posenc_lit.heads.ClassificationHead.__init__': (
