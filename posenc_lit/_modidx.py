@@ -55,6 +55,7 @@ d = {
             'posenc_lit.alibi.ALiBi': ('alibi.html#alibi', 'posenc_lit/alibi.py'),
             'posenc_lit.alibi.ALiBi.__init__': ('alibi.html#alibi.__init__', 'posenc_lit/alibi.py'),
             'posenc_lit.alibi.ALiBi.prepare': ('alibi.html#alibi.prepare', 'posenc_lit/alibi.py'),
+            'posenc_lit.alibi.ALiBi.score_mods': ('alibi.html#alibi.score_mods', 'posenc_lit/alibi.py'),
             'posenc_lit.alibi.ALiBi.score_terms': ('alibi.html#alibi.score_terms', 'posenc_lit/alibi.py'),
             'posenc_lit.alibi.ALiBiContext': ('alibi.html#alibicontext', 'posenc_lit/alibi.py'),
             'posenc_lit.alibi._alibi': ('alibi.html#_alibi', 'posenc_lit/alibi.py'),
@@ -606,6 +607,10 @@ d = {
                 'deberta.html#debertarelative.rel_projections',
                 'posenc_lit/deberta.py',
             ),
+            'posenc_lit.deberta.DebertaRelative.score_mods': (
+                'deberta.html#debertarelative.score_mods',
+                'posenc_lit/deberta.py',
+            ),
             'posenc_lit.deberta.DebertaRelative.score_terms': (
                 'deberta.html#debertarelative.score_terms',
                 'posenc_lit/deberta.py',
@@ -1077,6 +1082,10 @@ d = {
                 'relative.html#relativevectors.prepare',
                 'posenc_lit/relative.py',
             ),
+            'posenc_lit.relative.RelativeVectors.score_mods': (
+                'relative.html#relativevectors.score_mods',
+                'posenc_lit/relative.py',
+            ),
             'posenc_lit.relative.RelativeVectors.score_terms': (
                 'relative.html#relativevectors.score_terms',
                 'posenc_lit/relative.py',
@@ -1180,6 +1189,10 @@ d = {
                 'posenc_lit/t5.py',
             ),
             'posenc_lit.t5.T5RelativeBias.prepare': ('t5.html#t5relativebias.prepare', 'posenc_lit/t5.py'),
+            'posenc_lit.t5.T5RelativeBias.score_mods': (
+                't5.html#t5relativebias.score_mods',
+                'posenc_lit/t5.py',
+            ),
             'posenc_lit.t5.T5RelativeBias.score_terms': (
                 't5.html#t5relativebias.score_terms',
                 'posenc_lit/t5.py',
@@ -1263,6 +1276,7 @@ d = {
             'posenc_lit.tupe.TUPE.positional_term': ('tupe.html#tupe.positional_term', 'posenc_lit/tupe.py'),
             'posenc_lit.tupe.TUPE.prepare': ('tupe.html#tupe.prepare', 'posenc_lit/tupe.py'),
             'posenc_lit.tupe.TUPE.reset_cls': ('tupe.html#tupe.reset_cls', 'posenc_lit/tupe.py'),
+            'posenc_lit.tupe.TUPE.score_mods': ('tupe.html#tupe.score_mods', 'posenc_lit/tupe.py'),
             'posenc_lit.tupe.TUPE.score_terms': ('tupe.html#tupe.score_terms', 'posenc_lit/tupe.py'),
             'posenc_lit.tupe.TUPEContext': ('tupe.html#tupecontext', 'posenc_lit/tupe.py'),
             'posenc_lit.tupe._batch_positions': ('tupe.html#_batch_positions', 'posenc_lit/tupe.py'),
@@ -1356,6 +1370,7 @@ d = {
             'posenc_lit.vit.RelBias2d.__init__': ('vit.html#relbias2d.__init__', 'posenc_lit/vit.py'),
             'posenc_lit.vit.RelBias2d.bias': ('vit.html#relbias2d.bias', 'posenc_lit/vit.py'),
             'posenc_lit.vit.RelBias2d.prepare': ('vit.html#relbias2d.prepare', 'posenc_lit/vit.py'),
+            'posenc_lit.vit.RelBias2d.score_mods': ('vit.html#relbias2d.score_mods', 'posenc_lit/vit.py'),
             'posenc_lit.vit.RelBias2d.score_terms': ('vit.html#relbias2d.score_terms', 'posenc_lit/vit.py'),
             'posenc_lit.vit.RelBias2dContext': ('vit.html#relbias2dcontext', 'posenc_lit/vit.py'),
             'posenc_lit.vit.ResBlock': ('vit.html#resblock', 'posenc_lit/vit.py'),

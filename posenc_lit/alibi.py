@@ -10,6 +10,7 @@ from fastcore.basics import patch
 from .core import *
 from .checks import *
 from .attention import *
+from .fused import batched_positions
 
 # %% auto #0
 __all__ = ['alibi_slopes', 'alibi_bias', 'ALiBi', 'ALiBiContext']
@@ -116,6 +117,22 @@ def score_terms(
     if q.shape[1] != self.n_heads:
         raise ValueError(f'ALiBi was built for {self.n_heads} heads; got q of shape {tuple(q.shape)}')
     return [ctx.alibi_bias]
+
+# %% ../nbs/08_alibi.ipynb #23c4da2b
+@patch
+def score_mods(self: ALiBi, q, k, ctx: ALiBiContext, layer: int | LayerRef | None = None):
+    "The bias as an index function for the fused path: `-m_h·|j - i|` (or the causal form) from the positions."
+    if q.shape[1] != self.n_heads:
+        raise ValueError(f'ALiBi was built for {self.n_heads} heads; got q of shape {tuple(q.shape)}')
+    slopes = alibi_slopes(self.n_heads, q.device)  # (h,)
+    qp, kp = batched_positions(ctx, q.shape[0])  # (b, i), (b, j)
+
+    def mod(b, h, q_idx, kv_idx):
+        rel = kp[b, kv_idx] - qp[b, q_idx]  # j - i
+        dist = rel.abs() if self.bidirectional else (-rel).clamp(min=0)
+        return slopes[h] * (-dist).to(slopes.dtype)  # as _alibi_bias: negated as integers
+
+    return [mod]
 
 # %% ../nbs/08_alibi.ipynb #6f2d3208
 @register_encoding(

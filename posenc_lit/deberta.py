@@ -13,6 +13,7 @@ from fastcore.basics import patch
 from .core import *
 from .checks import *
 from .attention import *
+from .fused import batched_positions, offset_mod
 from .relative import rel_scores, row_range
 
 # %% auto #0
@@ -209,6 +210,7 @@ class DebertaContext(Context):
     delta: torch.Tensor  # `(b|1, i, j)` int64, δ(i, j): the row of P of each pair
     idx: torch.Tensor  # `(b|1, i, j)` int64, `delta - lo`: the row in `P` below
     P: torch.Tensor  # `(r, D)`: the rows lo … lo+r-1 that occur, normalized
+    lo: int = 0  # the first row of the full table in `P` (`idx = delta - lo`)
 
 
 DebertaRelative.context_type = DebertaContext  # what its `prepare` returns
@@ -226,7 +228,7 @@ def prepare(
     P = self.rel_embeddings[lo : hi + 1]  # (r, D): the rows that occur
     if self.rel_norm is not None:
         P = self.rel_norm(P)  # row-wise: cut first, exact
-    return DebertaContext(q_pos, k_pos, delta, delta - lo, P, pe=self)
+    return DebertaContext(q_pos, k_pos, delta, delta - lo, P, lo, pe=self)
 
 # %% ../nbs/06_deberta.ipynb #b0665e28
 @patch
@@ -270,6 +272,24 @@ def score_terms(self: DebertaRelative, q, k, ctx: DebertaContext, layer: int | L
     c2p = [rel_scores(q, K_r * s, idx, 'query', rows)] if K_r is not None else []
     # p2c with the code's index δ(i,j)
     p2c = [rel_scores(k, Q_r * s, idx, 'key', rows)] if Q_r is not None else []
+    return c2p + p2c
+
+# %% ../nbs/06_deberta.ipynb #e745fd99
+@patch
+def score_mods(self: DebertaRelative, q, k, ctx: DebertaContext, layer: int | LayerRef | None = None):
+    "c2p and p2c as index functions: `(b, h, n, r)` tables read at row δ(i, j) − lo inside the fused kernel."
+    K_r, Q_r = self.rel_projections(ctx, layer)  # (h, r, d) each, or None
+    s, lo = self.content_scale(q.shape[-1]), ctx.lo
+    qp, kp = batched_positions(ctx, q.shape[0])  # (b, i), (b, j)
+
+    def row(b, q_idx, kv_idx):  # δ(i, j) - lo, as `prepare` computes it
+        rel = qp[b, q_idx] - kp[b, kv_idx]  # i - j
+        if self.position_buckets:
+            rel = make_log_bucket_position(rel, self.position_buckets, self.k)
+        return (rel + self.span).clamp(0, 2 * self.span - 1) - lo
+
+    c2p = [offset_mod(q @ (K_r * s).to(q.dtype).transpose(-1, -2), row)] if K_r is not None else []
+    p2c = [offset_mod(k @ (Q_r * s).to(k.dtype).transpose(-1, -2), row, 'key')] if Q_r is not None else []
     return c2p + p2c
 
 # %% ../nbs/06_deberta.ipynb #4b98bb87

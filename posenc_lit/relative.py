@@ -12,6 +12,7 @@ from fastcore.basics import patch
 from .core import *
 from .checks import *
 from .attention import *
+from .fused import batched_positions, offset_mod
 
 # %% auto #0
 __all__ = ['rel_index', 'rel_scores', 'row_range', 'rel_values', 'RelativeVectors', 'RelativeContext', 'Shaw',
@@ -241,6 +242,24 @@ def value_terms(self: RelativeVectors, ctx: RelativeContext, layer: int | LayerR
         return []
     a_v, idx = self._table(self.value_tables, layer), ctx.rel_idx
     return [lambda probs: rel_values(probs, a_v, idx, ctx.rows)]
+
+# %% ../nbs/03_relative.ipynb #61092946
+@patch
+def score_mods(self: RelativeVectors, q, k, ctx: RelativeContext, layer: int | LayerRef | None = None):
+    """`score_terms` as index functions for the fused path: $T = qE^\\top$ / $U = kE^\\top$ `(b, h, n, r)`
+    read at row `clip(j - i, k) + k - lo` (01b_fused); no `(b, h, i, j)` tensor."""
+    if self.key_tables is None:
+        return []
+    lo, hi = ctx.rows if ctx.rows is not None else row_range(ctx.rel_idx, 2 * self.k + 1)
+    a = self._table(self.key_tables, layer) * self.content_scale(q.shape[-1])
+    E = a[lo : hi + 1].to(q.dtype)  # (r, d): the distances that occur
+    qp, kp = batched_positions(ctx, q.shape[0])  # (b, i), (b, j)
+
+    def row(b, q_idx, kv_idx):  # clip(j - i, k) + k, as a row of E
+        return (kp[b, kv_idx] - qp[b, q_idx]).clamp(-self.k, self.k) + self.k - lo
+
+    mods = [offset_mod(q @ E.T, row, 'query')] if self.query_term else []  # T: (b, h, i, r)
+    return mods + ([offset_mod(k @ E.T, row, 'key')] if self.key_term else [])  # U: (b, h, j, r)
 
 # %% ../nbs/03_relative.ipynb #d7f91a99
 def Shaw(

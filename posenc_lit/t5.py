@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from .core import *
 from .checks import *
 from .attention import *
+from fastcore.basics import patch
+from .fused import batched_positions
 
 # %% auto #0
 __all__ = ['t5_bucket', 'T5Context', 'T5RelativeBias']
@@ -124,6 +126,14 @@ class T5RelativeBias(PositionEncoding):
 
     def content_scale(self, d):
         return d**-0.5 if self.scale_content else 1.0
+
+# %% ../nbs/04_t5.ipynb #0a7834cc
+@patch
+def score_mods(self: T5RelativeBias, q, k, ctx: T5Context, layer: int | LayerRef | None = None):
+    "The bias as an index function: `weight[t5_bucket(j - i), h]` computed per entry in the fused kernel."
+    qp, kp = batched_positions(ctx, q.shape[0])  # (b, i), (b, j)
+    w, opts = self.weight, (self.bidirectional, self.num_buckets, self.max_distance)
+    return [lambda b, h, q_idx, kv_idx: w[t5_bucket(kp[b, kv_idx] - qp[b, q_idx], *opts), h]]
 
 # %% ../nbs/04_t5.ipynb #eba81ecc
 @register_encoding(
