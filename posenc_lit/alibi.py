@@ -121,7 +121,7 @@ def score_terms(
 # %% ../nbs/08_alibi.ipynb #23c4da2b
 @patch
 def score_mods(self: ALiBi, q, k, ctx: ALiBiContext, layer: int | LayerRef | None = None):
-    "The bias as an index function for the fused path: `-m_h·|j - i|` (or the causal form) from the positions."
+    "The bias as an index function for the fused path: `-m_h·|j - i|` (or the causal form) from positions."
     if q.shape[1] != self.n_heads:
         raise ValueError(f'ALiBi was built for {self.n_heads} heads; got q of shape {tuple(q.shape)}')
     slopes = alibi_slopes(self.n_heads, q.device)  # (h,)

@@ -249,13 +249,13 @@ try:  # FlexAttention: torch ≥ 2.5
 except ImportError:  # pragma: no cover
     flex_attention = create_block_mask = None
 
-# device types on which `fast=True` picks the fused path by itself: those where FlexAttention compiles to one kernel
+# device types where `fast=True` picks the fused path by itself (FlexAttention compiles to one kernel)
 FUSED_AUTO = ('cuda',)
 _FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def fused_unavailable(q: torch.Tensor, dropout_p: float = 0.0, return_probs: bool = False, value_terms=()):
-    "Why the fused path cannot run attention on `q` `(b, h, i, d)` with these options (a sentence), or `None`."
+    "Why the fused path cannot run attention on `q` `(b, h, i, d)` with these options (a sentence), or None."
     if flex_attention is None:
         return f'FlexAttention needs torch ≥ 2.5 (this is {torch.__version__})'
     if q.dtype not in _FUSED_DTYPES:
@@ -281,7 +281,7 @@ def use_fused(fast, q, dropout_p=0.0, return_probs=False, value_terms=()) -> boo
 
 # %% ../nbs/01_attention.ipynb #2af1a2a6
 def dense_mod(t: torch.Tensor, shape) -> callable:  # t `(b|1, h|1, i, j)`; shape `(b, h, i, j)`
-    "Index function reading a dense score term `t` entry by entry: `(b, h, q_idx, kv_idx) -> t[b, h, q_idx, kv_idx]`."
+    "Index function reading the dense term `t`: `(b, h, q_idx, kv_idx) -> t[b, h, q_idx, kv_idx]`."
     te = t.expand(shape)  # a view: no copy
 
     def mod(b, h, q_idx, kv_idx):
@@ -294,7 +294,7 @@ _BLOCK_MASKS = {}
 
 
 def causal_block_mask(i: int, j: int, device):
-    "FlexAttention's block mask of `causal_mask(i, j)` (key `c` ≤ query `a` + j − i), cached per `(i, j, device)`."
+    "FlexAttention's block mask of `causal_mask(i, j)` (key c ≤ query a + j − i), cached per (i, j, device)."
     key = (i, j, str(device))
     if key not in _BLOCK_MASKS:
         if len(_BLOCK_MASKS) > 64:  # decoding: a new j per step
@@ -386,7 +386,9 @@ def attend(
             f'scale must be a finite number (the content scale s; None: 1/sqrt(d)); got {scale!r}'
         )
     if fast == 'fused' and use_fused(fast, q, dropout_p, return_probs, value_terms):
-        return attend_fused(q, k, v, [dense_mod(t, full) for t in score_terms], mask, scale=scale, causal=causal)
+        return attend_fused(
+            q, k, v, [dense_mod(t, full) for t in score_terms], mask, scale=scale, causal=causal
+        )
     mask = _with_causal(mask, causal, q.shape[2], k.shape[2], q.device)
     if k.shape[2] == 0:  # no keys: every row is empty and gives 0, as a fully masked one
         out = q.new_zeros(*q.shape[:3], v.shape[-1])
@@ -568,7 +570,9 @@ def position_attention(
     *,
     dropout_p: float = 0.0,
     return_probs: bool = False,
-    fast: bool | str = True,  # as `attend`; True/'fused': the encoding's `score_mods` by the rule (`use_fused`)
+    fast: (
+        bool | str
+    ) = True,  # as `attend`; True/'fused': the encoding's `score_mods` by the rule (`use_fused`)
     causal: bool = False,  # forbid keys after each query (queries = the last i keys)
 ):
     """`attend` with `pe`'s signal: transformed `q, k`, its score terms, content scale and value terms;

@@ -263,8 +263,8 @@ class PositionEncoding(nn.Module):
         return []
 
     def score_mods(self, q, k, ctx: Context, layer: int | LayerRef | None = None) -> list | None:
-        """`score_terms` as index functions `(b, h, q_idx, kv_idx) -> logit term` for the fused path, or `None`
-        (not fusable); default `[]` without score terms, `None` for an encoding that overrides `score_terms`."""
+        """`score_terms` as index functions `(b, h, q_idx, kv_idx) -> logit term` for the fused path, or
+        `None` (not fusable); default `[]` without score terms, `None` for an encoding overriding them."""
         return [] if type(self).score_terms is PositionEncoding.score_terms else None
 
     def content_scale(self, d: int) -> float:

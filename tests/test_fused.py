@@ -1,4 +1,4 @@
-"""The fused path (issue 42, `01b_fused`): FlexAttention with each encoding's `score_mods` against the manual path.
+"""The fused path (issue 42, `01b_fused`): FlexAttention with each encoding's `score_mods` against the manual one.
 
 - Every registered encoding (text and image) and a few options the registry's defaults do not reach (Shaw
   without values, causal T5 and ALiBi, DeBERTa with log buckets, c2p only, shared keys, TUPE-R's reset, a
@@ -6,17 +6,25 @@
   `position_scores`, and the fused outputs equal the manual ones (fp32, 1e-5), bidirectional, causal, with
   left padding (per-sequence positions, a key mask), and a cached-decoding step (3 queries, 11 keys).
 - On CPU FlexAttention runs forward only (no backward in PyTorch 2.13): the forward runs under no_grad; the
-  gradient parity runs where CUDA is (the GPU script, tools/gpu_fused.py, runs it too) and is skipped here with
-  that reason. An encoding without `score_mods` is skipped with its name; Shaw's value term is refused, by name.
-- The rule: `fast=True` on CPU keeps the paths of 01_attention; with CPU in `FUSED_AUTO` it takes the fused path.
+  gradient parity runs where CUDA is (the GPU script, tools/gpu_fused.py, runs it too) and is skipped here
+  with that reason. An encoding without `score_mods` is skipped with its name; Shaw's value term is refused,
+  by name.
+- The rule: `fast=True` on CPU keeps the paths of 01_attention; with CPU in `FUSED_AUTO` it takes the fused
+  path.
 """
+
 import pytest
 import torch
 import torch.nn as nn
 import posenc_lit.attention as A
 from posenc_lit.core import LayerRef, list_encodings
 from posenc_lit.attention import (
-    CombinedEncoding, KVCache, MultiHeadAttention, default_positions, position_attention, position_scores,
+    CombinedEncoding,
+    KVCache,
+    MultiHeadAttention,
+    default_positions,
+    position_attention,
+    position_scores,
 )
 from posenc_lit.fused import fused_scores
 from posenc_lit.model import ModelConfig
