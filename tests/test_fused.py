@@ -1,4 +1,4 @@
-"""The fused path (issue 42, `01b_fused`): FlexAttention with each encoding's `score_mods` against the manual one.
+"""Fused path (issue 42, `01b_fused`): FlexAttention with the encodings' `score_mods` against the manual path.
 
 - Every registered encoding (text and image) and a few options the registry's defaults do not reach (Shaw
   without values, causal T5 and ALiBi, DeBERTa with log buckets, c2p only, shared keys, TUPE-R's reset, a
