@@ -279,14 +279,15 @@ def score_terms(self: DebertaRelative, q, k, ctx: DebertaContext, layer: int | L
 def score_mods(self: DebertaRelative, q, k, ctx: DebertaContext, layer: int | LayerRef | None = None):
     "c2p and p2c as index functions: `(b, h, n, r)` tables read at row δ(i, j) − lo inside the fused kernel."
     K_r, Q_r = self.rel_projections(ctx, layer)  # (h, r, d) each, or None
-    s, lo = self.content_scale(q.shape[-1]), ctx.lo
+    s, M = self.content_scale(q.shape[-1]), self.k + 1  # |i - j| ≥ k: δ is the first or last row
     qp, kp = batched_positions(ctx, q.shape[0])  # (b, i), (b, j)
+    rel = torch.arange(-M, M + 1, device=q.device)  # (2M+1,): i - j
+    if self.position_buckets:
+        rel = make_log_bucket_position(rel, self.position_buckets, self.k)
+    delta = deberta_delta(rel, self.span) - ctx.lo  # (2M+1,): the row of P of each i - j
 
-    def row(b, q_idx, kv_idx):  # δ(i, j) - lo, as `prepare` computes it
-        rel = qp[b, q_idx] - kp[b, kv_idx]  # i - j
-        if self.position_buckets:
-            rel = make_log_bucket_position(rel, self.position_buckets, self.k)
-        return (rel + self.span).clamp(0, 2 * self.span - 1) - lo
+    def row(b, q_idx, kv_idx):  # δ(i, j) - lo
+        return delta[(qp[b, q_idx] - kp[b, kv_idx]).clamp(-M, M) + M]
 
     c2p = [offset_mod(q @ (K_r * s).to(q.dtype).transpose(-1, -2), row)] if K_r is not None else []
     p2c = [offset_mod(k @ (Q_r * s).to(k.dtype).transpose(-1, -2), row, 'key')] if Q_r is not None else []

@@ -130,10 +130,12 @@ class T5RelativeBias(PositionEncoding):
 # %% ../nbs/04_t5.ipynb #0a7834cc
 @patch
 def score_mods(self: T5RelativeBias, q, k, ctx: T5Context, layer: int | LayerRef | None = None):
-    "The bias as an index function: `weight[t5_bucket(j - i), h]` computed per entry in the fused kernel."
+    "The bias as an index function: `weight[t5_bucket(j - i), h]`, a lookup by the clipped distance j − i."
     qp, kp = batched_positions(ctx, q.shape[0])  # (b, i), (b, j)
-    w, opts = self.weight, (self.bidirectional, self.num_buckets, self.max_distance)
-    return [lambda b, h, q_idx, kv_idx: w[t5_bucket(kp[b, kv_idx] - qp[b, q_idx], *opts), h]]
+    M = math.ceil(self.max_distance) + 1  # beyond: the last bucket
+    rel = torch.arange(-M, M + 1, device=q.device)  # (2M+1,): j - i
+    w = self.weight[t5_bucket(rel, self.bidirectional, self.num_buckets, self.max_distance)]  # (2M+1, h)
+    return [lambda b, h, q_idx, kv_idx: w[(kp[b, kv_idx] - qp[b, q_idx]).clamp(-M, M) + M, h]]
 
 # %% ../nbs/04_t5.ipynb #eba81ecc
 @register_encoding(

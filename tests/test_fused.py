@@ -53,6 +53,7 @@ EXTRA = {
     'shaw(values=False)': lambda: Shaw(D_HEAD, 2, k=3, values=False),
     'huang4(k=2)': lambda: HuangMethod4(D_HEAD, 2, k=2),
     't5(causal buckets)': lambda: T5RelativeBias(H, num_buckets=8, max_distance=6, bidirectional=False),
+    't5(max_distance=4)': lambda: T5RelativeBias(H, num_buckets=8, max_distance=4),
     'alibi(causal form)': lambda: ALiBi(H, bidirectional=False),
     'deberta(log buckets)': lambda: DebertaRelative(D, H, 2, k=8, position_buckets=4),
     'deberta(c2p)': lambda: DebertaRelative(D, H, 2, k=6, pos_att_type=['c2p']),

@@ -139,6 +139,14 @@ def bench_terms(L: int, h: int, d: int):
     }
 
 
+def context_bytes(ctx) -> int:
+    "Bytes of the tensors a context holds (its positions included)."
+    from dataclasses import fields
+
+    ts = [getattr(ctx, f.name) for f in fields(ctx)]
+    return sum(t.numel() * t.element_size() for t in ts if isinstance(t, torch.Tensor))
+
+
 def PositionEncodingNone():
     from posenc_lit.core import PositionEncoding
 
@@ -273,7 +281,11 @@ def bench(lengths, dtypes, res, save, deadline, h=12, d=64, repeats=5, warmup=2)
                 for _ in range(3)
             )
             pos = default_positions(L, DEV)
-            cases = {n: _variants(pe.to(DEV, dtype), q, k, v, pos) for n, pe in bench_terms(L, h, d).items()}
+            pes = {n: pe.to(DEV, dtype) for n, pe in bench_terms(L, h, d).items()}
+            cases = {n: _variants(pe, q, k, v, pos) for n, pe in pes.items()}
+            with torch.no_grad():  # what `prepare` holds once per forward (the fused kernel does not read it)
+                for n, pe in pes.items():
+                    res['ctx_bytes'][f'{n}|{L}|{dn}'] = context_bytes(pe.prepare(pos, pos))
             cases['none']['sdpa-floor'] = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v)
             try:
                 cases.update(_hf_modules(L, h, d, dtype))
@@ -303,7 +315,8 @@ def markdown(res) -> str:
     lines = [
         f"# Fused path (issue 42): {res['device']}",
         '',
-        f"Mode: {res['mode']}; {res['shape']}, bidirectional. Times: median ms; memory: peak MiB above"
+        f"Mode: {res['mode']}; {res['shape']}, bidirectional. Each step prepares its context (a one-layer"
+        " model); 'ctx MiB': what that context holds. Times: median ms; memory: peak MiB above"
         " the inputs; ratios to the floor (FlexAttention, no position term) of the same length and dtype.",
         '',
     ]
@@ -328,20 +341,22 @@ def markdown(res) -> str:
         lines += [
             f'## L = {L}, {dn}',
             '',
-            '| term | variant | ms | × floor | peak MiB | first call s |',
-            '|---|---|---|---|---|---|',
+            '| term | variant | ms | × floor | peak MiB | first call s | ctx MiB |',
+            '|---|---|---|---|---|---|---|',
         ]
         for k, m in b.items():
             case, variant, L2, dn2 = k.split('|')
             if (L2, dn2) != (L, dn):
                 continue
             if 'error' in m:
-                lines.append(f'| {case} | {variant} | {m["error"]} | | | |')
+                lines.append(f'| {case} | {variant} | {m["error"]} | | | | |')
                 continue
             ratio = f"{m['s'] / floor:.2f}" if floor else ''
             mem = f"{m['peak_bytes'] / 2**20:.0f}" if m['peak_bytes'] is not None else ''
+            cb = res['ctx_bytes'].get(f'{case}|{L}|{dn}')
+            cb = f'{cb / 2**20:.1f}' if cb is not None else ''
             lines.append(
-                f"| {case} | {variant} | {m['s'] * 1e3:.2f} | {ratio} | {mem} | {m['first_s']:.1f} |"
+                f"| {case} | {variant} | {m['s'] * 1e3:.2f} | {ratio} | {mem} | {m['first_s']:.1f} | {cb} |"
             )
         lines.append('')
     if res.get('stopped'):
@@ -372,6 +387,7 @@ def main(argv=None):
         'argv': sys.argv[1:],
         'parity': [],
         'bench': {},
+        'ctx_bytes': {},
         'errors': [],
         'stopped': None,
     }
