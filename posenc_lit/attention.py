@@ -252,6 +252,7 @@ except ImportError:  # pragma: no cover
 # device types where `fast=True` picks the fused path by itself (FlexAttention compiles to one kernel)
 FUSED_AUTO = ('cuda',)
 _FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_AUTO_HEAD_DIMS = (16, 32, 64, 128)  # head dimensions FlexAttention's GPU kernel takes as they are
 
 
 def fused_unavailable(q: torch.Tensor, dropout_p: float = 0.0, return_probs: bool = False, value_terms=()):
@@ -273,11 +274,14 @@ def fused_unavailable(q: torch.Tensor, dropout_p: float = 0.0, return_probs: boo
 
 def use_fused(fast, q, dropout_p=0.0, return_probs=False, value_terms=()) -> bool:
     """The rule: `fast='fused'` takes the fused path (`ValueError` naming why it cannot); `fast=True` takes it
-    on a device type in `FUSED_AUTO` when `fused_unavailable` finds nothing; anything else: not."""
+    on a device type in `FUSED_AUTO`, for a head dimension in `_AUTO_HEAD_DIMS`, when `fused_unavailable`
+    finds nothing; anything else: not."""
     why = fused_unavailable(q, dropout_p, return_probs, value_terms) if fast in (True, 'fused') else 'off'
     if fast == 'fused' and why is not None:
         raise ValueError(f"fast='fused' cannot run this call: {why}")
-    return fast is True and q.device.type in FUSED_AUTO and why is None or fast == 'fused'
+    if fast is True:
+        return why is None and q.device.type in FUSED_AUTO and q.shape[-1] in _AUTO_HEAD_DIMS
+    return fast == 'fused'
 
 # %% ../nbs/01_attention.ipynb #2af1a2a6
 def dense_mod(t: torch.Tensor, shape) -> callable:  # t `(b|1, h|1, i, j)`; shape `(b, h, i, j)`

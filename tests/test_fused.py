@@ -180,6 +180,9 @@ def test_fast_true_takes_the_fused_path_where_the_rule_says(monkeypatch):
         ref = position_attention(pe, q, k, v, ctx, 0)
         assert calls == []  # CPU is not in FUSED_AUTO
         monkeypatch.setattr(A, 'FUSED_AUTO', ('cpu',))
+        position_attention(pe, q, k, v, ctx, 0)
+        assert calls == []  # d = 8: not a head dimension the rule takes by itself
+        monkeypatch.setattr(A, '_AUTO_HEAD_DIMS', (D_HEAD,))
         out = position_attention(pe, q, k, v, ctx, 0)
         assert calls == [1]
         assert position_attention(pe, q, k, v, ctx, 0, dropout_p=0.0, return_probs=True)[0].shape == out.shape
@@ -204,3 +207,22 @@ def test_fused_gradients(name):
         grads.append([out] + [x.grad for x in xs] + [p.grad for p in pe.parameters() if p.grad is not None])
     for a, b in zip(*grads, strict=True):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_fused_keeps_the_cores_edge_cases():
+    "NaN in padding keys stays out, a fully masked row gives 0, a NaN query gives NaN: as the manual path."
+    pe, _ = _build('text', 'huang4')
+    pos = default_positions(7)
+    q, k, v = _inputs(pos, pos)
+    keep = torch.ones(B, 7, dtype=torch.bool)
+    keep[1, 4:] = False
+    k[1, :, 5], v[1, :, 6] = float('nan'), float('nan')  # padding keys holding NaN
+    q[0, 1, 2, 0] = float('nan')  # one NaN query
+    mask = keep[:, None, None, :] & torch.ones(B, 1, 7, 1, dtype=torch.bool)
+    mask[0, :, 3] = False  # query 3 of sequence 0 sees no key
+    with torch.no_grad():
+        ctx = pe.prepare(pos, pos)
+        out, ref = (position_attention(pe, q, k, v, ctx, 0, mask, fast=f) for f in ('fused', False))
+    assert out[0, :, 3].eq(0).all() and out[0, 1, 2].isnan().all()
+    assert out.isnan().sum() == ref.isnan().sum() == D_HEAD
+    torch.testing.assert_close(out, ref, **TOL, equal_nan=True)
