@@ -584,7 +584,9 @@ def position_attention(
     _check_pe_call(pe, q, k, ctx)
     q, k = pe.transform_qk(q, k, ctx, layer)
     scale, values = _content_scale(pe, q), pe.value_terms(ctx, layer)
-    mods = _fused_mods(pe, q, k, ctx, layer, fast, dropout_p, return_probs, values)
+    mods = _fused_mods(
+        pe, q, k, ctx, layer, fast=fast, dropout_p=dropout_p, return_probs=return_probs, values=values
+    )
     try:
         if mods is not None:
             return _checked(pe, ctx, attend_fused(q, k, v, mods, mask, scale=scale, causal=causal))
@@ -616,7 +618,7 @@ def _checked(pe, ctx, out):
     return out
 
 
-def _fused_mods(pe, q, k, ctx, layer, fast, dropout_p, return_probs, values):  # None: not the fused path
+def _fused_mods(pe, q, k, ctx, layer, *, fast, dropout_p, return_probs, values):  # None: not the fused path
     if not use_fused(fast, q, dropout_p, return_probs, values):
         return None
     mods = pe.score_mods(q, k, ctx, layer)
