@@ -58,6 +58,10 @@ d = {
             'posenc_lit.alibi.ALiBi.score_mods': ('alibi.html#alibi.score_mods', 'posenc_lit/alibi.py'),
             'posenc_lit.alibi.ALiBi.score_terms': ('alibi.html#alibi.score_terms', 'posenc_lit/alibi.py'),
             'posenc_lit.alibi.ALiBiContext': ('alibi.html#alibicontext', 'posenc_lit/alibi.py'),
+            'posenc_lit.alibi.ALiBiContext.alibi_bias': (
+                'alibi.html#alibicontext.alibi_bias',
+                'posenc_lit/alibi.py',
+            ),
             'posenc_lit.alibi._alibi': ('alibi.html#_alibi', 'posenc_lit/alibi.py'),
             'posenc_lit.alibi._alibi_bias': ('alibi.html#_alibi_bias', 'posenc_lit/alibi.py'),
             'posenc_lit.alibi.alibi_bias': ('alibi.html#alibi_bias', 'posenc_lit/alibi.py'),
@@ -673,6 +677,7 @@ d = {
         },
         'posenc_lit.fused': {
             'posenc_lit.fused.batched_positions': ('fused.html#batched_positions', 'posenc_lit/fused.py'),
+            'posenc_lit.fused.check_position_pair': ('fused.html#check_position_pair', 'posenc_lit/fused.py'),
             'posenc_lit.fused.fused_scores': ('fused.html#fused_scores', 'posenc_lit/fused.py'),
             'posenc_lit.fused.offset_mod': ('fused.html#offset_mod', 'posenc_lit/fused.py'),
         },

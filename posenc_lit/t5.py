@@ -12,7 +12,7 @@ from .core import *
 from .checks import *
 from .attention import *
 from fastcore.basics import patch
-from .fused import batched_positions
+from .fused import batched_positions, check_position_pair
 
 # %% auto #0
 __all__ = ['t5_bucket', 'T5Context', 'T5RelativeBias']
@@ -68,9 +68,10 @@ def t5_bucket(
 # %% ../nbs/04_t5.ipynb #af3e5ecb
 @dataclass(eq=False)
 class T5Context(Context):
-    "Context of `T5RelativeBias`: its bias, computed once per forward and shared by all layers."
+    "Context of `T5RelativeBias`: its bias, made once per forward (when first read) and shared by all layers."
 
-    t5_bias: torch.Tensor  # `(b|1, h, i, j)` in logit units
+    # `(b|1, h, i, j)` in logit units; None until `score_terms` reads it (the fused path never does)
+    t5_bias: torch.Tensor | None = None
 
 
 class T5RelativeBias(PositionEncoding):
@@ -119,9 +120,13 @@ class T5RelativeBias(PositionEncoding):
     def prepare(
         self, q_pos, k_pos, *, key_mask: torch.Tensor | None = None, causal: bool = False
     ) -> T5Context:
-        return T5Context(q_pos, k_pos, self.bias(q_pos, k_pos), pe=self)
+        check_position_pair(q_pos, k_pos)
+        return T5Context(q_pos, k_pos, pe=self)
 
     def score_terms(self, q, k, ctx, layer: int | LayerRef | None = None):
+        if ctx.t5_bias is None:  # made once, with the gradient mode `prepare` ran in (see `check_context`)
+            with torch.set_grad_enabled(ctx.grad):
+                ctx.t5_bias = self.bias(ctx.q_pos, ctx.k_pos)
         return [ctx.t5_bias]
 
     def content_scale(self, d):
