@@ -261,8 +261,8 @@ def fused_unavailable(q: torch.Tensor, dropout_p: float = 0.0, return_probs: boo
         return f'FlexAttention needs torch ≥ 2.5 (this is {torch.__version__})'
     if q.dtype not in _FUSED_DTYPES:
         return f'q is {q.dtype}; the fused path runs float16, bfloat16 and float32'
-    if dropout_p > 0:
-        return 'FlexAttention has no attention dropout (dropout_p > 0)'
+    if not (is_real(dropout_p) and dropout_p == 0):  # a bad value: `attend` names it
+        return f'FlexAttention has no attention dropout (dropout_p must be 0; got {dropout_p!r})'
     if return_probs:
         return 'the fused kernel keeps no probabilities (return_probs=True)'
     if value_terms:
@@ -574,9 +574,8 @@ def position_attention(
     *,
     dropout_p: float = 0.0,
     return_probs: bool = False,
-    fast: (
-        bool | str
-    ) = True,  # as `attend`; True/'fused': the encoding's `score_mods` by the rule (`use_fused`)
+    # as `attend`; True/'fused': the encoding's `score_mods` by the rule (`use_fused`)
+    fast: bool | str = True,
     causal: bool = False,  # forbid keys after each query (queries = the last i keys)
 ):
     """`attend` with `pe`'s signal: transformed `q, k`, its score terms, content scale and value terms;

@@ -187,6 +187,9 @@ def test_fast_true_takes_the_fused_path_where_the_rule_says(monkeypatch):
         assert calls == [1]
         assert position_attention(pe, q, k, v, ctx, 0, dropout_p=0.0, return_probs=True)[0].shape == out.shape
         assert calls == [1]  # return_probs: the manual path
+        with pytest.raises(ValueError, match=r'dropout_p is a probability in \[0, 1\]'):  # checked as before
+            position_attention(pe, q, k, v, ctx, 0, dropout_p=-0.1)
+        assert calls == [1]
     torch.testing.assert_close(out, ref, **TOL)
 
 
