@@ -1071,6 +1071,10 @@ d = {
                 'relative.html#relativecontext',
                 'posenc_lit/relative.py',
             ),
+            'posenc_lit.relative.RelativeContext.rel_idx': (
+                'relative.html#relativecontext.rel_idx',
+                'posenc_lit/relative.py',
+            ),
             'posenc_lit.relative.RelativeVectors': (
                 'relative.html#relativevectors',
                 'posenc_lit/relative.py',
@@ -1113,6 +1117,10 @@ d = {
                 'posenc_lit/relative.py',
             ),
             'posenc_lit.relative._check_within': ('relative.html#_check_within', 'posenc_lit/relative.py'),
+            'posenc_lit.relative._distance_range': (
+                'relative.html#_distance_range',
+                'posenc_lit/relative.py',
+            ),
             'posenc_lit.relative._huang4': ('relative.html#_huang4', 'posenc_lit/relative.py'),
             'posenc_lit.relative._shaw': ('relative.html#_shaw', 'posenc_lit/relative.py'),
             'posenc_lit.relative._used_rows': ('relative.html#_used_rows', 'posenc_lit/relative.py'),

@@ -7,12 +7,12 @@ from __future__ import annotations
 import math
 import torch
 import torch.nn as nn
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fastcore.basics import patch
 from .core import *
 from .checks import *
 from .attention import *
-from .fused import batched_positions, offset_mod
+from .fused import batched_positions, check_position_pair, offset_mod
 
 # %% auto #0
 __all__ = ['rel_index', 'rel_scores', 'row_range', 'rel_values', 'RelativeVectors', 'RelativeContext', 'Shaw',
@@ -41,12 +41,16 @@ def _check_clip_distance(k):
         )
 
 
-def _check_within(rel, k):  # clip=False: every distance within ±k (traced: no check, see `is_tracing`)
-    if rel.numel() and not is_tracing() and int(rel.abs().max()) > k:
+# clip=False: every distance within ±k (traced: no check, see `is_tracing`); `rel` a tensor of distances
+# or the largest |j - i| as an int
+def _check_within(rel, k):
+    if isinstance(rel, torch.Tensor):
+        rel = int(rel.abs().max()) if rel.numel() and not is_tracing() else 0
+    if rel > k:
         raise PositionRangeError(
-            f'relative distance {int(rel.abs().max())} is outside the table of distances -{k}..{k} and '
+            f'relative distance {rel} is outside the table of distances -{k}..{k} and '
             f'clip=False: use query and key positions at most {k} apart (sequences of at most {k + 1} '
-            f'tokens), a larger table (k ≥ {int(rel.abs().max())}), or clip=True'
+            f'tokens), a larger table (k ≥ {rel}), or clip=True'
         )
 
 # %% ../nbs/03_relative.ipynb #39fe760f
@@ -194,11 +198,17 @@ def _check_relative_vectors(d_head, n_layers, k, flags, init_std):
 # %% ../nbs/03_relative.ipynb #ee00b1be
 @dataclass(eq=False)
 class RelativeContext(Context):
-    "Context of `RelativeVectors`: the table row of every query/key pair."
+    "Context of `RelativeVectors`: the rows its pairs use, and the table row of every pair (made when read)."
 
-    # `(b|1, i, j)` int64, rows `clip(j - i, k) + k` (rel_index)
-    rel_idx: torch.Tensor
-    rows: tuple | None = None  # `(lo, hi)`: the first and last row of `rel_idx` (row_range); None: read it
+    rows: tuple | None = None  # `(lo, hi)`: the first and last row of `rel_idx`; None: read it (row_range)
+    _rel_idx: torch.Tensor | None = field(default=None, init=False, repr=False)
+
+    @property
+    def rel_idx(self) -> torch.Tensor:
+        "`(b|1, i, j)` int64, rows `clip(j - i, k) + k` (rel_index), made on first read (fused: never)."
+        if self._rel_idx is None:  # clip=False: `prepare` checked the distances
+            self._rel_idx = rel_index(self.q_pos, self.k_pos, self.pe.k)
+        return self._rel_idx
 
 
 RelativeVectors.context_type = RelativeContext  # what its `prepare` returns
@@ -216,9 +226,24 @@ def _table(self: RelativeVectors, tables, layer):
 def prepare(
     self: RelativeVectors, q_pos, k_pos, *, key_mask: torch.Tensor | None = None, causal: bool = False
 ) -> RelativeContext:
-    "Table row of every pair, `rel_idx` `(b|1, i, j)`, and the rows it uses, computed once per forward."
-    idx = rel_index(q_pos, k_pos, self.k, self.clip)
-    return RelativeContext(q_pos, k_pos, idx, row_range(idx, 2 * self.k + 1), pe=self)
+    "The rows the pairs use, read once per forward from the positions (`rel_idx` is made when read)."
+    check_position_pair(q_pos, k_pos)
+    _check_clip_distance(self.k)
+    lo_hi = _distance_range(q_pos, k_pos)  # min and max of j - i: one host read (None: empty or traced)
+    if lo_hi is None:
+        return RelativeContext(q_pos, k_pos, (0, 2 * self.k), pe=self)
+    if not self.clip:
+        _check_within(max(abs(r) for r in lo_hi), self.k)
+    rows = tuple(min(max(r, -self.k), self.k) + self.k for r in lo_hi)  # clip is monotone
+    return RelativeContext(q_pos, k_pos, rows, pe=self)
+
+
+def _distance_range(q_pos, k_pos):  # (min, max) of k_pos[j] - q_pos[i] over each sequence's pairs, or None
+    if is_tracing() or q_pos.shape[-1] == 0 or k_pos.shape[-1] == 0:
+        return None
+    qp, kp = (p.long() if p.ndim == 2 else p.long()[None] for p in (q_pos, k_pos))  # (b|1, n)
+    lo, hi = kp.amin(-1) - qp.amax(-1), kp.amax(-1) - qp.amin(-1)  # (b|1,) each: a sequence's extremes
+    return value_range(torch.cat([lo, hi]))
 
 
 @patch
