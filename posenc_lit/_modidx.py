@@ -594,6 +594,14 @@ d = {
         },
         'posenc_lit.deberta': {
             'posenc_lit.deberta.DebertaContext': ('deberta.html#debertacontext', 'posenc_lit/deberta.py'),
+            'posenc_lit.deberta.DebertaContext.delta': (
+                'deberta.html#debertacontext.delta',
+                'posenc_lit/deberta.py',
+            ),
+            'posenc_lit.deberta.DebertaContext.idx': (
+                'deberta.html#debertacontext.idx',
+                'posenc_lit/deberta.py',
+            ),
             'posenc_lit.deberta.DebertaRelative': ('deberta.html#debertarelative', 'posenc_lit/deberta.py'),
             'posenc_lit.deberta.DebertaRelative.__init__': (
                 'deberta.html#debertarelative.__init__',
@@ -1117,8 +1125,8 @@ d = {
                 'posenc_lit/relative.py',
             ),
             'posenc_lit.relative._check_within': ('relative.html#_check_within', 'posenc_lit/relative.py'),
-            'posenc_lit.relative._distance_range': (
-                'relative.html#_distance_range',
+            'posenc_lit.relative._distance_extremes': (
+                'relative.html#_distance_extremes',
                 'posenc_lit/relative.py',
             ),
             'posenc_lit.relative._huang4': ('relative.html#_huang4', 'posenc_lit/relative.py'),

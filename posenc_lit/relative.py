@@ -229,21 +229,24 @@ def prepare(
     "The rows the pairs use, read once per forward from the positions (`rel_idx` is made when read)."
     check_position_pair(q_pos, k_pos)
     _check_clip_distance(self.k)
-    lo_hi = _distance_range(q_pos, k_pos)  # min and max of j - i: one host read (None: empty or traced)
-    if lo_hi is None:
+    ext = _distance_extremes(q_pos, k_pos)  # min and max of j - i (None: empty or traced)
+    if ext is None:
         return RelativeContext(q_pos, k_pos, (0, 2 * self.k), pe=self)
+    lo_hi = value_range(ext)  # one host read per forward; the layers reuse it
     if not self.clip:
         _check_within(max(abs(r) for r in lo_hi), self.k)
     rows = tuple(min(max(r, -self.k), self.k) + self.k for r in lo_hi)  # clip is monotone
     return RelativeContext(q_pos, k_pos, rows, pe=self)
 
 
-def _distance_range(q_pos, k_pos):  # (min, max) of k_pos[j] - q_pos[i] over each sequence's pairs, or None
+# `(2,)` int64 on the positions' device: min and max of k_pos[j] - q_pos[i] over each sequence's pairs (no
+# (i, j) tensor, no host read); None for no pairs or under tracing
+def _distance_extremes(q_pos, k_pos):
     if is_tracing() or q_pos.shape[-1] == 0 or k_pos.shape[-1] == 0:
         return None
     qp, kp = (p.long() if p.ndim == 2 else p.long()[None] for p in (q_pos, k_pos))  # (b|1, n)
     lo, hi = kp.amin(-1) - qp.amax(-1), kp.amax(-1) - qp.amin(-1)  # (b|1,) each: a sequence's extremes
-    return value_range(torch.cat([lo, hi]))
+    return torch.stack([lo.min(), hi.max()])
 
 
 @patch
