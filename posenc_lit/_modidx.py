@@ -55,8 +55,13 @@ d = {
             'posenc_lit.alibi.ALiBi': ('alibi.html#alibi', 'posenc_lit/alibi.py'),
             'posenc_lit.alibi.ALiBi.__init__': ('alibi.html#alibi.__init__', 'posenc_lit/alibi.py'),
             'posenc_lit.alibi.ALiBi.prepare': ('alibi.html#alibi.prepare', 'posenc_lit/alibi.py'),
+            'posenc_lit.alibi.ALiBi.score_mods': ('alibi.html#alibi.score_mods', 'posenc_lit/alibi.py'),
             'posenc_lit.alibi.ALiBi.score_terms': ('alibi.html#alibi.score_terms', 'posenc_lit/alibi.py'),
             'posenc_lit.alibi.ALiBiContext': ('alibi.html#alibicontext', 'posenc_lit/alibi.py'),
+            'posenc_lit.alibi.ALiBiContext.alibi_bias': (
+                'alibi.html#alibicontext.alibi_bias',
+                'posenc_lit/alibi.py',
+            ),
             'posenc_lit.alibi._alibi': ('alibi.html#_alibi', 'posenc_lit/alibi.py'),
             'posenc_lit.alibi._alibi_bias': ('alibi.html#_alibi_bias', 'posenc_lit/alibi.py'),
             'posenc_lit.alibi.alibi_bias': ('alibi.html#alibi_bias', 'posenc_lit/alibi.py'),
@@ -93,6 +98,10 @@ d = {
             ),
             'posenc_lit.attention.CombinedEncoding.relative_only': (
                 'attention.html#combinedencoding.relative_only',
+                'posenc_lit/attention.py',
+            ),
+            'posenc_lit.attention.CombinedEncoding.score_mods': (
+                'attention.html#combinedencoding.score_mods',
                 'posenc_lit/attention.py',
             ),
             'posenc_lit.attention.CombinedEncoding.score_terms': (
@@ -165,6 +174,7 @@ d = {
                 'attention.html#_check_pe_call',
                 'posenc_lit/attention.py',
             ),
+            'posenc_lit.attention._checked': ('attention.html#_checked', 'posenc_lit/attention.py'),
             'posenc_lit.attention._content_scale': (
                 'attention.html#_content_scale',
                 'posenc_lit/attention.py',
@@ -173,6 +183,8 @@ d = {
                 'attention.html#_cpu_math_path',
                 'posenc_lit/attention.py',
             ),
+            'posenc_lit.attention._flex': ('attention.html#_flex', 'posenc_lit/attention.py'),
+            'posenc_lit.attention._fused_mods': ('attention.html#_fused_mods', 'posenc_lit/attention.py'),
             'posenc_lit.attention._manual': ('attention.html#_manual', 'posenc_lit/attention.py'),
             'posenc_lit.attention._softmax_rows': ('attention.html#_softmax_rows', 'posenc_lit/attention.py'),
             'posenc_lit.attention._with_causal': ('attention.html#_with_causal', 'posenc_lit/attention.py'),
@@ -183,10 +195,20 @@ d = {
                 'posenc_lit/attention.py',
             ),
             'posenc_lit.attention.attend_fast': ('attention.html#attend_fast', 'posenc_lit/attention.py'),
+            'posenc_lit.attention.attend_fused': ('attention.html#attend_fused', 'posenc_lit/attention.py'),
             'posenc_lit.attention.attend_manual': ('attention.html#attend_manual', 'posenc_lit/attention.py'),
+            'posenc_lit.attention.causal_block_mask': (
+                'attention.html#causal_block_mask',
+                'posenc_lit/attention.py',
+            ),
             'posenc_lit.attention.causal_mask': ('attention.html#causal_mask', 'posenc_lit/attention.py'),
             'posenc_lit.attention.default_positions': (
                 'attention.html#default_positions',
+                'posenc_lit/attention.py',
+            ),
+            'posenc_lit.attention.dense_mod': ('attention.html#dense_mod', 'posenc_lit/attention.py'),
+            'posenc_lit.attention.fused_unavailable': (
+                'attention.html#fused_unavailable',
                 'posenc_lit/attention.py',
             ),
             'posenc_lit.attention.is_tracing': ('attention.html#is_tracing', 'posenc_lit/attention.py'),
@@ -200,6 +222,7 @@ d = {
                 'posenc_lit/attention.py',
             ),
             'posenc_lit.attention.scores': ('attention.html#scores', 'posenc_lit/attention.py'),
+            'posenc_lit.attention.use_fused': ('attention.html#use_fused', 'posenc_lit/attention.py'),
         },
         'posenc_lit.bench': {
             'posenc_lit.bench.Case': ('bench.html#case', 'posenc_lit/bench.py'),
@@ -540,6 +563,10 @@ d = {
                 'core.html#positionencoding.relative_only',
                 'posenc_lit/core.py',
             ),
+            'posenc_lit.core.PositionEncoding.score_mods': (
+                'core.html#positionencoding.score_mods',
+                'posenc_lit/core.py',
+            ),
             'posenc_lit.core.PositionEncoding.score_terms': (
                 'core.html#positionencoding.score_terms',
                 'posenc_lit/core.py',
@@ -594,6 +621,14 @@ d = {
         },
         'posenc_lit.deberta': {
             'posenc_lit.deberta.DebertaContext': ('deberta.html#debertacontext', 'posenc_lit/deberta.py'),
+            'posenc_lit.deberta.DebertaContext.delta': (
+                'deberta.html#debertacontext.delta',
+                'posenc_lit/deberta.py',
+            ),
+            'posenc_lit.deberta.DebertaContext.idx': (
+                'deberta.html#debertacontext.idx',
+                'posenc_lit/deberta.py',
+            ),
             'posenc_lit.deberta.DebertaRelative': ('deberta.html#debertarelative', 'posenc_lit/deberta.py'),
             'posenc_lit.deberta.DebertaRelative.__init__': (
                 'deberta.html#debertarelative.__init__',
@@ -609,6 +644,10 @@ d = {
             ),
             'posenc_lit.deberta.DebertaRelative.rel_projections': (
                 'deberta.html#debertarelative.rel_projections',
+                'posenc_lit/deberta.py',
+            ),
+            'posenc_lit.deberta.DebertaRelative.score_mods': (
+                'deberta.html#debertarelative.score_mods',
                 'posenc_lit/deberta.py',
             ),
             'posenc_lit.deberta.DebertaRelative.score_terms': (
@@ -846,6 +885,12 @@ d = {
             'posenc_lit.fire.fire_inputs': ('fire.html#fire_inputs', 'posenc_lit/fire.py'),
             'posenc_lit.fire.fire_mlp': ('fire.html#fire_mlp', 'posenc_lit/fire.py'),
             'posenc_lit.fire.fire_psi': ('fire.html#fire_psi', 'posenc_lit/fire.py'),
+        },
+        'posenc_lit.fused': {
+            'posenc_lit.fused.batched_positions': ('fused.html#batched_positions', 'posenc_lit/fused.py'),
+            'posenc_lit.fused.check_position_pair': ('fused.html#check_position_pair', 'posenc_lit/fused.py'),
+            'posenc_lit.fused.fused_scores': ('fused.html#fused_scores', 'posenc_lit/fused.py'),
+            'posenc_lit.fused.offset_mod': ('fused.html#offset_mod', 'posenc_lit/fused.py'),
         },
         'posenc_lit.heads': {
             'posenc_lit.heads.ClassificationHead': ('heads.html#classificationhead', 'posenc_lit/heads.py'),
@@ -1238,6 +1283,10 @@ d = {
                 'relative.html#relativecontext',
                 'posenc_lit/relative.py',
             ),
+            'posenc_lit.relative.RelativeContext.rel_idx': (
+                'relative.html#relativecontext.rel_idx',
+                'posenc_lit/relative.py',
+            ),
             'posenc_lit.relative.RelativeVectors': (
                 'relative.html#relativevectors',
                 'posenc_lit/relative.py',
@@ -1252,6 +1301,10 @@ d = {
             ),
             'posenc_lit.relative.RelativeVectors.prepare': (
                 'relative.html#relativevectors.prepare',
+                'posenc_lit/relative.py',
+            ),
+            'posenc_lit.relative.RelativeVectors.score_mods': (
+                'relative.html#relativevectors.score_mods',
                 'posenc_lit/relative.py',
             ),
             'posenc_lit.relative.RelativeVectors.score_terms': (
@@ -1276,6 +1329,10 @@ d = {
                 'posenc_lit/relative.py',
             ),
             'posenc_lit.relative._check_within': ('relative.html#_check_within', 'posenc_lit/relative.py'),
+            'posenc_lit.relative._distance_extremes': (
+                'relative.html#_distance_extremes',
+                'posenc_lit/relative.py',
+            ),
             'posenc_lit.relative._huang4': ('relative.html#_huang4', 'posenc_lit/relative.py'),
             'posenc_lit.relative._shaw': ('relative.html#_shaw', 'posenc_lit/relative.py'),
             'posenc_lit.relative._used_rows': ('relative.html#_used_rows', 'posenc_lit/relative.py'),
@@ -1389,6 +1446,10 @@ d = {
                 'posenc_lit/t5.py',
             ),
             'posenc_lit.t5.T5RelativeBias.prepare': ('t5.html#t5relativebias.prepare', 'posenc_lit/t5.py'),
+            'posenc_lit.t5.T5RelativeBias.score_mods': (
+                't5.html#t5relativebias.score_mods',
+                'posenc_lit/t5.py',
+            ),
             'posenc_lit.t5.T5RelativeBias.score_terms': (
                 't5.html#t5relativebias.score_terms',
                 'posenc_lit/t5.py',
@@ -1472,6 +1533,7 @@ d = {
             'posenc_lit.tupe.TUPE.positional_term': ('tupe.html#tupe.positional_term', 'posenc_lit/tupe.py'),
             'posenc_lit.tupe.TUPE.prepare': ('tupe.html#tupe.prepare', 'posenc_lit/tupe.py'),
             'posenc_lit.tupe.TUPE.reset_cls': ('tupe.html#tupe.reset_cls', 'posenc_lit/tupe.py'),
+            'posenc_lit.tupe.TUPE.score_mods': ('tupe.html#tupe.score_mods', 'posenc_lit/tupe.py'),
             'posenc_lit.tupe.TUPE.score_terms': ('tupe.html#tupe.score_terms', 'posenc_lit/tupe.py'),
             'posenc_lit.tupe.TUPEContext': ('tupe.html#tupecontext', 'posenc_lit/tupe.py'),
             'posenc_lit.tupe._batch_positions': ('tupe.html#_batch_positions', 'posenc_lit/tupe.py'),
@@ -1565,6 +1627,7 @@ d = {
             'posenc_lit.vit.RelBias2d.__init__': ('vit.html#relbias2d.__init__', 'posenc_lit/vit.py'),
             'posenc_lit.vit.RelBias2d.bias': ('vit.html#relbias2d.bias', 'posenc_lit/vit.py'),
             'posenc_lit.vit.RelBias2d.prepare': ('vit.html#relbias2d.prepare', 'posenc_lit/vit.py'),
+            'posenc_lit.vit.RelBias2d.score_mods': ('vit.html#relbias2d.score_mods', 'posenc_lit/vit.py'),
             'posenc_lit.vit.RelBias2d.score_terms': ('vit.html#relbias2d.score_terms', 'posenc_lit/vit.py'),
             'posenc_lit.vit.RelBias2dContext': ('vit.html#relbias2dcontext', 'posenc_lit/vit.py'),
             'posenc_lit.vit.ResBlock': ('vit.html#resblock', 'posenc_lit/vit.py'),

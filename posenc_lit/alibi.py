@@ -5,11 +5,12 @@
 # %% ../nbs/08_alibi.ipynb #4b4841f2
 from __future__ import annotations
 import torch
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fastcore.basics import patch
 from .core import *
 from .checks import *
 from .attention import *
+from .fused import batched_positions, check_position_pair
 
 # %% auto #0
 __all__ = ['alibi_slopes', 'alibi_bias', 'ALiBi', 'ALiBiContext']
@@ -84,9 +85,18 @@ class ALiBi(PositionEncoding):
 # %% ../nbs/08_alibi.ipynb #d6be1241
 @dataclass(eq=False)
 class ALiBiContext(Context):
-    "Context of `ALiBi`: its fixed bias, shared by all layers."
+    "Context of `ALiBi`: its fixed bias, made on first read and shared by all layers."
 
-    alibi_bias: torch.Tensor  # `(b|1, h, i, j)` float32, logit units (≤ 0)
+    _bias: torch.Tensor | None = field(default=None, init=False, repr=False)
+
+    @property
+    def alibi_bias(self) -> torch.Tensor:
+        "`(b|1, h, i, j)` float32, logit units (≤ 0); made on first read (the fused path reads none)."
+        if self._bias is None:
+            # slopes valid by construction: `alibi_bias` would check them, a host read per forward on a GPU
+            slopes = alibi_slopes(self.pe.n_heads, self.q_pos.device)
+            self._bias = _alibi_bias(self.q_pos, self.k_pos, slopes, self.pe.bidirectional)
+        return self._bias
 
 
 ALiBi.context_type = ALiBiContext  # what its `prepare` returns
@@ -96,12 +106,9 @@ ALiBi.context_type = ALiBiContext  # what its `prepare` returns
 def prepare(
     self: ALiBi, q_pos, k_pos, *, key_mask: torch.Tensor | None = None, causal: bool = False
 ) -> ALiBiContext:  # integer positions `(b|1, i)`, `(b|1, j)` (or 1-D)
-    "Per-forward context with `alibi_bias` `(b|1, h, i, j)`, float32, shared by all layers."
-    # a list is refused by `rel_pos`, naming it
-    dev = q_pos.device if isinstance(q_pos, torch.Tensor) else None
-    slopes = alibi_slopes(self.n_heads, dev)
-    # slopes valid by construction: `alibi_bias` would check them, a host read per forward on a GPU
-    return ALiBiContext(q_pos, k_pos, _alibi_bias(q_pos, k_pos, slopes, self.bidirectional), pe=self)
+    "Per-forward context with `alibi_bias` `(b|1, h, i, j)`, float32, shared by all layers (made when read)."
+    check_position_pair(q_pos, k_pos)  # a list is refused by `rel_pos`, naming it
+    return ALiBiContext(q_pos, k_pos, pe=self)
 
 
 @patch
@@ -116,6 +123,22 @@ def score_terms(
     if q.shape[1] != self.n_heads:
         raise ValueError(f'ALiBi was built for {self.n_heads} heads; got q of shape {tuple(q.shape)}')
     return [ctx.alibi_bias]
+
+# %% ../nbs/08_alibi.ipynb #23c4da2b
+@patch
+def score_mods(self: ALiBi, q, k, ctx: ALiBiContext, layer: int | LayerRef | None = None):
+    "The bias as an index function for the fused path: `-m_h·|j - i|` (or the causal form) from positions."
+    if q.shape[1] != self.n_heads:
+        raise ValueError(f'ALiBi was built for {self.n_heads} heads; got q of shape {tuple(q.shape)}')
+    slopes = alibi_slopes(self.n_heads, q.device)  # (h,)
+    qp, kp = batched_positions(ctx, q.shape[0])  # (b, i), (b, j)
+
+    def mod(b, h, q_idx, kv_idx):
+        rel = kp[b, kv_idx] - qp[b, q_idx]  # j - i
+        dist = rel.abs() if self.bidirectional else (-rel).clamp(min=0)
+        return slopes[h] * (-dist).to(slopes.dtype)  # as _alibi_bias: negated as integers
+
+    return [mod]
 
 # %% ../nbs/08_alibi.ipynb #6f2d3208
 @register_encoding(

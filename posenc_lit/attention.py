@@ -5,6 +5,7 @@
 # %% ../nbs/01_attention.ipynb #b4b05586
 from __future__ import annotations
 import math
+import warnings
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -14,10 +15,11 @@ from .core import *
 from .checks import *
 
 # %% auto #0
-__all__ = ['causal_mask', 'scores', 'attend_manual', 'is_tracing', 'attend_fast', 'attend_compiled', 'attend',
-           'default_positions', 'MultiHeadAttention', 'as_layer', 'layer_index', 'position_attention',
-           'position_scores', 'KVCache', 'CombinedContext', 'CombinedEncoding', 'Context', 'LayerRef',
-           'PositionEncoding', 'check_context']
+__all__ = ['FUSED_AUTO', 'causal_mask', 'scores', 'attend_manual', 'is_tracing', 'attend_fast',
+           'attend_compiled', 'fused_unavailable', 'use_fused', 'dense_mod', 'causal_block_mask',
+           'attend_fused', 'attend', 'default_positions', 'MultiHeadAttention', 'as_layer', 'layer_index',
+           'position_attention', 'position_scores', 'KVCache', 'CombinedContext', 'CombinedEncoding',
+           'Context', 'LayerRef', 'PositionEncoding', 'check_context']
 
 # %% ../nbs/01_attention.ipynb #43e4fd21
 # a score term that does not fit (b, h, i, j): position_attention names its encoding
@@ -241,6 +243,119 @@ def attend_compiled(
         _COMPILED['fn'] = torch.compile(_attend_math, dynamic=False)
     return _COMPILED['fn'](q, k, v, tuple(score_terms), mask, scale, dropout_p)
 
+# %% ../nbs/01_attention.ipynb #02db2491
+try:  # FlexAttention: torch ≥ 2.5
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+except ImportError:  # pragma: no cover
+    flex_attention = create_block_mask = None
+
+# device types where `fast=True` picks the fused path by itself (FlexAttention compiles to one kernel)
+FUSED_AUTO = ('cuda',)
+_FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_AUTO_HEAD_DIMS = (16, 32, 64, 128)  # head dimensions FlexAttention's GPU kernel takes as they are
+
+
+def fused_unavailable(q: torch.Tensor, dropout_p: float = 0.0, return_probs: bool = False, value_terms=()):
+    "Why the fused path cannot run attention on `q` `(b, h, i, d)` with these options (a sentence), or None."
+    if flex_attention is None:
+        return f'FlexAttention needs torch ≥ 2.5 (this is {torch.__version__})'
+    if q.dtype not in _FUSED_DTYPES:
+        return f'q is {q.dtype}; the fused path runs float16, bfloat16 and float32'
+    if not (is_real(dropout_p) and dropout_p == 0):  # a bad value: `attend` names it
+        return f'FlexAttention has no attention dropout (dropout_p must be 0; got {dropout_p!r})'
+    if return_probs:
+        return 'the fused kernel keeps no probabilities (return_probs=True)'
+    if value_terms:
+        return "value terms read the probabilities (Shaw's a^V): manual path"
+    if q.device.type == 'cpu' and torch.is_grad_enabled():
+        return 'FlexAttention has no backward on CPU: run it under torch.no_grad() (or on a GPU)'
+    return None
+
+
+def use_fused(fast, q, dropout_p=0.0, return_probs=False, value_terms=()) -> bool:
+    """The rule: `fast='fused'` takes the fused path (`ValueError` naming why it cannot); `fast=True` takes it
+    on a device type in `FUSED_AUTO`, for a head dimension in `_AUTO_HEAD_DIMS`, when `fused_unavailable`
+    finds nothing; anything else: not."""
+    why = fused_unavailable(q, dropout_p, return_probs, value_terms) if fast in (True, 'fused') else 'off'
+    if fast == 'fused' and why is not None:
+        raise ValueError(f"fast='fused' cannot run this call: {why}")
+    if fast is True:
+        return why is None and q.device.type in FUSED_AUTO and q.shape[-1] in _AUTO_HEAD_DIMS
+    return fast == 'fused'
+
+# %% ../nbs/01_attention.ipynb #2af1a2a6
+def dense_mod(t: torch.Tensor, shape) -> callable:  # t `(b|1, h|1, i, j)`; shape `(b, h, i, j)`
+    "Index function reading the dense term `t`: `(b, h, q_idx, kv_idx) -> t[b, h, q_idx, kv_idx]`."
+    te = t.expand(shape)  # a view: no copy
+
+    def mod(b, h, q_idx, kv_idx):
+        return te[b, h, q_idx, kv_idx]
+
+    return mod
+
+
+_BLOCK_MASKS = {}
+
+
+def causal_block_mask(i: int, j: int, device):
+    "FlexAttention's block mask of `causal_mask(i, j)` (key c ≤ query a + j − i), cached per (i, j, device)."
+    key = (i, j, str(device))
+    if key not in _BLOCK_MASKS:
+        if len(_BLOCK_MASKS) > 64:  # decoding: a new j per step
+            _BLOCK_MASKS.clear()
+        off = j - i
+
+        def causal(b, h, q_idx, kv_idx):
+            return kv_idx <= q_idx + off
+
+        _BLOCK_MASKS[key] = create_block_mask(causal, None, None, i, j, device=device)
+    return _BLOCK_MASKS[key]
+
+
+def _flex(q, k, v, score_mod, block_mask, scale):
+    if q.device.type != 'cpu' and not is_tracing():  # one compiled kernel (compiled once per shape)
+        if 'flex' not in _COMPILED:
+            _COMPILED['flex'] = torch.compile(flex_attention)
+        return _COMPILED['flex'](q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
+    with warnings.catch_warnings():  # CPU: eager on purpose (no compiler needed; forward only)
+        warnings.filterwarnings('ignore', message='flex_attention called without torch.compile')
+        return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
+
+# %% ../nbs/01_attention.ipynb #fd4c2bd4
+def attend_fused(
+    q: torch.Tensor,  # queries `(b, h, i, d)`, float16/bfloat16/float32
+    k: torch.Tensor,  # keys `(b, h, j, d)`
+    v: torch.Tensor,  # values `(b, h, j, d_v)`
+    score_mods=(),  # index functions `(b, h, q_idx, kv_idx) -> logit term` (an encoding's `score_mods`)
+    mask: torch.Tensor | None = None,  # bool, broadcastable to `(b, h, i, j)`, True = may attend
+    *,
+    scale: float | None = None,  # content scale s; default `1/sqrt(d)`
+    causal: bool = False,  # a causal block mask (queries = the last i of the j keys)
+):
+    """Fused path of `attend`: FlexAttention adding `score_mods` to `scale·q·kᵀ` inside the kernel; returns
+    `out (b, h, i, d_v)`, rows with no allowed key 0, rows with a NaN/±inf query NaN (as `attend`)."""
+    _check_attend_inputs(q, k, v, (), mask)
+    full = (*q.shape[:3], k.shape[2])  # (b, h, i, j)
+    _with_causal(None, causal, full[2], full[3], q.device)  # its error for i > j
+    if 0 in full[2:]:  # no keys (or no queries): every row is empty
+        return q.new_zeros(*q.shape[:3], v.shape[-1])
+    valid = None
+    if mask is not None:
+        valid = mask.any(-1, keepdim=True)  # (b|1, h|1, i|1, 1)
+        used = mask.any(-2, keepdim=True).transpose(-1, -2)  # (b|1, h|1, j, 1)
+        k, v = k.masked_fill(~used, 0.0), v.masked_fill(~used, 0.0)  # padding's NaN stays out
+        mask = mask.expand(full)  # a view, read entry by entry
+
+    def score_mod(score, b, h, q_idx, kv_idx):  # FlexAttention's signature; `score` = scale·q·k
+        for f in score_mods:
+            score = score + f(b, h, q_idx, kv_idx)
+        return score if mask is None else torch.where(mask[b, h, q_idx, kv_idx], score, float('-inf'))
+
+    bm = causal_block_mask(full[2], full[3], q.device) if causal else None
+    out = _flex(q, k, v, score_mod, bm, q.shape[-1] ** -0.5 if scale is None else scale)
+    out = out.masked_fill(~q.isfinite().all(-1, keepdim=True), float('nan'))
+    return out if valid is None else out.masked_fill(~valid, 0.0)
+
 # %% ../nbs/01_attention.ipynb #a326733c
 def attend(
     q: torch.Tensor,  # queries `(b, h, i, d)`, float, d ≥ 1
@@ -254,7 +369,8 @@ def attend(
     scale: float | None = None,  # content scale s, a finite number; default `1/sqrt(d)`
     dropout_p: float = 0.0,  # dropout on the attention probabilities (pass 0 in eval)
     return_probs: bool = False,  # also return the probabilities `(b, h, i, j)` (uses the manual path)
-    # True: `F.scaled_dot_product_attention` when possible; False: manual; 'compiled': attend_compiled
+    # True: `F.scaled_dot_product_attention` when possible; False: manual; 'compiled': attend_compiled;
+    # 'fused': attend_fused (FlexAttention, the terms read entry by entry)
     fast: bool | str = True,
     # callables `probs (b, h, i, j) -> (b, h, i, d_v)` added to the output (Shaw's $a^V$); manual path
     value_terms=(),
@@ -264,14 +380,18 @@ def attend(
     """Attention with position score terms: `softmax(scale·q·kᵀ + Σ terms, masked)·v`; rows with no allowed
     key give 0 (no keys at all: all rows), rows with a NaN term or a NaN/±inf query NaN; `ValueError` for bad
     input (`causal=True` with more queries than keys too)."""
-    _check_attend_inputs(q, k, v, score_terms, mask)
-    if not (isinstance(fast, bool) or fast == 'compiled'):
-        raise ValueError(f"fast must be True, False or 'compiled'; got {fast!r}")
+    full = _check_attend_inputs(q, k, v, score_terms, mask)
+    if not (isinstance(fast, bool) or fast in ('compiled', 'fused')):
+        raise ValueError(f"fast must be True, False, 'compiled' or 'fused'; got {fast!r}")
     if not (is_real(dropout_p) and 0 <= dropout_p <= 1):
         raise ValueError(f'dropout_p is a probability in [0, 1]; got {dropout_p!r}')
     if scale is not None and not (is_real(scale) and math.isfinite(scale)):
         raise ValueError(
             f'scale must be a finite number (the content scale s; None: 1/sqrt(d)); got {scale!r}'
+        )
+    if fast == 'fused' and use_fused(fast, q, dropout_p, return_probs, value_terms):
+        return attend_fused(
+            q, k, v, [dense_mod(t, full) for t in score_terms], mask, scale=scale, causal=causal
         )
     mask = _with_causal(mask, causal, q.shape[2], k.shape[2], q.device)
     if k.shape[2] == 0:  # no keys: every row is empty and gives 0, as a fully masked one
@@ -454,6 +574,7 @@ def position_attention(
     *,
     dropout_p: float = 0.0,
     return_probs: bool = False,
+    # as `attend`; True/'fused': the encoding's `score_mods` by the rule (`use_fused`)
     fast: bool | str = True,
     causal: bool = False,  # forbid keys after each query (queries = the last i keys)
 ):
@@ -461,18 +582,24 @@ def position_attention(
     returns `(b, h, i, d_v)` (and probs)."""
     _check_pe_call(pe, q, k, ctx)
     q, k = pe.transform_qk(q, k, ctx, layer)
+    scale, values = _content_scale(pe, q), pe.value_terms(ctx, layer)
+    mods = _fused_mods(
+        pe, q, k, ctx, layer, fast=fast, dropout_p=dropout_p, return_probs=return_probs, values=values
+    )
     try:
+        if mods is not None:
+            return _checked(pe, ctx, attend_fused(q, k, v, mods, mask, scale=scale, causal=causal))
         out = attend(
             q,
             k,
             v,
             pe.score_terms(q, k, ctx, layer),
             mask,
-            scale=_content_scale(pe, q),
+            scale=scale,
             dropout_p=dropout_p,
             return_probs=return_probs,
             fast=fast,
-            value_terms=pe.value_terms(ctx, layer),
+            value_terms=values,
             causal=causal,
         )
     except _ScoreTermError as e:
@@ -481,9 +608,25 @@ def position_attention(
             f"{tuple(k.shape)}: {e}. Likely causes: q, k, v must be (b, h, n, d); the encoding's number "
             "of heads must be q's h; ctx must come from pe.prepare(q_pos, k_pos) for these positions"
         ) from None
+    return _checked(pe, ctx, out)
+
+
+def _checked(pe, ctx, out):
     # after the terms' shapes, whose error names the likelier mistake (an encoding built for other heads)
     check_context(pe, ctx, _SIGNATURE)
     return out
+
+
+def _fused_mods(pe, q, k, ctx, layer, *, fast, dropout_p, return_probs, values):  # None: not the fused path
+    if not use_fused(fast, q, dropout_p, return_probs, values):
+        return None
+    mods = pe.score_mods(q, k, ctx, layer)
+    if mods is None and fast == 'fused':
+        raise ValueError(
+            f"fast='fused': {type(pe).__name__} gives no fused score terms (its score_mods returns None); "
+            'use fast=True'
+        )
+    return mods
 
 
 def position_scores(
@@ -556,7 +699,7 @@ def forward(
     *,
     kv: torch.Tensor | None = None,  # keys' hidden states `(b, j, D)` (default: x, self-attention)
     return_probs: bool = False,
-    fast: bool = True,
+    fast: bool | str = True,  # as `position_attention`: True, False, 'compiled' or 'fused'
     causal: bool = False,  # forbid keys after each query
     cache: KVCache | None = None,  # this layer's cache: earlier keys and values, extended by this call's
 ):
@@ -668,6 +811,10 @@ class CombinedEncoding(PositionEncoding):
 
     def score_terms(self, q, k, ctx, layer: int | LayerRef | None = None):
         return [t for e, c in zip(self.members, ctx.members) for t in e.score_terms(q, k, c, layer)]
+
+    def score_mods(self, q, k, ctx, layer: int | LayerRef | None = None):
+        mods = [e.score_mods(q, k, c, layer) for e, c in zip(self.members, ctx.members)]
+        return None if any(m is None for m in mods) else [f for m in mods for f in m]
 
     def value_terms(self, ctx, layer: int | LayerRef | None = None):
         return [t for e, c in zip(self.members, ctx.members) for t in e.value_terms(c, layer)]

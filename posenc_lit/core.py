@@ -265,6 +265,11 @@ class PositionEncoding(nn.Module):
     def value_terms(self, ctx: Context, layer: int | LayerRef | None = None) -> list:
         return []
 
+    def score_mods(self, q, k, ctx: Context, layer: int | LayerRef | None = None) -> list | None:
+        """`score_terms` as index functions `(b, h, q_idx, kv_idx) -> logit term` for the fused path, or
+        `None` (not fusable); default `[]` without score terms, `None` for an encoding overriding them."""
+        return [] if type(self).score_terms is PositionEncoding.score_terms else None
+
     def content_scale(self, d: int) -> float:
         return d**-0.5
 

@@ -8,12 +8,13 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fastcore.basics import patch
 from .core import *
 from .checks import *
 from .attention import *
-from .relative import rel_scores, row_range
+from .fused import batched_positions, check_position_pair, offset_mod
+from .relative import rel_scores, row_range, _distance_extremes
 
 # %% auto #0
 __all__ = ['POS_ATT_TYPES', 'build_relative_position', 'deberta_delta', 'make_log_bucket_position',
@@ -204,11 +205,25 @@ class DebertaRelative(PositionEncoding):
 # %% ../nbs/06_deberta.ipynb #d7b6f4aa
 @dataclass(eq=False)
 class DebertaContext(Context):
-    "Context of `DebertaRelative`, computed once per forward and shared by all layers."
+    "Context of `DebertaRelative`, computed once per forward and shared by all layers (δ made when read)."
 
-    delta: torch.Tensor  # `(b|1, i, j)` int64, δ(i, j): the row of P of each pair
-    idx: torch.Tensor  # `(b|1, i, j)` int64, `delta - lo`: the row in `P` below
     P: torch.Tensor  # `(r, D)`: the rows lo … lo+r-1 that occur, normalized
+    lo: int = 0  # the first row of the full table in `P` (`idx = delta - lo`)
+    _idx: torch.Tensor | None = field(default=None, init=False, repr=False)
+
+    @property
+    def idx(self) -> torch.Tensor:
+        "`(b|1, i, j)` int64, `delta - lo`: the row in `P` of each pair; made on first read (fused: never)."
+        if self._idx is None:
+            pe = self.pe
+            rel = build_relative_position(self.q_pos, self.k_pos, pe.position_buckets, pe.k)
+            self._idx = deberta_delta(rel, pe.span) - self.lo
+        return self._idx
+
+    @property
+    def delta(self) -> torch.Tensor:
+        "`(b|1, i, j)` int64, δ(i, j): the row of the full table of each pair."
+        return self.idx + self.lo
 
 
 DebertaRelative.context_type = DebertaContext  # what its `prepare` returns
@@ -218,15 +233,20 @@ DebertaRelative.context_type = DebertaContext  # what its `prepare` returns
 def prepare(
     self: DebertaRelative, q_pos, k_pos, *, key_mask: torch.Tensor | None = None, causal: bool = False
 ) -> DebertaContext:
-    """$\\delta(i,j)$ of every pair (`delta`, `(b|1, i, j)`) and the rows of $P$ it
-    uses, normalized (`P`), once per forward."""
-    rel = build_relative_position(q_pos, k_pos, self.position_buckets, self.k)
-    delta = deberta_delta(rel, self.span)  # (b|1, i, j)
-    lo, hi = row_range(delta, 2 * self.span)  # one host read per forward; the layers reuse it
+    """The rows of $P$ the pairs use, normalized (`P`), once per forward; $\\delta(i,j)$ of every pair
+    (`delta`, `(b|1, i, j)`) is made when read."""
+    check_position_pair(q_pos, k_pos)
+    ext = _distance_extremes(q_pos, k_pos)  # (2,): min and max of j - i (None: no pairs, or traced)
+    lo, hi = 0, 2 * self.span - 1
+    if ext is not None:  # δ is monotone in i - j: the rows of its extremes bound it
+        rel = to_convention(ext, 'i-j').flip(0)  # (2,): min and max of i - j
+        if self.position_buckets:
+            rel = make_log_bucket_position(rel, self.position_buckets, self.k)
+        lo, hi = value_range(deberta_delta(rel, self.span))  # one host read per forward; the layers reuse it
     P = self.rel_embeddings[lo : hi + 1]  # (r, D): the rows that occur
     if self.rel_norm is not None:
         P = self.rel_norm(P)  # row-wise: cut first, exact
-    return DebertaContext(q_pos, k_pos, delta, delta - lo, P, pe=self)
+    return DebertaContext(q_pos, k_pos, P, lo, pe=self)
 
 # %% ../nbs/06_deberta.ipynb #b0665e28
 @patch
@@ -270,6 +290,25 @@ def score_terms(self: DebertaRelative, q, k, ctx: DebertaContext, layer: int | L
     c2p = [rel_scores(q, K_r * s, idx, 'query', rows)] if K_r is not None else []
     # p2c with the code's index δ(i,j)
     p2c = [rel_scores(k, Q_r * s, idx, 'key', rows)] if Q_r is not None else []
+    return c2p + p2c
+
+# %% ../nbs/06_deberta.ipynb #e745fd99
+@patch
+def score_mods(self: DebertaRelative, q, k, ctx: DebertaContext, layer: int | LayerRef | None = None):
+    "c2p and p2c as index functions: `(b, h, n, r)` tables read at row δ(i, j) − lo inside the fused kernel."
+    K_r, Q_r = self.rel_projections(ctx, layer)  # (h, r, d) each, or None
+    s, M = self.content_scale(q.shape[-1]), self.k + 1  # |i - j| ≥ k: δ is the first or last row
+    qp, kp = batched_positions(ctx, q.shape[0])  # (b, i), (b, j)
+    rel = torch.arange(-M, M + 1, device=q.device)  # (2M+1,): i - j
+    if self.position_buckets:
+        rel = make_log_bucket_position(rel, self.position_buckets, self.k)
+    delta = deberta_delta(rel, self.span) - ctx.lo  # (2M+1,): the row of P of each i - j
+
+    def row(b, q_idx, kv_idx):  # δ(i, j) - lo
+        return delta[(qp[b, q_idx] - kp[b, kv_idx]).clamp(-M, M) + M]
+
+    c2p = [offset_mod(q @ (K_r * s).to(q.dtype).transpose(-1, -2), row)] if K_r is not None else []
+    p2c = [offset_mod(k @ (Q_r * s).to(k.dtype).transpose(-1, -2), row, 'key')] if Q_r is not None else []
     return c2p + p2c
 
 # %% ../nbs/06_deberta.ipynb #4b98bb87

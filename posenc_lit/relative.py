@@ -7,11 +7,12 @@ from __future__ import annotations
 import math
 import torch
 import torch.nn as nn
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fastcore.basics import patch
 from .core import *
 from .checks import *
 from .attention import *
+from .fused import batched_positions, check_position_pair, offset_mod
 
 # %% auto #0
 __all__ = ['rel_index', 'rel_scores', 'row_range', 'rel_values', 'RelativeVectors', 'RelativeContext', 'Shaw',
@@ -40,12 +41,16 @@ def _check_clip_distance(k):
         )
 
 
-def _check_within(rel, k):  # clip=False: every distance within ±k (traced: no check, see `is_tracing`)
-    if rel.numel() and not is_tracing() and int(rel.abs().max()) > k:
+# clip=False: every distance within ±k (traced: no check, see `is_tracing`); `rel` a tensor of distances
+# or the largest |j - i| as an int
+def _check_within(rel, k):
+    if isinstance(rel, torch.Tensor):
+        rel = int(rel.abs().max()) if rel.numel() and not is_tracing() else 0
+    if rel > k:
         raise PositionRangeError(
-            f'relative distance {int(rel.abs().max())} is outside the table of distances -{k}..{k} and '
+            f'relative distance {rel} is outside the table of distances -{k}..{k} and '
             f'clip=False: use query and key positions at most {k} apart (sequences of at most {k + 1} '
-            f'tokens), a larger table (k ≥ {int(rel.abs().max())}), or clip=True'
+            f'tokens), a larger table (k ≥ {rel}), or clip=True'
         )
 
 # %% ../nbs/03_relative.ipynb #39fe760f
@@ -193,11 +198,17 @@ def _check_relative_vectors(d_head, n_layers, k, flags, init_std):
 # %% ../nbs/03_relative.ipynb #ee00b1be
 @dataclass(eq=False)
 class RelativeContext(Context):
-    "Context of `RelativeVectors`: the table row of every query/key pair."
+    "Context of `RelativeVectors`: the rows its pairs use, and the table row of every pair (made when read)."
 
-    # `(b|1, i, j)` int64, rows `clip(j - i, k) + k` (rel_index)
-    rel_idx: torch.Tensor
-    rows: tuple | None = None  # `(lo, hi)`: the first and last row of `rel_idx` (row_range); None: read it
+    rows: tuple | None = None  # `(lo, hi)`: the first and last row of `rel_idx`; None: read it (row_range)
+    _rel_idx: torch.Tensor | None = field(default=None, init=False, repr=False)
+
+    @property
+    def rel_idx(self) -> torch.Tensor:
+        "`(b|1, i, j)` int64, rows `clip(j - i, k) + k` (rel_index), made on first read (fused: never)."
+        if self._rel_idx is None:  # clip=False: `prepare` checked the distances
+            self._rel_idx = rel_index(self.q_pos, self.k_pos, self.pe.k)
+        return self._rel_idx
 
 
 RelativeVectors.context_type = RelativeContext  # what its `prepare` returns
@@ -215,9 +226,27 @@ def _table(self: RelativeVectors, tables, layer):
 def prepare(
     self: RelativeVectors, q_pos, k_pos, *, key_mask: torch.Tensor | None = None, causal: bool = False
 ) -> RelativeContext:
-    "Table row of every pair, `rel_idx` `(b|1, i, j)`, and the rows it uses, computed once per forward."
-    idx = rel_index(q_pos, k_pos, self.k, self.clip)
-    return RelativeContext(q_pos, k_pos, idx, row_range(idx, 2 * self.k + 1), pe=self)
+    "The rows the pairs use, read once per forward from the positions (`rel_idx` is made when read)."
+    check_position_pair(q_pos, k_pos)
+    _check_clip_distance(self.k)
+    ext = _distance_extremes(q_pos, k_pos)  # min and max of j - i (None: empty or traced)
+    if ext is None:
+        return RelativeContext(q_pos, k_pos, (0, 2 * self.k), pe=self)
+    lo_hi = value_range(ext)  # one host read per forward; the layers reuse it
+    if not self.clip:
+        _check_within(max(abs(r) for r in lo_hi), self.k)
+    rows = tuple(min(max(r, -self.k), self.k) + self.k for r in lo_hi)  # clip is monotone
+    return RelativeContext(q_pos, k_pos, rows, pe=self)
+
+
+# `(2,)` int64 on the positions' device: min and max of k_pos[j] - q_pos[i] over each sequence's pairs (no
+# (i, j) tensor, no host read); None for no pairs or under tracing
+def _distance_extremes(q_pos, k_pos):
+    if is_tracing() or q_pos.shape[-1] == 0 or k_pos.shape[-1] == 0:
+        return None
+    qp, kp = (p.long() if p.ndim == 2 else p.long()[None] for p in (q_pos, k_pos))  # (b|1, n)
+    lo, hi = kp.amin(-1) - qp.amax(-1), kp.amax(-1) - qp.amin(-1)  # (b|1,) each: a sequence's extremes
+    return torch.stack([lo.min(), hi.max()])
 
 
 @patch
@@ -241,6 +270,24 @@ def value_terms(self: RelativeVectors, ctx: RelativeContext, layer: int | LayerR
         return []
     a_v, idx = self._table(self.value_tables, layer), ctx.rel_idx
     return [lambda probs: rel_values(probs, a_v, idx, ctx.rows)]
+
+# %% ../nbs/03_relative.ipynb #61092946
+@patch
+def score_mods(self: RelativeVectors, q, k, ctx: RelativeContext, layer: int | LayerRef | None = None):
+    """`score_terms` as index functions for the fused path: $T = qE^\\top$ / $U = kE^\\top$ `(b, h, n, r)`
+    read at row `clip(j - i, k) + k - lo` (01b_fused); no `(b, h, i, j)` tensor."""
+    if self.key_tables is None:
+        return []
+    lo, hi = ctx.rows if ctx.rows is not None else row_range(ctx.rel_idx, 2 * self.k + 1)
+    a = self._table(self.key_tables, layer) * self.content_scale(q.shape[-1])
+    E = a[lo : hi + 1].to(q.dtype)  # (r, d): the distances that occur
+    qp, kp = batched_positions(ctx, q.shape[0])  # (b, i), (b, j)
+
+    def row(b, q_idx, kv_idx):  # clip(j - i, k) + k, as a row of E
+        return (kp[b, kv_idx] - qp[b, q_idx]).clamp(-self.k, self.k) + self.k - lo
+
+    mods = [offset_mod(q @ E.T, row, 'query')] if self.query_term else []  # T: (b, h, i, r)
+    return mods + ([offset_mod(k @ E.T, row, 'key')] if self.key_term else [])  # U: (b, h, j, r)
 
 # %% ../nbs/03_relative.ipynb #d7f91a99
 def Shaw(

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from .core import *
 from .checks import *
 from .attention import *
+from fastcore.basics import patch
+from .fused import batched_positions, check_position_pair
 
 # %% auto #0
 __all__ = ['t5_bucket', 'T5Context', 'T5RelativeBias']
@@ -66,9 +68,10 @@ def t5_bucket(
 # %% ../nbs/04_t5.ipynb #af3e5ecb
 @dataclass(eq=False)
 class T5Context(Context):
-    "Context of `T5RelativeBias`: its bias, computed once per forward and shared by all layers."
+    "Context of `T5RelativeBias`: its bias, made once per forward (when first read) and shared by all layers."
 
-    t5_bias: torch.Tensor  # `(b|1, h, i, j)` in logit units
+    # `(b|1, h, i, j)` in logit units; None until `score_terms` reads it (the fused path never does)
+    t5_bias: torch.Tensor | None = None
 
 
 class T5RelativeBias(PositionEncoding):
@@ -117,13 +120,27 @@ class T5RelativeBias(PositionEncoding):
     def prepare(
         self, q_pos, k_pos, *, key_mask: torch.Tensor | None = None, causal: bool = False
     ) -> T5Context:
-        return T5Context(q_pos, k_pos, self.bias(q_pos, k_pos), pe=self)
+        check_position_pair(q_pos, k_pos)
+        return T5Context(q_pos, k_pos, pe=self)
 
     def score_terms(self, q, k, ctx, layer: int | LayerRef | None = None):
+        if ctx.t5_bias is None:  # made once, with the gradient mode `prepare` ran in (see `check_context`)
+            with torch.set_grad_enabled(ctx.grad):
+                ctx.t5_bias = self.bias(ctx.q_pos, ctx.k_pos)
         return [ctx.t5_bias]
 
     def content_scale(self, d):
         return d**-0.5 if self.scale_content else 1.0
+
+# %% ../nbs/04_t5.ipynb #0a7834cc
+@patch
+def score_mods(self: T5RelativeBias, q, k, ctx: T5Context, layer: int | LayerRef | None = None):
+    "The bias as an index function: `weight[t5_bucket(j - i), h]`, a lookup by the clipped distance j − i."
+    qp, kp = batched_positions(ctx, q.shape[0])  # (b, i), (b, j)
+    M = math.ceil(self.max_distance) + 1  # beyond: the last bucket
+    rel = torch.arange(-M, M + 1, device=q.device)  # (2M+1,): j - i
+    w = self.weight[t5_bucket(rel, self.bidirectional, self.num_buckets, self.max_distance)]  # (2M+1, h)
+    return [lambda b, h, q_idx, kv_idx: w[(kp[b, kv_idx] - qp[b, q_idx]).clamp(-M, M) + M, h]]
 
 # %% ../nbs/04_t5.ipynb #eba81ecc
 @register_encoding(

@@ -157,6 +157,12 @@ def prepare(
 def score_terms(self: TUPE, q, k, ctx: TUPEContext, layer: int | LayerRef | None = None):
     return [ctx.tupe_bias]
 
+
+@patch
+def score_mods(self: TUPE, q, k, ctx: TUPEContext, layer: int | LayerRef | None = None):
+    "The fused path reads the shared term `(b|1, h, i, j)` entry by entry (computed once per forward: L²)."
+    return [dense_mod(ctx.tupe_bias, (*q.shape[:3], k.shape[2]))]
+
 # %% ../nbs/05_tupe.ipynb #173e9638
 @register_encoding(
     'tupe-a',

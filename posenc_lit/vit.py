@@ -462,6 +462,9 @@ class RelBias2d(VisionEncoding):
     def score_terms(self, q, k, ctx, layer: int | LayerRef | None = None):
         return [ctx.rel2d]
 
+    def score_mods(self, q, k, ctx, layer: int | LayerRef | None = None):  # fused: read once-per-forward bias
+        return [dense_mod(ctx.rel2d, (*q.shape[:3], k.shape[2]))]
+
 # %% ../nbs/09_vit.ipynb #52491257
 @register_encoding(
     'learned',
