@@ -249,8 +249,9 @@ try:  # FlexAttention: torch ≥ 2.5
 except ImportError:  # pragma: no cover
     flex_attention = create_block_mask = None
 
-# device types where `fast=True` picks the fused path by itself (FlexAttention compiles to one kernel)
-FUSED_AUTO = ('cuda',)
+# device types where `fast=True` picks the fused path by itself: none until the GPU check has passed
+# (tools/gpu_fused.py: gradients and speed on CUDA); ('cuda',) opts in
+FUSED_AUTO = ()
 _FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _AUTO_HEAD_DIMS = (16, 32, 64, 128)  # head dimensions FlexAttention's GPU kernel takes as they are
 
