@@ -876,6 +876,7 @@ d = {
             'posenc_lit.fire.FIRE': ('fire.html#fire', 'posenc_lit/fire.py'),
             'posenc_lit.fire.FIRE.__init__': ('fire.html#fire.__init__', 'posenc_lit/fire.py'),
             'posenc_lit.fire.FIRE.prepare': ('fire.html#fire.prepare', 'posenc_lit/fire.py'),
+            'posenc_lit.fire.FIRE.score_mods': ('fire.html#fire.score_mods', 'posenc_lit/fire.py'),
             'posenc_lit.fire.FIRE.score_terms': ('fire.html#fire.score_terms', 'posenc_lit/fire.py'),
             'posenc_lit.fire.FIRE.threshold': ('fire.html#fire.threshold', 'posenc_lit/fire.py'),
             'posenc_lit.fire.FireContext': ('fire.html#firecontext', 'posenc_lit/fire.py'),

@@ -129,6 +129,14 @@ def score_terms(self: FIRE, q, k, ctx: FireContext, layer: int | LayerRef | None
     l = layer_index(layer, n, 'FIRE', 'MLPs')
     return [ctx.fire_bias[0 if self.share_layers else l]]
 
+
+@patch
+def score_mods(self: FIRE, q, k, ctx: FireContext, layer: int | LayerRef | None = None):
+    "The fused path (01b_fused) reads this layer's bias `(b|1, h, i, j)` entry by entry: made once per forward, L²."
+    (bias,) = self.score_terms(q, k, ctx, layer)
+    return [dense_mod(bias, (*q.shape[:3], k.shape[2]))]
+
+
 # %% ../nbs/08a_fire.ipynb #1b5c5a6d
 @register_encoding(
     'fire',
