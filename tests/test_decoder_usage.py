@@ -27,9 +27,14 @@ DECODER_FORMS = {  # the decoder forms of T5 (one-sided buckets) and ALiBi (the 
 DECODER = REGISTERED + sorted(DECODER_FORMS)
 
 
+# FIRE reads the query's own position only past its threshold L (512 tokens by default): a threshold of a few
+# tokens makes these short rows depend on where they sit, so a wrong position shows for FIRE too
+PE_KWARGS = {'fire': {'init_L': 2.0}}
+
+
 def cfg(pe):
     return ModelConfig(vocab_size=V, d_model=D, n_heads=H, n_layers=L, d_ff=32, pe=pe,
-                       max_position_embeddings=32, dropout=0.0, attn_dropout=0.0)
+                       pe_kwargs=PE_KWARGS.get(pe, {}), max_position_embeddings=32, dropout=0.0, attn_dropout=0.0)
 
 
 def weigh(model):  # position parameters of weight 1, so that a wrong position shows
