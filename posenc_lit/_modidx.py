@@ -1079,6 +1079,7 @@ d = {
             'posenc_lit.loop.eval_sums': ('loop.html#eval_sums', 'posenc_lit/loop.py'),
             'posenc_lit.loop.fit': ('loop.html#fit', 'posenc_lit/loop.py'),
             'posenc_lit.loop.fit_phases': ('loop.html#fit_phases', 'posenc_lit/loop.py'),
+            'posenc_lit.loop.fit_run': ('loop.html#fit_run', 'posenc_lit/loop.py'),
             'posenc_lit.loop.foreign_checkpoint_files': (
                 'loop.html#foreign_checkpoint_files',
                 'posenc_lit/loop.py',
