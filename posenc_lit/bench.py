@@ -25,9 +25,9 @@ from .rope import RoPE
 
 # %% auto #0
 __all__ = ['TARGETS', 'TARGET_SIZE', 'BENCH_METRICS', 'RESULTS', 'allocator', 'peak_memory',
-           'time_interleaved', 'Case', 'core_attention', 'naive_attention', 'term_cases', 'hf_cases',
-           'model_throughput', 'bench', 'bench_ratios', 'bench_targets', 'format_bench', 'plot_bench',
-           'load_bench', 'write_bench']
+           'time_interleaved', 'Case', 'core_attention', 'naive_attention', 'term_cases',
+           'hf_deberta_modules', 'hf_t5_modules', 'hf_cases', 'model_throughput', 'bench', 'bench_ratios',
+           'bench_targets', 'format_bench', 'plot_bench', 'load_bench', 'write_bench']
 
 # %% ../nbs/24_bench.ipynb #204e5a59
 def allocator() -> str:
@@ -263,11 +263,16 @@ def _copy_linear(dst: nn.Linear, src: nn.Linear):
             dst.bias.copy_(src.bias)
 
 
-def _deberta_case(L, b, h, d, g):
+def hf_deberta_modules(
+    D: int,  # model width
+    h: int,  # heads
+) -> tuple:  # (hf, pe, mha): transformers' module, our `DebertaRelative` and `MultiHeadAttention`
+    """transformers' DeBERTa-v2 `DisentangledSelfAttention` (c2p+p2c, 256 log buckets, k = 512,
+    share_att_key) and ours with the same configuration, its q, k, v projections copied into ours (random
+    weights from torch's generator; `ImportError` without transformers)."""
     from transformers import DebertaV2Config
     from transformers.models.deberta_v2.modeling_deberta_v2 import DisentangledSelfAttention
 
-    D, pos = h * d, torch.arange(L)[None]
     hf = DisentangledSelfAttention(
         DebertaV2Config(
             hidden_size=D,
@@ -281,13 +286,18 @@ def _deberta_case(L, b, h, d, g):
             attention_probs_dropout_prob=0.0,
         )
     )
-    pe, mha, o_proj = (
-        DebertaRelative(D, h, 1, k=512, position_buckets=256, share_att_key=True),
-        MultiHeadAttention(D, h),
-        nn.Linear(D, D),
+    pe, mha = DebertaRelative(D, h, 1, k=512, position_buckets=256, share_att_key=True), MultiHeadAttention(
+        D, h
     )
     for ours, theirs in (('q_proj', 'query_proj'), ('k_proj', 'key_proj'), ('v_proj', 'value_proj')):
         _copy_linear(getattr(mha, ours), getattr(hf, theirs))
+    return hf, pe, mha
+
+
+def _deberta_case(L, b, h, d, g):
+    D, pos = h * d, torch.arange(L)[None]
+    hf, pe, mha = hf_deberta_modules(D, h)
+    o_proj = nn.Linear(D, D)
     _copy_linear(o_proj, mha.o_proj)
     x, keep = torch.randn(b, L, D, generator=g).requires_grad_(), torch.ones(b, 1, 1, L, dtype=torch.bool)
     return Case(
@@ -302,7 +312,14 @@ def _deberta_case(L, b, h, d, g):
     )
 
 # %% ../nbs/24_bench.ipynb #30ed0130
-def _t5_case(L, b, h, d, g, attn_implementation='sdpa'):
+def hf_t5_modules(
+    h: int,  # heads
+    d: int,  # head width
+    attn_implementation: str = 'sdpa',  # transformers' attention kernel: 'sdpa' or 'eager'
+) -> tuple:  # (hf, pe, mha): transformers' module, our `T5RelativeBias` and `MultiHeadAttention`
+    """transformers' `T5Attention` (encoder, 32 buckets, max distance 128) and ours with the same
+    configuration, its projections and bias table copied into ours (random weights from torch's generator;
+    `ImportError` without transformers)."""
     from transformers import T5Config
     from transformers.models.t5.modeling_t5 import T5Attention
 
@@ -315,12 +332,18 @@ def _t5_case(L, b, h, d, g, attn_implementation='sdpa'):
         dropout_rate=0.0,
     )
     cfg._attn_implementation = attn_implementation
-    hf, pos = T5Attention(cfg, has_relative_attention_bias=True, layer_idx=0), torch.arange(L)[None]
+    hf = T5Attention(cfg, has_relative_attention_bias=True, layer_idx=0)
     pe, mha = T5RelativeBias(h, 32, 128, scale_content=False), MultiHeadAttention(h * d, h, bias=False)
     for ours, theirs in (('q_proj', 'q'), ('k_proj', 'k'), ('v_proj', 'v'), ('o_proj', 'o')):
         _copy_linear(getattr(mha, ours), getattr(hf, theirs))
     with torch.no_grad():
         pe.weight.copy_(hf.relative_attention_bias.weight)
+    return hf, pe, mha
+
+
+def _t5_case(L, b, h, d, g, attn_implementation='sdpa'):
+    hf, pe, mha = hf_t5_modules(h, d, attn_implementation)
+    pos = torch.arange(L)[None]
     x = torch.randn(b, L, h * d, generator=g).requires_grad_()
     return Case(
         't5-module',

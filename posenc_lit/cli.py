@@ -143,42 +143,47 @@ def _add_run_dir(p):
     )
 
 
+def _add_training(sub, name, help, description, preset, presets_help, flags, func):
+    """The parser of a training command `name`: --pe, --preset (default `preset`), the run directory, the
+    flags every run has and the preset overrides `flags`; `func` runs it."""
+    p = sub.add_parser(name, help=help, description=description)
+    p.add_argument('--pe', required=True, help='position encoding (see `posenc_lit encodings`)')
+    p.add_argument('--preset', default=preset, help=f'{presets_help} (default: {preset})')
+    _add_run_dir(p)
+    _add_run_flags(p, 'JSON object of extra encoding options, e.g. \'{"base": 500}\'', flags)
+    p.set_defaults(func=func, parser=p)
+
+
 def _add_pretrain(sub):
-    p = sub.add_parser(
+    _add_training(
+        sub,
         'pretrain',
-        help='masked-language-model pretraining',
-        description='Pretrain a BERT-style MLM with the chosen position encoding. '
+        'masked-language-model pretraining',
+        'Pretrain a BERT-style MLM with the chosen position encoding. '
         'Ctrl-C (SIGINT) or SIGTERM finishes the current step, saves a checkpoint and stops with exit status '
         '130 or 143; --resume continues the run with the same losses as if it had not stopped.',
-    )
-    p.add_argument('--pe', required=True, help='position encoding (see `posenc_lit encodings`)')
-    p.add_argument(
-        '--preset',
-        default='quick',
-        help='quick: 2 layers, D=128, 1,200 steps of 32×64 tokens (~5 min on '
+        'quick',
+        'quick: 2 layers, D=128, 1,200 steps of 32×64 tokens (~5 min on '
         '2 idle cores); reference: 4 layers, 2,500 steps of 32×128 (~20 min); study: quick\'s model, 12,000 '
-        'steps of 64×32 (~40 min of one core; absolute positions are learned); smoke: a tiny model, 20 steps '
-        '(default: quick)',
+        'steps of 64×32 (~40 min of one core; absolute positions are learned); smoke: a tiny model, 20 steps',
+        _TRAIN_FLAGS,
+        cmd_pretrain,
     )
-    _add_run_dir(p)
-    _add_run_flags(p, 'JSON object of extra encoding options, e.g. \'{"base": 500}\'', _TRAIN_FLAGS)
-    p.set_defaults(func=cmd_pretrain, parser=p)
 
 # %% ../nbs/13_cli.ipynb #8ed4af13
-def cmd_pretrain(args) -> int:
-    """Run `pretrain` with the preset and overrides from `args`; prints the summary as JSON. Status 128 + n
-    after signal n."""
-    from posenc_lit.training import make_train_config, pretrain
-
-    over = {f[2:].replace('-', '_'): getattr(args, f[2:].replace('-', '_')) for f, _, _ in _TRAIN_FLAGS}
+def _run_training(args, flags, make_config, train) -> int:
+    """A training command: the config `make_config(args.preset, …)` with the overrides `flags` from `args`
+    (a `ValueError` is a usage error), --out checked and locked, then `train(cfg, out, …)`; prints the
+    summary as JSON (`_report_run`). Status 128 + n after signal n."""
+    over = {f[2:].replace('-', '_'): getattr(args, f[2:].replace('-', '_')) for f, _, _ in flags}
     try:
-        cfg = make_train_config(
+        cfg = make_config(
             args.preset, pe=args.pe, pe_kwargs=args.pe_kwargs, mixed_precision=args.mixed_precision, **over
         )
     except ValueError as e:
         raise UsageError(str(e)) from None
     _check_out(args.out)
-    summary = pretrain(
+    summary = train(
         cfg,
         args.out,
         resume=args.resume,
@@ -187,6 +192,14 @@ def cmd_pretrain(args) -> int:
         progress=not args.quiet,
     )
     return _report_run(summary)
+
+
+def cmd_pretrain(args) -> int:
+    """Run `pretrain` with the preset and overrides from `args`; prints the summary as JSON. Status 128 + n
+    after signal n."""
+    from posenc_lit.training import make_train_config, pretrain
+
+    return _run_training(args, _TRAIN_FLAGS, make_train_config, pretrain)
 
 
 def _status(name: str) -> int:
@@ -907,24 +920,20 @@ _LM_FLAGS = [f for f in _TRAIN_FLAGS if f[0] not in ('--emd-steps', '--eval-bloc
 
 
 def _add_lm(sub):
-    p = sub.add_parser(
+    _add_training(
+        sub,
         'lm',
-        help='causal-LM pretraining (the decoder study), then the loss at 1×, 2×, 4×, 8× the length',
-        description='Pretrain a small decoder (CausalLM) with the chosen position encoding on the next-token '
+        'causal-LM pretraining (the decoder study), then the loss at 1×, 2×, 4×, 8× the length',
+        'Pretrain a small decoder (CausalLM) with the chosen position encoding on the next-token '
         'loss, on the one training loop (checkpoints, signals and --resume as pretrain), then write '
         'OUT/lengths.json: the loss at 1×, 2×, 4× and 8× the training length (RoPE: also with position '
         'interpolation and NTK scaling). See nbs/26_decoder_study.ipynb.',
+        'study',
+        'study: 2 layers, D=128, 3,000 steps of 32×64 tokens (about 20-30 min of one core); smoke: a '
+        'tiny model, 6 steps',
+        _LM_FLAGS,
+        cmd_lm,
     )
-    p.add_argument('--pe', required=True, help='position encoding (see `posenc_lit encodings`)')
-    p.add_argument(
-        '--preset',
-        default='study',
-        help='study: 2 layers, D=128, 3,000 steps of 32×64 tokens (about 20-30 min of one core); smoke: a '
-        'tiny model, 6 steps (default: study)',
-    )
-    _add_run_dir(p)
-    _add_run_flags(p, 'JSON object of extra encoding options, e.g. \'{"base": 500}\'', _LM_FLAGS)
-    p.set_defaults(func=cmd_lm, parser=p)
 
 
 def cmd_lm(args) -> int:
@@ -932,18 +941,7 @@ def cmd_lm(args) -> int:
     after signal n."""
     from posenc_lit.decoder_study import make_lm_config, pretrain_lm
 
-    over = {f[2:].replace('-', '_'): getattr(args, f[2:].replace('-', '_')) for f, _, _ in _LM_FLAGS}
-    try:
-        cfg = make_lm_config(
-            args.preset, pe=args.pe, pe_kwargs=args.pe_kwargs, mixed_precision=args.mixed_precision, **over
-        )
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-    _check_out(args.out)
-    summary = pretrain_lm(
-        cfg, args.out, args.resume, args.stop_at, progress=not args.quiet, overwrite=args.overwrite
-    )
-    return _report_run(summary)
+    return _run_training(args, _LM_FLAGS, make_lm_config, pretrain_lm)
 
 # %% ../nbs/13_cli.ipynb #45f4ccb7
 def build_parser() -> argparse.ArgumentParser:

@@ -22,9 +22,9 @@ from .model import ModelConfig, build_encoding
 from .causal_lm import CausalLM
 from .data import CLS_ID, load_corpus, load_tokenizer, _stream
 from posenc_lit.loop import (
-    RunConfig, ListOf, make_config, open_run, running, fit, Loop, optimizer, param_groups, build_model,
-    probe_step, micro_batch, eval_sums, loss_accuracy, save_checkpoint, load_checkpoint, check_one_batch,
-    read_metrics, stopped, end_run, run_costs,
+    RunConfig, ListOf, make_config, open_run, fit_run, Loop, optimizer, param_groups, build_model,
+    probe_step, micro_batch, eval_sums, loss_accuracy, save_checkpoint, check_one_batch,
+    read_metrics, end_run, run_costs,
 )  # fmt: skip
 from posenc_lit.probes import (
     ProbeConfig, Probe, FIRST, BOS, offset_batch, index_batch, precede_batch, train_probe, score_probe,
@@ -252,16 +252,10 @@ def pretrain_lm(
         return done
     d = lm_data(cfg, acc.num_processes)
     loop = _lm_loop(cfg, out, acc, d, _lm_parts(cfg, acc, d))
-    if state is None:  # a fresh run's random state, else the checkpoint's
-        set_seed(cfg.seed, device_specific=True)
-    else:
-        load_checkpoint(acc, out / 'checkpoint')
-    state = state or {'step': 0}
-    with running(acc, out, cfg, state['step'], cfg.steps, f'lm {cfg.pe}', progress, overwrite) as (stop, bar):
-        sig = fit(acc, loop, state, out, stop_at, stop, bar)
-    if sig is not None or state['step'] < cfg.steps:  # a signal, the last step's too, or stop_at
-        return stopped(state, cfg.steps, sig)
-    return _lm_finish(cfg, out, acc, loop.model, state['step'], d)
+    step, stop = fit_run(acc, loop, cfg, out, state, f'lm {cfg.pe}', stop_at, progress, overwrite)
+    if stop is not None:  # a signal, the last step's too, or stop_at
+        return stop
+    return _lm_finish(cfg, out, acc, loop.model, step, d)
 
 
 def _lm_finish(cfg: LMConfig, out: Path, acc: Accelerator, model, step: int, d: LMData) -> dict:

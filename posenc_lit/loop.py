@@ -13,7 +13,7 @@ import torch
 from tqdm import tqdm
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState
-from accelerate.utils import load as load_state_file
+from accelerate.utils import load as load_state_file, set_seed
 from .checks import is_int, is_real, memory_check
 from .files import LOCK_FILE, atomic_write, dumps, run_entries, write_json
 from .model import CheckpointError, check_field_types, count_parameters
@@ -29,7 +29,7 @@ __all__ = ['SPLITS', 'MIXED_PRECISION', 'RUN_FILES', 'CHECKPOINTS', 'STATE_FILE'
            'check_loop_state', 'save_checkpoint', 'load_resumed', 'load_checkpoint', 'NonFiniteLossError',
            'Loop', 'fit', 'check_precision', 'check_one_batch', 'accelerator', 'optimizer', 'build_model',
            'probe_step', 'begin_run', 'progress_bar', 'open_run', 'running', 'done_summary', 'stopped',
-           'train_mean', 'run_costs', 'end_run', 'eval_sums', 'loss_accuracy', 'micro_batch',
+           'fit_run', 'train_mean', 'run_costs', 'end_run', 'eval_sums', 'loss_accuracy', 'micro_batch',
            'step_generator', 'Phase', 'phase_plan', 'PhaseRun', 'check_phase_state', 'fit_phases']
 
 # %% ../nbs/11a_loop.ipynb #c922c711
@@ -1060,6 +1060,31 @@ def done_summary(out: Path, state: dict | None, steps: int) -> dict | None:
 def stopped(state: dict, steps: int, sig: str | None) -> dict:
     "What a run stopped by a signal (its last step included) or by `stop_at` returns."
     return {'stopped_at_step': state['step'], 'steps': steps, **({'signal': sig} if sig else {})}
+
+
+def fit_run(
+    acc: Accelerator,
+    loop: Loop,  # what `fit` trains
+    cfg,  # the run's config: `seed`, `steps`
+    out: Path,  # the run directory
+    state: dict | None,  # the trainer state to resume from (`open_run`); None: a fresh run
+    desc: str,  # the progress bar's label
+    stop_at: int | None = None,
+    progress: bool = True,
+    overwrite: bool = False,
+    check: Callable[[Path], object] | None = None,  # `load_checkpoint`'s check of the checkpoint
+) -> tuple:  # (step reached, what `stopped` returns or None where all `cfg.steps` ran)
+    """Train a run to `cfg.steps`: a fresh one seeded with `cfg.seed`, else from the checkpoint in `out`
+    (`load_checkpoint`), inside `running`; a signal (the last step's too) or `stop_at` stops it."""
+    if state is None:  # a fresh run's random state, else the checkpoint's
+        set_seed(cfg.seed, device_specific=True)
+    else:
+        load_checkpoint(acc, out / 'checkpoint', check)
+    state = state or {'step': 0}
+    with running(acc, out, cfg, state['step'], cfg.steps, desc, progress, overwrite) as (stop, bar):
+        sig = fit(acc, loop, state, out, stop_at, stop, bar)
+    done = sig is None and state['step'] >= cfg.steps
+    return state['step'], None if done else stopped(state, cfg.steps, sig)
 
 
 def train_mean(out: Path, step: int, key: str) -> float:

@@ -168,17 +168,11 @@ def pretrain(
             'all are evaluated',
             file=sys.stderr,
         )
-    if state is None:  # a fresh run's random state, else the checkpoint's
-        set_seed(cfg.seed, device_specific=True)
-    else:
-        load_checkpoint(acc, out / 'checkpoint', load_model)
-    state = state or {'step': 0}
-    run = running(acc, out, cfg, state['step'], cfg.steps, f'pretrain {cfg.pe}', progress, overwrite)
-    with run as (stop, bar):
-        sig = fit(acc, loop, state, out, stop_at, stop, bar)
-    if sig is not None or state['step'] < cfg.steps:  # a signal, the last step's too, or --stop-at
-        return stopped(state, cfg.steps, sig)
-    return _finish(cfg, out, acc, loop.model, state['step'], d)
+    desc = f'pretrain {cfg.pe}'
+    step, stop = fit_run(acc, loop, cfg, out, state, desc, stop_at, progress, overwrite, load_model)
+    if stop is not None:  # a signal, the last step's too, or --stop-at
+        return stop
+    return _finish(cfg, out, acc, loop.model, step, d)
 
 # %% ../nbs/12_training.ipynb #f5385988
 def _mlm_loop(cfg: TrainConfig, out: Path, acc: Accelerator, d: dict, parts: tuple) -> Loop:

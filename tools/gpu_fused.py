@@ -37,6 +37,7 @@ from posenc_lit.t5 import T5RelativeBias
 from posenc_lit.alibi import ALiBi
 from posenc_lit.deberta import DebertaRelative
 from posenc_lit.tupe import TUPE
+from posenc_lit.bench import hf_deberta_modules, hf_t5_modules
 
 DEV = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
 DTYPES = {'bf16': torch.bfloat16, 'fp32': torch.float32, 'fp16': torch.float16}
@@ -204,42 +205,9 @@ def _variants(pe, q, k, v, pos):
 
 
 def _hf_modules(L, h, d, dtype):
-    from transformers import DebertaV2Config, T5Config
-    from transformers.models.deberta_v2.modeling_deberta_v2 import DisentangledSelfAttention
-    from transformers.models.t5.modeling_t5 import T5Attention
-
     D, pos = h * d, default_positions(L, DEV)
-    hf_d = DisentangledSelfAttention(
-        DebertaV2Config(
-            hidden_size=D,
-            num_attention_heads=h,
-            relative_attention=True,
-            pos_att_type=['c2p', 'p2c'],
-            position_buckets=256,
-            max_relative_positions=512,
-            share_att_key=True,
-            hidden_dropout_prob=0.0,
-            attention_probs_dropout_prob=0.0,
-        )
-    )
-    pe_d, mha_d = DebertaRelative(
-        D, h, 1, k=512, position_buckets=256, share_att_key=True
-    ), MultiHeadAttention(D, h)
-    for ours, theirs in (('q_proj', 'query_proj'), ('k_proj', 'key_proj'), ('v_proj', 'value_proj')):
-        getattr(mha_d, ours).load_state_dict(getattr(hf_d, theirs).state_dict())
-    cfg = T5Config(
-        d_model=D,
-        d_kv=d,
-        num_heads=h,
-        relative_attention_num_buckets=32,
-        relative_attention_max_distance=128,
-        dropout_rate=0.0,
-    )
-    cfg._attn_implementation = 'sdpa'
-    hf_t = T5Attention(cfg, has_relative_attention_bias=True, layer_idx=0)
-    pe_t, mha_t = T5RelativeBias(h, 32, 128, scale_content=False), MultiHeadAttention(D, h, bias=False)
-    for ours, theirs in (('q_proj', 'q'), ('k_proj', 'k'), ('v_proj', 'v'), ('o_proj', 'o')):
-        getattr(mha_t, ours).load_state_dict(getattr(hf_t, theirs).state_dict())
+    hf_d, pe_d, mha_d = hf_deberta_modules(D, h)
+    hf_t, pe_t, mha_t = hf_t5_modules(h, d, 'sdpa')
     mods = [m.to(DEV, dtype) for m in (hf_d, pe_d, mha_d, hf_t, pe_t, mha_t)]
     hf_d, pe_d, mha_d, hf_t, pe_t, mha_t = mods
     x = torch.randn(1, L, D, device=DEV, dtype=dtype, requires_grad=DEV.type == 'cuda')

@@ -16,21 +16,11 @@
 # seed), resumes from it, and is committed when all are done. PRESET=smoke runs both kinds with their smoke
 # presets (seconds; for tests).
 set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+source "$HERE/lane_lib.sh"   # commit_result
 # STUDY_ROOT: the checkout to write into (the code may be a frozen copy)
 cd "${STUDY_ROOT:-$(dirname "$0")/..}"
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-
-commit() {   # commit one finished result, retrying while another git command holds the index
-  [ "${COMMIT:-1}" = 1 ] || return 0
-  for _ in 1 2 3 4 5 6 7 8 9 10; do
-    msg="decoder study: $2 finished (tools/run_decoder_study.sh)"
-    if git add "$1" && git commit -q -m "$msg" -- "$1"; then
-      return 0
-    fi
-    sleep 7
-  done
-  echo "warning: could not commit $1" >&2
-}
 
 if [ $# -eq 0 ]; then
   echo "usage: bash tools/run_decoder_study.sh NAME [NAME ...] (ENTRY, ENTRY-sK or probes-ENTRY)" >&2
@@ -61,7 +51,7 @@ for name in "$@"; do
     python -c 'import sys
 from posenc_lit.decoder_study import run_causal_probes as r, make_causal_probe_config as c
 r(sys.argv[1], cfg=c(sys.argv[3]), out=sys.argv[2])' "$entry" "$dest" "${PRESET:-study}"
-    commit "$dest" "$name"
+    commit_result "$dest" "decoder study: $name finished (tools/run_decoder_study.sh)"
     continue
   fi
   entry=$name seed=0
@@ -74,6 +64,6 @@ r(sys.argv[1], cfg=c(sys.argv[3]), out=sys.argv[2])' "$entry" "$dest" "${PRESET:
   posenc_lit lm --pe "$entry" --preset "${PRESET:-study}" --seed "$seed" --out "$run" --resume --quiet
   mkdir -p "$dest"
   cp "$run/config.json" "$run/metrics.jsonl" "$run/summary.json" "$run/lengths.json" "$dest/"
-  commit "$dest" "$name"
+  commit_result "$dest" "decoder study: $name finished (tools/run_decoder_study.sh)"
   echo "finished $name: $(tr -d '\n ' < "$dest/summary.json")"
 done

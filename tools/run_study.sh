@@ -19,15 +19,7 @@ cd "${STUDY_ROOT:-$(dirname "$0")/..}"   # STUDY_ROOT: the checkout to write int
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
 source "$HERE/study_entries.sh"   # args_for: study entry -> pretrain options
-
-commit() {   # commit one finished run's results, retrying while another git command holds the index
-  [ "${COMMIT:-1}" = 1 ] || return 0
-  for _ in 1 2 3 4 5 6 7 8 9 10; do
-    if git add "$1" && git commit -q -m "study: $2 finished (tools/run_study.sh)" -- "$1"; then return 0; fi
-    sleep 7
-  done
-  echo "warning: could not commit $1" >&2
-}
+source "$HERE/lane_lib.sh"        # commit_result
 
 # every name is checked before the first run starts (a run takes most of an hour)
 if [ $# -eq 0 ]; then
@@ -83,7 +75,7 @@ for name in "$@"; do
     && cp "$run/locality.json" "$dest/" || echo "warning: locality of $name failed" >&2
   posenc_lit lengths --run "$run" --lengths 32 64 128 256
   cp "$run/lengths.json" "$dest/"
-  commit "$dest" "$name"
+  commit_result "$dest" "study: $name finished (tools/run_study.sh)"
   echo "finished $name: $(tr -d '\n ' < "$dest/summary.json")"
   # fine-tuning needs the checkpoint, which does not survive a change of machine: the seed-0 run of an entry is
   # fine-tuned on the order and sentiment tasks in the same lane, right after its pretraining (FINETUNE=0 to skip)
