@@ -338,7 +338,7 @@ def attend_fused(
     _check_attend_inputs(q, k, v, (), mask)
     full = (*q.shape[:3], k.shape[2])  # (b, h, i, j)
     _with_causal(None, causal, full[2], full[3], q.device)  # its error for i > j
-    if 0 in full[2:]:  # no keys (or no queries): every row is empty
+    if 0 in full:  # no keys, queries, rows or heads: nothing to attend (FlexAttention indexes the terms)
         return q.new_zeros(*q.shape[:3], v.shape[-1])
     valid = None
     if mask is not None:
