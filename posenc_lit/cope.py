@@ -121,6 +121,11 @@ def score_terms(self: CoPE, q, k, ctx: CoPEContext, layer: int | LayerRef | None
     "CoPE's logit $q_i\\cdot e[p_{ij}]$, `[(b, h, i, j)]`, with layer `layer`'s table (eq. 3-6)."
     if q.shape[-1] != self.d_head:
         raise ValueError(f'CoPE was built for d_head={self.d_head}; got q of shape {tuple(q.shape)}')
+    if ctx.key_mask is not None and ctx.key_mask.shape[0] not in (1, q.shape[0]):
+        raise ValueError(
+            f'the context was prepared with a key_mask of {ctx.key_mask.shape[0]} rows but q has a batch of '
+            f'{q.shape[0]} (shape {tuple(q.shape)}): prepare it with key_mask (b, j) of this batch'
+        )
     e = self.e[layer_index(layer, self.n_layers, 'CoPE')].to(q.dtype)  # (R, d)
     g = cope_gates(q, k, int(q.shape[-1]) ** -0.5, ctx.key_mask)  # eq. 3: (b, h, i, j)
     p = cope_positions(g, signed=self.bidirectional and not ctx.causal)  # eq. 4

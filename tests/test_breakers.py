@@ -111,3 +111,23 @@ def test_fused_empty_batch_through_the_models(pe):
     with torch.no_grad():
         assert lm(torch.zeros(0, 4, dtype=torch.long), fast='fused')['logits'].shape == (0, 4, 10)
         assert MultiHeadAttention(16, 2)(torch.randn(0, 4, 16), pe=pe, fast='fused').shape == (0, 4, 16)
+
+
+def test_fused_checks_the_terms_shape_as_the_manual_path():
+    "FIRE's context for another batch: the fused path says so as the manual path does (was a RuntimeError)."
+    pe, pos = FIRE(1, 1), torch.arange(3).expand(3, 3)  # a context for 3 rows
+    q, k, v = qkv(n=3, b=2)
+    ctx = pe.prepare(pos, pos)
+    with torch.no_grad():
+        for fast in (False, 'fused'):
+            with pytest.raises(ValueError, match='do not fit q'):
+                position_attention(pe, q, k, v, ctx, 0, fast=fast)
+
+
+def test_cope_key_mask_of_another_batch():
+    "A key_mask of 3 rows for a batch of 2: a ValueError naming it (was a RuntimeError from a broadcast)."
+    pe, pos = CoPE(4, 1), torch.arange(3)[None]
+    q, k, v = qkv(n=3, b=2)
+    ctx = pe.prepare(pos, pos, key_mask=torch.ones(3, 3, dtype=torch.bool))
+    with pytest.raises(ValueError, match='key_mask of 3 rows'):
+        position_attention(pe, q, k, v, ctx, 0)
