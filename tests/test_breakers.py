@@ -131,3 +131,12 @@ def test_cope_key_mask_of_another_batch():
     ctx = pe.prepare(pos, pos, key_mask=torch.ones(3, 3, dtype=torch.bool))
     with pytest.raises(ValueError, match='key_mask of 3 rows'):
         position_attention(pe, q, k, v, ctx, 0)
+
+
+@pytest.mark.parametrize('name', ['n_layers', 'num_prefix_tokens', 'd_head', 'n_heads'])
+def test_vit_pe_kwargs_that_the_model_sets(name):
+    "`vit --pe rope-mixed --pe-kwargs '{\"n_layers\": 3}'` says the model sets it (was: 'check the types')."
+    from posenc_lit.vit import ViTConfig
+
+    with pytest.raises(ValueError, match=f"pe_kwargs cannot set '{name}': pe='rope-mixed' takes it from the model"):
+        ViTConfig(pe='rope-mixed', pe_kwargs={name: 3})
