@@ -286,7 +286,15 @@ def use_fused(fast, q, dropout_p=0.0, return_probs=False, value_terms=()) -> boo
 
 # %% ../nbs/01_attention.ipynb #2af1a2a6
 def dense_mod(t: torch.Tensor, shape) -> callable:  # t `(b|1, h|1, i, j)`; shape `(b, h, i, j)`
-    "Index function reading the dense term `t`: `(b, h, q_idx, kv_idx) -> t[b, h, q_idx, kv_idx]`."
+    """Index function reading the dense term `t`: `(b, h, q_idx, kv_idx) -> t[b, h, q_idx, kv_idx]`;
+    `ValueError` if `t` does not broadcast to `shape` (as `attend` checks a dense term)."""
+    if not (isinstance(t, torch.Tensor) and t.ndim == 4 and all(s in (1, f) for s, f in zip(t.shape, shape))):
+        got = (
+            f'{t.dtype} tensor of shape {tuple(t.shape)}' if isinstance(t, torch.Tensor) else type(t).__name__
+        )
+        raise _ScoreTermError(
+            f'a score term must be broadcastable to (b, h, i, j) = {tuple(shape)}; got {got}'
+        )
     te = t.expand(shape)  # a view: no copy
 
     def mod(b, h, q_idx, kv_idx):
@@ -338,7 +346,7 @@ def attend_fused(
     _check_attend_inputs(q, k, v, (), mask)
     full = (*q.shape[:3], k.shape[2])  # (b, h, i, j)
     _with_causal(None, causal, full[2], full[3], q.device)  # its error for i > j
-    if 0 in full[2:]:  # no keys (or no queries): every row is empty
+    if 0 in full:  # no keys, queries, rows or heads: nothing to attend (FlexAttention indexes the terms)
         return q.new_zeros(*q.shape[:3], v.shape[-1])
     valid = None
     if mask is not None:
@@ -584,10 +592,10 @@ def position_attention(
     _check_pe_call(pe, q, k, ctx)
     q, k = pe.transform_qk(q, k, ctx, layer)
     scale, values = _content_scale(pe, q), pe.value_terms(ctx, layer)
-    mods = _fused_mods(
-        pe, q, k, ctx, layer, fast=fast, dropout_p=dropout_p, return_probs=return_probs, values=values
-    )
-    try:
+    try:  # the fused path's terms are checked as they are made (dense_mod)
+        mods = _fused_mods(
+            pe, q, k, ctx, layer, fast=fast, dropout_p=dropout_p, return_probs=return_probs, values=values
+        )
         if mods is not None:
             return _checked(pe, ctx, attend_fused(q, k, v, mods, mask, scale=scale, causal=causal))
         out = attend(

@@ -28,7 +28,8 @@ def cope_gates(
     # counted in float32 at least: a bfloat16 sum of gates has a resolution of 0.25 by position 64
     s = (q @ k.transpose(-1, -2)).to(torch.promote_types(q.dtype, torch.float32))  # (b, h, i, j)
     g = torch.sigmoid(s * scale)
-    return g if key_mask is None else g * key_mask[:, None, None, :]
+    # where, not a product: a NaN gate of a padding key (0·NaN) must not reach the counts
+    return g if key_mask is None else g.where(key_mask[:, None, None, :], 0.0)
 
 # %% ../nbs/08b_cope.ipynb #8d869160
 def cope_positions(
@@ -42,10 +43,11 @@ def cope_positions(
     kk = torch.arange(n_k, device=g.device)  # (j,): key index
     own = torch.arange(n_q, device=g.device)[:, None] + (n_k - n_q)  # (i, 1): a_i
     before = kk <= own  # (i, j): keys at or before the query
-    p = (g * before).flip(-1).cumsum(-1).flip(-1)  # (b, h, i, j): sum over k in [j, a_i]
+    # where, not a product: a NaN gate of a key after the query (0·NaN) must not reach the keys before it
+    p = g.where(before, 0.0).flip(-1).cumsum(-1).flip(-1)  # (b, h, i, j): sum over k in [j, a_i]
     if not signed:
         return p  # 0 after the query
-    after = (g * (kk >= own)).cumsum(-1)  # (b, h, i, j): sum over k in [a_i, j]
+    after = g.where(kk >= own, 0.0).cumsum(-1)  # (b, h, i, j): sum over k in [a_i, j]
     return torch.where(before, p, -after)
 
 # %% ../nbs/08b_cope.ipynb #208b04ee
@@ -57,10 +59,10 @@ def cope_interpolate(
     """$q_i\\cdot e[p_{ij}]$ by eq. 5 (Golovneva et al. 2024):
     $(p-\\lfloor p\\rfloor)\\,z_i[\\lceil p\\rceil] + (1-p+\\lfloor p\\rfloor)\\,z_i[\\lfloor p\\rfloor]$,
     gathered from the products with the integer rows."""
-    lo = p.floor()
+    lo = p.floor()  # NaN where p is (a NaN gate): read row 0 there, and w keeps the logit NaN
     w = p - lo  # (b, h, i, j): the weight of the upper row
-    z_lo = z.gather(-1, lo.long() + row0)  # (b, h, i, j)
-    z_hi = z.gather(-1, p.ceil().long() + row0)
+    z_lo = z.gather(-1, lo.nan_to_num(0.0).long() + row0)  # (b, h, i, j)
+    z_hi = z.gather(-1, p.ceil().nan_to_num(0.0).long() + row0)
     return z_hi * w + z_lo * (1 - w)
 
 # %% ../nbs/08b_cope.ipynb #d13a3463
@@ -119,6 +121,11 @@ def score_terms(self: CoPE, q, k, ctx: CoPEContext, layer: int | LayerRef | None
     "CoPE's logit $q_i\\cdot e[p_{ij}]$, `[(b, h, i, j)]`, with layer `layer`'s table (eq. 3-6)."
     if q.shape[-1] != self.d_head:
         raise ValueError(f'CoPE was built for d_head={self.d_head}; got q of shape {tuple(q.shape)}')
+    if ctx.key_mask is not None and ctx.key_mask.shape[0] not in (1, q.shape[0]):
+        raise ValueError(
+            f'the context was prepared with a key_mask of {ctx.key_mask.shape[0]} rows but q has a batch of '
+            f'{q.shape[0]} (shape {tuple(q.shape)}): prepare it with key_mask (b, j) of this batch'
+        )
     e = self.e[layer_index(layer, self.n_layers, 'CoPE')].to(q.dtype)  # (R, d)
     g = cope_gates(q, k, int(q.shape[-1]) ** -0.5, ctx.key_mask)  # eq. 3: (b, h, i, j)
     p = cope_positions(g, signed=self.bidirectional and not ctx.causal)  # eq. 4

@@ -4,7 +4,7 @@
 
 # %% ../nbs/09_vit.ipynb #5b9d5387
 from __future__ import annotations
-import json, math
+import json, math, re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -681,6 +681,12 @@ def _check_vit_config(self):
         ):
             enc = spec.factory(self)
     except TypeError as e:
+        taken = re.search(r"multiple values for argument '(\w+)'", str(e))  # an argument the model passes
+        if taken:
+            raise ValueError(
+                f'pe_kwargs cannot set {taken[1]!r}: pe={self.pe!r} takes it from the model (d_model='
+                f'{self.d_model}, n_heads={self.n_heads}, n_layers={self.n_layers}, pool={self.pool!r})'
+            ) from None
         err = _pe_kwargs_error(spec, self, e)
         if err is None:
             raise
