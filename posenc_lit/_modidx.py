@@ -1232,6 +1232,7 @@ d = {
             ),
             'posenc_lit.probes._content': ('probes.html#_content', 'posenc_lit/probes.py'),
             'posenc_lit.probes._fmt_acc': ('probes.html#_fmt_acc', 'posenc_lit/probes.py'),
+            'posenc_lit.probes._is': ('probes.html#_is', 'posenc_lit/probes.py'),
             'posenc_lit.probes._load_results': ('probes.html#_load_results', 'posenc_lit/probes.py'),
             'posenc_lit.probes._m': ('probes.html#_m', 'posenc_lit/probes.py'),
             'posenc_lit.probes._mark': ('probes.html#_mark', 'posenc_lit/probes.py'),

@@ -350,36 +350,43 @@ def run_probe(pe: str, probe: str, cfg: ProbeConfig, pe_kwargs: dict | None = No
     }
 
 # %% ../nbs/19a_probes.ipynb #e5f6a7b8
+def _is(m: nn.Module, *classes) -> bool:
+    """`isinstance` by class name along `m`'s MRO: a page run in the same process (nbdev_test's workers) registers
+    its own copy of a class, which `isinstance` against the package's class would miss."""
+    names = {k.__name__ for k in type(m).__mro__}
+    return any(c.__name__ in names for c in classes)
+
+
 def position_signal(m: nn.Module, n: int) -> dict | None:
     """What an encoding module `m` gives attention at length n, from its own settings: `{'absolute': rows of
     its absolute table (math.inf: any length; None: no absolute signal), 'classes': {d: class} for each
     relative distance d = j − i in (−n, n), or None, 'scalar': its relative terms are scalar biases (they
     change attention weights, never values), 'what': words}`; None for an encoding not derived here."""
     d = torch.arange(-(n - 1), n)
-    if type(m) is PositionEncoding:  # `none`
+    if type(m).__name__ == 'PositionEncoding':  # `none`
         return dict(absolute=None, classes=None, scalar=False, what='no position signal')
-    if isinstance(m, (LearnedEncoding, SinusoidalEncoding)):
-        rows = m.max_len if isinstance(m, LearnedEncoding) else math.inf
+    if _is(m, LearnedEncoding, SinusoidalEncoding):
+        rows = m.max_len if _is(m, LearnedEncoding) else math.inf
         return dict(absolute=rows, classes=None, scalar=False, what='absolute vectors')
-    if isinstance(m, TUPE):
+    if _is(m, TUPE):
         rel = position_signal(m.rel, n) if m.rel is not None else None
         return dict(
             absolute=m.max_len, classes=rel and rel['classes'], scalar=True, what='absolute correlation'
         )
-    if isinstance(m, RelativeVectors):
+    if _is(m, RelativeVectors):
         c, what = d.clamp(-m.k, m.k) if m.clip else d, f'relative vectors, clip k={m.k}'
-    elif isinstance(m, DebertaRelative):
+    elif _is(m, DebertaRelative):
         rel = make_log_bucket_position(-d, m.position_buckets, m.k) if m.position_buckets else -d  # i − j
         c, what = deberta_delta(rel, m.span), f'relative table, k={m.span}'
-    elif isinstance(m, T5RelativeBias):
+    elif _is(m, T5RelativeBias):
         c, what = t5_bucket(d, m.bidirectional, m.num_buckets, m.max_distance), 'scalar bias per bucket'
-    elif isinstance(m, ALiBi):
+    elif _is(m, ALiBi):
         c, what = (d.abs() if m.bidirectional else d.clamp(max=0)), 'bias −m·|d|'
-    elif isinstance(m, RoPE) and m.scaling == 'none':
+    elif _is(m, RoPE) and m.scaling == 'none':
         c, what = d, 'rotation by d·θ'
     else:
         return None
-    scalar = isinstance(m, (T5RelativeBias, ALiBi))
+    scalar = _is(m, T5RelativeBias, ALiBi)
     return dict(absolute=None, classes=dict(zip(d.tolist(), c.tolist())), scalar=scalar, what=what)
 
 # %% ../nbs/19a_probes.ipynb #a7b8c9d0
