@@ -576,14 +576,14 @@ def position_attention(
     pe: PositionEncoding,
     q: torch.Tensor,
     k: torch.Tensor,
-    v: torch.Tensor,  # `(b, h, i, d)`, `(b, h, j, d)`, `(b, h, j, d_v)`
-    ctx: Context,  # `pe.prepare(q_pos, k_pos)`
+    v: torch.Tensor,  # (b, h, i, d), (b, h, j, d), (b, h, j, d_v)
+    ctx: Context,  # pe.prepare(q_pos, k_pos)
     layer: int | LayerRef | None = None,  # the layer address: index, LayerRef, or None (see as_layer)
-    mask: torch.Tensor | None = None,  # bool, broadcastable to `(b, h, i, j)`, True = may attend
+    mask: torch.Tensor | None = None,  # bool, broadcastable to (b, h, i, j), True = may attend
     *,
     dropout_p: float = 0.0,
     return_probs: bool = False,
-    # as `attend`; True/'fused': the encoding's `score_mods` by the rule (`use_fused`)
+    # as attend; True/'fused': the encoding's score_mods by the rule (use_fused)
     fast: bool | str = True,
     causal: bool = False,  # forbid keys after each query (queries = the last i keys)
 ):
@@ -700,15 +700,15 @@ def _qkv(self: MultiHeadAttention, x, kv, pe, ctx, cache, causal=False):
 @patch
 def forward(
     self: MultiHeadAttention,
-    x: torch.Tensor,  # queries' hidden states `(b, i, D)`
-    # bool, broadcastable to `(b, h, i, j)`, True = may attend (j counts cached keys)
+    x: torch.Tensor,  # queries' hidden states (b, i, D)
+    # bool, broadcastable to (b, h, i, j), True = may attend (j counts cached keys)
     mask: torch.Tensor | None = None,
     pe: PositionEncoding | None = None,  # the encoding
-    ctx: Context | None = None,  # its prepare context, `pe.prepare(q_pos, k_pos)` (default: made here)
+    ctx: Context | None = None,  # its prepare context, pe.prepare(q_pos, k_pos) (default: made here)
     *,
-    kv: torch.Tensor | None = None,  # keys' hidden states `(b, j, D)` (default: x, self-attention)
+    kv: torch.Tensor | None = None,  # keys' hidden states (b, j, D) (default: x, self-attention)
     return_probs: bool = False,
-    fast: bool | str = True,  # as `position_attention`: True, False, 'compiled' or 'fused'
+    fast: bool | str = True,  # as position_attention: True, False, 'compiled' or 'fused'
     causal: bool = False,  # forbid keys after each query
     cache: KVCache | None = None,  # this layer's cache: earlier keys and values, extended by this call's
 ):

@@ -266,7 +266,7 @@ def _copy_linear(dst: nn.Linear, src: nn.Linear):
 def hf_deberta_modules(
     D: int,  # model width
     h: int,  # heads
-) -> tuple:  # (hf, pe, mha): transformers' module, our `DebertaRelative` and `MultiHeadAttention`
+) -> tuple:  # (hf, pe, mha): transformers' module, our DebertaRelative and MultiHeadAttention
     """transformers' DeBERTa-v2 `DisentangledSelfAttention` (c2p+p2c, 256 log buckets, k = 512,
     share_att_key) and ours with the same configuration, its q, k, v projections copied into ours (random
     weights from torch's generator; `ImportError` without transformers)."""
@@ -316,7 +316,7 @@ def hf_t5_modules(
     h: int,  # heads
     d: int,  # head width
     attn_implementation: str = 'sdpa',  # transformers' attention kernel: 'sdpa' or 'eager'
-) -> tuple:  # (hf, pe, mha): transformers' module, our `T5RelativeBias` and `MultiHeadAttention`
+) -> tuple:  # (hf, pe, mha): transformers' module, our T5RelativeBias and MultiHeadAttention
     """transformers' `T5Attention` (encoder, 32 buckets, max distance 128) and ours with the same
     configuration, its projections and bias table copied into ours (random weights from torch's generator;
     `ImportError` without transformers)."""

@@ -55,7 +55,8 @@ COMPARE_PRESETS = {
         about=(
             'what this run can and cannot show: the position probes are the committed probe study (3 '
             'seeds, each run trained until its loss stopped falling), read, not rerun: what each '
-            "encoding can do. The language models are every registered encoding at the study's settings (results/study) "
+            "encoding can do. The language models are every registered encoding at the study's settings "
+            '(results/study) '
             'pretrained for {steps:,} steps instead of 12,000: too few to rank them. In the study most '
             'relative entries are far below `none` by step 1,000, t5, alibi and sinusoidal by step '
             '2,000, learned only after about 5,000; in our 400-step trials none, shaw and learned all '

@@ -252,7 +252,9 @@ def pretrain_lm(
         return done
     d = lm_data(cfg, acc.num_processes)
     loop = _lm_loop(cfg, out, acc, d, _lm_parts(cfg, acc, d))
-    step, stop = fit_run(acc, loop, cfg, out, state, f'lm {cfg.pe}', stop_at, progress, overwrite)
+    step, stop = fit_run(
+        acc, loop, cfg, out, state, f'lm {cfg.pe}', stop_at=stop_at, progress=progress, overwrite=overwrite
+    )
     if stop is not None:  # a signal, the last step's too, or stop_at
         return stop
     return _lm_finish(cfg, out, acc, loop.model, step, d)

@@ -39,11 +39,11 @@ def offset_mod(
 # %% ../nbs/01b_fused.ipynb #b8b38886
 def fused_scores(
     pe: PositionEncoding,
-    q: torch.Tensor,  # `(b, h, i, d)`
-    k: torch.Tensor,  # `(b, h, j, d)`
-    ctx: Context,  # `pe.prepare(q_pos, k_pos)`
-    layer=None,  # the layer address (see `as_layer`)
-    mask: torch.Tensor | None = None,  # bool, broadcastable to `(b, h, i, j)`, True = may attend
+    q: torch.Tensor,  # (b, h, i, d)
+    k: torch.Tensor,  # (b, h, j, d)
+    ctx: Context,  # pe.prepare(q_pos, k_pos)
+    layer: int | LayerRef | None = None,  # the layer address (see as_layer)
+    mask: torch.Tensor | None = None,  # bool, broadcastable to (b, h, i, j), True = may attend
     causal: bool = False,
 ) -> torch.Tensor:
     """The logits `(b, h, i, j)` (float32; -inf where masked) that the fused path adds `pe.score_mods` into;

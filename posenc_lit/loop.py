@@ -1064,16 +1064,17 @@ def stopped(state: dict, steps: int, sig: str | None) -> dict:
 
 def fit_run(
     acc: Accelerator,
-    loop: Loop,  # what `fit` trains
-    cfg,  # the run's config: `seed`, `steps`
+    loop: Loop,  # what fit trains
+    cfg,  # the run's config: seed, steps
     out: Path,  # the run directory
-    state: dict | None,  # the trainer state to resume from (`open_run`); None: a fresh run
+    state: dict | None,  # the trainer state to resume from (open_run); None: a fresh run
     desc: str,  # the progress bar's label
+    *,
     stop_at: int | None = None,
     progress: bool = True,
     overwrite: bool = False,
-    check: Callable[[Path], object] | None = None,  # `load_checkpoint`'s check of the checkpoint
-) -> tuple:  # (step reached, what `stopped` returns or None where all `cfg.steps` ran)
+    check: Callable[[Path], object] | None = None,  # load_checkpoint's check of the checkpoint
+) -> tuple:  # (step reached, what stopped returns or None where all cfg.steps ran)
     """Train a run to `cfg.steps`: a fresh one seeded with `cfg.seed`, else from the checkpoint in `out`
     (`load_checkpoint`), inside `running`; a signal (the last step's too) or `stop_at` stops it."""
     if state is None:  # a fresh run's random state, else the checkpoint's

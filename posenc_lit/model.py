@@ -481,7 +481,12 @@ class Encoder(nn.Module):
         self.conv = ConvLayer(cfg) if cfg.conv_kernel_size else None
         self.register_load_state_dict_pre_hook(_check_loaded_weights)  # every load checked, by any caller
 
-    def positions(self, input_ids, position_ids=None, attention_mask=None):
+    def positions(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ):
         "`(b|1, n)` int64: `position_ids` if given, else `mask_positions(attention_mask)`, else `0 … n-1`."
         if position_ids is not None:
             pos = position_ids

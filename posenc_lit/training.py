@@ -169,7 +169,18 @@ def pretrain(
             file=sys.stderr,
         )
     desc = f'pretrain {cfg.pe}'
-    step, stop = fit_run(acc, loop, cfg, out, state, desc, stop_at, progress, overwrite, load_model)
+    step, stop = fit_run(
+        acc,
+        loop,
+        cfg,
+        out,
+        state,
+        desc,
+        stop_at=stop_at,
+        progress=progress,
+        overwrite=overwrite,
+        check=load_model,
+    )
     if stop is not None:  # a signal, the last step's too, or --stop-at
         return stop
     return _finish(cfg, out, acc, loop.model, step, d)
