@@ -153,7 +153,7 @@ def test_reused_pretraining_runs(study, tmp_path, capsys):
 
 
 @pytest.mark.parametrize('argv, msg', [
-    (['--encodings', 'learned', 'bogus'], "unknown encoding 'bogus'; valid: alibi, deberta, huang4, learned,"),
+    (['--encodings', 'learned', 'bogus'], "unknown encoding 'bogus'; valid: alibi, cope, deberta, fire, huang4, learned,"),
     (['--encodings', 'sincos2d'], "unknown encoding 'sincos2d'; valid:"),
     (['--tasks', 'sst-3'], "unknown task 'sst-3'; valid: sentiment, rating, reviews"),
     (['--vit-encodings', 'rope'], "unknown vision encoding 'rope'; valid: learned,"),
