@@ -297,3 +297,15 @@ def test_a_signal_during_fine_tuning_stops_the_study_with_a_message(tmp_path, ca
     res = json.loads((out / 'results.json').read_text())
     assert res['interrupted']['stage'] == 'finetune learned sentiment seed 0' and not res['finished']
     assert res['records'] == [] and (out / 'pretrain' / 'learned' / 'summary.json').is_file()
+
+
+def test_quick_preset_entries_and_rates():
+    "The quick plan runs QUICK_ENTRIES by default, each at the study's rate for its family (the committed sweep)."
+    from posenc_lit.compare import QUICK_ENTRIES, compare_plan
+    from posenc_lit.study import study_lr
+    root = Path(__file__).resolve().parents[1]
+    plan = compare_plan('quick', probes=False)
+    assert plan['encodings'] == QUICK_ENTRIES and 'none' in QUICK_ENTRIES
+    for pe in QUICK_ENTRIES:
+        assert plan['pretrain'][pe].lr == study_lr(pe, root / 'results'), pe
+    assert compare_plan('quick', encodings=['learned'], probes=False)['encodings'] == ['learned']

@@ -58,4 +58,12 @@ def test_the_sample_shows_what_the_preset_promises(res):
         if WORSE in row:
             assert WORSE_LEGEND + ':' in before and f'\n  {row.split()[0]}: ' in before, row
     assert 'none is last on pretrain loss' in before or 'none is not last on pretrain loss' in before
+
+
+def test_none_is_last_and_every_entry_below_unigram(res):
+    "What the quick preset is sized for: `none` last on pretraining loss, every entry below the unigram loss."
+    pre = res['pretrain']
+    loss = {pe: p['eval_loss'] for pe, p in pre.items()}
+    assert max(loss, key=loss.get) == 'none', loss
+    assert all(loss[pe] < p['unigram_loss'] for pe, p in pre.items()), loss
     assert any(l.startswith('The committed study') for l in lines[top:])
