@@ -480,6 +480,7 @@ d = {
             ),
             'posenc_lit.compare._pretrain_record': ('compare.html#_pretrain_record', 'posenc_lit/compare.py'),
             'posenc_lit.compare._pretrain_stage': ('compare.html#_pretrain_stage', 'posenc_lit/compare.py'),
+            'posenc_lit.compare._probe_encodings': ('compare.html#_probe_encodings', 'posenc_lit/compare.py'),
             'posenc_lit.compare._probe_plan': ('compare.html#_probe_plan', 'posenc_lit/compare.py'),
             'posenc_lit.compare._probe_run': ('compare.html#_probe_run', 'posenc_lit/compare.py'),
             'posenc_lit.compare._probe_stages': ('compare.html#_probe_stages', 'posenc_lit/compare.py'),

@@ -705,15 +705,21 @@ def _committed_probes(plan) -> tuple[str | None, dict]:
     return rel, old['runs']
 
 
+def _probe_encodings(plan, committed: dict, p: str) -> list[str]:
+    "The encodings of probe `p`: the plan's and those the committed run holds, in name order."
+    return sorted({*plan['encodings'], *committed.get(p, {})})
+
+
 def _probe_stages(plan, out: Path, res: dict, run):
     """Train and score each encoding on each position probe, each seed (`posenc_lit.probes`); a finished probe
-    (its JSON file) is only read, and so is a run of the committed probe set (`_committed_probes`)."""
+    (its JSON file) is only read, and so is a run of the committed probe set (`_committed_probes`), which is
+    read whole (its encodings beyond the plan's come at no cost); the encodings in name order."""
     cfg, names = plan['probes']['config'], plan['probes']['names']
     res['probes'] = new_probe_results(cfg, names)
     rel, committed = _committed_probes(plan)
     res['probes']['source'] = rel
     for p in names:
-        for pe in plan['encodings']:
+        for pe in _probe_encodings(plan, committed, p):
             f = out / 'probes' / p / f'{pe}.json'
             if (r := committed.get(p, {}).get(pe)) is not None:
                 r = run(f'probe {p} {pe}', True, lambda r=r: r, lambda r: f', read from {rel} (committed)')
@@ -805,7 +811,8 @@ def compare(
         + len(plan['encodings']) * (2 + len(plan['tasks']) * len(plan['seeds']))
         + len(plan['vit_encodings'])
     )
-    n += len(plan['probes']['names']) * len(plan['encodings']) if plan['probes'] else 0
+    if plan['probes']:
+        n += sum(len(_probe_encodings(plan, _committed_probes(plan)[1], p)) for p in plan['probes']['names'])
     run = _stage_runner(out, res, n, progress)
     if plan['probes']:
         _probe_stages(plan, out, res, run)
