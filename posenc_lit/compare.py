@@ -10,7 +10,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 import torch
 import matplotlib.pyplot as plt
-from .core import get_encoding, list_encodings
+from .core import encoding_families, get_encoding, list_ablations, list_encodings
 from .files import LOCK_FILE, atomic_write, dumps, write_json
 from .model import CheckpointError
 from .training import make_train_config, pretrain
@@ -41,10 +41,10 @@ from posenc_lit.probes import (
 )
 
 # %% auto #0
-__all__ = ['QUICK_STEPS', 'QUICK_TRAIN', 'COMPARE_PRESETS', 'ABLATIONS', 'WORSE', 'WORSE_LEGEND', 'FAMILIES',
-           'compare_plan', 'pretrained_runs', 'environment', 'compare', 'format_results', 'markdown_table',
-           'probes_markdown', 'results_markdown', 'encoding_families', 'plot_pretraining', 'plot_task',
-           'plot_lengths', 'plot_downstream', 'plot_vit', 'save_figures']
+__all__ = ['QUICK_STEPS', 'QUICK_TRAIN', 'COMPARE_PRESETS', 'WORSE', 'WORSE_LEGEND', 'compare_plan',
+           'pretrained_runs', 'environment', 'compare', 'format_results', 'markdown_table', 'probes_markdown',
+           'results_markdown', 'plot_pretraining', 'plot_task', 'plot_lengths', 'plot_downstream', 'plot_vit',
+           'save_figures']
 
 # %% ../nbs/19_compare.ipynb #acd90be7
 # fmt: off
@@ -109,33 +109,9 @@ COMPARE_PRESETS = {
 # fmt: on
 
 # %% ../nbs/19_compare.ipynb #87312d60
-# name -> the pretraining options that make it:
-# its encoding `pe` and the options that differ from that encoding's
-ABLATIONS = {
-    # TUPE with [CLS] tied to the positions like any token
-    'tupe-a-tiecls': dict(pe='tupe-a', pe_kwargs={'untie_cls': False}),
-    'deberta-noemd': dict(pe='deberta', emd_steps=0),  # DeBERTa −EMD
-    'deberta-noc2p': dict(pe='deberta', pe_kwargs={'pos_att_type': ['p2c']}),  # DeBERTa −C2P
-    'deberta-nop2c': dict(pe='deberta', pe_kwargs={'pos_att_type': ['c2p']}),  # DeBERTa −P2C
-}
-
-
 def _base(name: str) -> str:
-    "The registered encoding a study name runs: itself, or the `pe` of its ablation."
-    return ABLATIONS.get(name, {}).get('pe', name)
-
-
-def _check_no_shadowed_ablation():
-    """`ValueError` for an encoding registered under the name of an ablation: a study name means one of the
-    two, and the plan would run the ablation, not that encoding."""
-    for name in ABLATIONS:
-        if name in list_encodings():
-            f = get_encoding(name).factory
-            raise ValueError(
-                f'the encoding {name!r} registered by {f.__module__}.{getattr(f, "__qualname__", f)} has '
-                f'the name of an ablation in posenc_lit.compare.ABLATIONS ({ABLATIONS[name]}), which '
-                'compare would run instead: register it under another name'
-            )
+    "The registered encoding a study name runs: itself, or the encoding of its ablation (`list_ablations`)."
+    return list_ablations().get(name, {}).get('pe', name)
 
 # %% ../nbs/19_compare.ipynb #8f0f06dc
 def _unknown(what: str, bad: list, valid) -> ValueError:
@@ -161,10 +137,14 @@ def _stage_configs(spec: dict, encodings, tasks, vits) -> dict:
     def make(maker, d: dict, **extra):  # d: {'preset': name, option: value, ...}; `extra` wins
         return maker(d.get('preset', 'quick'), **{**{k: x for k, x in d.items() if k != 'preset'}, **extra})
 
-    def pretraining(name):  # the preset's options, then the encoding's overrides, then the ablation's
-        ab, pe = {k: v for k, v in ABLATIONS.get(name, {}).items() if k != 'pe'}, _base(name)
+    def pretraining(name):  # the preset's options, the encoding's defaults for it, overrides, the ablation's
+        ab, pe = {k: v for k, v in list_ablations().get(name, {}).items() if k != 'pe'}, _base(name)
+        own = get_encoding(pe).defaults.get(spec['pretrain'].get('preset', 'quick'), {})
         return make(
-            make_train_config, spec['pretrain'], **{**spec.get('pe_overrides', {}).get(pe, {}), **ab}, pe=pe
+            make_train_config,
+            spec['pretrain'],
+            **{**own, **spec.get('pe_overrides', {}).get(pe, {}), **ab},
+            pe=pe,
         )
 
     pre = {name: pretraining(name) for name in encodings}
@@ -202,7 +182,7 @@ def _probe_plan(spec: dict) -> dict | None:
 # %% ../nbs/19_compare.ipynb #b83f30fd
 def compare_plan(
     preset: str | dict = 'quick',  # a name in `COMPARE_PRESETS`, or a dict shaped like its entries
-    # language encodings and `ABLATIONS`; default: every registered encoding
+    # language encodings and their ablations; default: every registered encoding
     encodings: list[str] | None = None,
     tasks: list[str] | None = None,  # task names; default: the preset's
     seeds: list[int] | None = None,  # default: the preset's
@@ -214,7 +194,7 @@ def compare_plan(
 ) -> dict:  # the resolved study: names, selection and the config of every stage
     """Every stage's configuration, checked before anything runs; `ValueError` naming an unknown encoding,
     task or option, or a registered encoding with the name of an ablation. The default encodings are
-    `list_encodings()`."""
+    `list_encodings()`; `list_ablations()` are run only when named."""
     if isinstance(preset, str):
         if preset not in COMPARE_PRESETS:
             raise _unknown('preset', [preset], COMPARE_PRESETS)
@@ -223,8 +203,8 @@ def compare_plan(
         name, spec = 'custom', copy.deepcopy(preset)
     if lengths is not None:
         spec['lengths'] = list(lengths)
-    _check_no_shadowed_ablation()
-    encodings = _pick(encodings, list_encodings(), [*list_encodings(), *ABLATIONS], 'encoding')
+    # list_ablations: ValueError for an encoding registered under an ablation's name
+    encodings = _pick(encodings, list_encodings(), [*list_encodings(), *list_ablations()], 'encoding')
     from posenc_lit.tasks import TASKS
 
     tasks = _pick(tasks, spec['tasks'], TASKS, 'task')
@@ -263,7 +243,7 @@ def compare_plan(
 # %% ../nbs/19_compare.ipynb #c30e2047
 def pretrained_runs(
     folder,  # a folder with one `posenc_lit pretrain` run directory per encoding, `folder/<pe>/`
-    encodings,  # the encodings (and `ABLATIONS`) the study needs
+    encodings,  # the encodings (and ablations) the study needs
 ) -> dict:  # {pe: run directory}
     """The finished pretraining run of each encoding in `folder`; `CheckpointError` naming the first that is
     missing, unfinished, of another encoding (or ablation) or of another kind."""
@@ -293,12 +273,12 @@ def pretrained_runs(
                 "be named after their encodings"
             )
         # an ablation's options, or none
-        want = {'pe_kwargs': {}, **{k: v for k, v in ABLATIONS.get(pe, {}).items() if k != 'pe'}}
+        want = {'pe_kwargs': {}, **{k: v for k, v in list_ablations().get(pe, {}).items() if k != 'pe'}}
         got = {k: saved.get(k, {} if k == 'pe_kwargs' else 0) for k in want}
         if got != want:
             raise CheckpointError(
                 f'{run} was pretrained with {got}, not {want}: it is not the run {pe!r} needs (an '
-                f'ablation has its own folder, named as in ABLATIONS: {", ".join(ABLATIONS)})'
+                f'ablation has its own folder, named after it: {", ".join(list_ablations())})'
             )
         if not (run / 'summary.json').is_file():
             raise CheckpointError(
@@ -717,7 +697,7 @@ def _probe_run(cfg, p, pe, f: Path) -> dict:
     "The record of `pe` on probe `p`, each seed: read from `f`, or trained and written there."
     if f.is_file():
         return _read(f)
-    kw = ABLATIONS.get(pe, {}).get('pe_kwargs')
+    kw = list_ablations().get(pe, {}).get('pe_kwargs')
     seeds = {
         str(s): {**run_probe(_base(pe), p, replace(cfg, seed=s, n_seeds=1), kw), 'pe': pe}
         for s in probe_seeds(cfg)
@@ -1408,24 +1388,6 @@ def results_markdown(
     return '\n\n'.join(parts)
 
 # %% ../nbs/19_compare.ipynb #dae60ce5
-FAMILIES = {
-    'absolute': ('learned', 'sinusoidal', 'none'),
-    'relative': ('t5', 'shaw', 'huang4'),
-    'TUPE': ('tupe-a', 'tupe-r'),
-    'DeBERTa': ('deberta',),
-    'modern': ('rope', 'alibi', 'fire', 'cope'),
-}
-
-
-def encoding_families(names) -> dict:
-    """{family: [names]} in the order of `FAMILIES` (then 'other' for unknown names); an ablation goes with
-    its encoding; empty families left out."""
-    out = {f: [] for f in [*FAMILIES, 'other']}
-    for n in names:
-        out[next((f for f, members in FAMILIES.items() if _base(n) in members), 'other')].append(n)
-    return {f: v for f, v in out.items() if v}
-
-
 def _ylim(values, min_span: float, pad: float = 0.08) -> tuple:
     """(low, high) around `values` with margins, at least `min_span` wide: a small difference stays small on
     the page."""

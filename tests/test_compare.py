@@ -255,18 +255,19 @@ def test_printed_table_marks_direction_and_baseline(study):
 def test_ablation_is_the_pretraining_study_run(name):
     "An ablation of the reference compare pretrains what the reference pretraining study (tools/run_reference.sh) ran under its name."
     from dataclasses import asdict
-    from posenc_lit.compare import ABLATIONS, compare_plan
-    assert name in ABLATIONS
+    from posenc_lit.compare import compare_plan
+    from posenc_lit.core import list_ablations
+    assert name in list_ablations()
     saved = json.loads((Path(__file__).parent.parent / 'results' / 'pretraining' / name / 'config.json').read_text())
     plan = json.loads(json.dumps(asdict(compare_plan('reference', encodings=[name], vit=False)['pretrain'][name])))
     assert {k: plan[k] for k in saved} == saved
 
 
 def test_cli_help_names_every_ablation(capsys):
-    from posenc_lit.compare import ABLATIONS
+    from posenc_lit.core import list_ablations
     assert main(['compare', '--help']) == 0
     text = ' '.join(capsys.readouterr().out.split()).replace('- ', '-')   # argparse wraps lines, at hyphens too
-    assert all(a in text for a in ABLATIONS), text
+    assert all(a in text for a in list_ablations()), text
 
 
 def test_probe_table_is_printed_as_soon_as_the_probes_are_done(tmp_path, capsys, monkeypatch):
