@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from posenc_lit.cli import main
-from posenc_lit.compare import COMPARE_PRESETS, compare, format_results
+from posenc_lit.compare import COMPARE_PRESETS, compare
+from posenc_lit.report import format_results
 from posenc_lit.data import corpus_dir
 
 
@@ -211,7 +212,7 @@ def _markdown_output(cell_marker: str) -> str:
 
 def test_notebook_table_is_the_committed_json():
     "The quick study's tables in nbs/19_compare.ipynb are `results_markdown` of the committed results.json, not typed numbers."
-    from posenc_lit.compare import results_markdown
+    from posenc_lit.report import results_markdown
     root = Path(__file__).resolve().parent.parent
     from posenc_lit.probes import read_probe_results
     res = json.loads((root / 'results' / 'compare' / 'quick' / 'results.json').read_text())
@@ -224,7 +225,7 @@ def test_notebook_table_is_the_committed_json():
 
 def test_notebook_reference_table_is_the_committed_json():
     "The reference study's tables in nbs/19_compare.ipynb are `results_markdown` of the committed results/compare/reference/results.json."
-    from posenc_lit.compare import results_markdown
+    from posenc_lit.report import results_markdown
     f = Path(__file__).resolve().parent.parent / 'results' / 'compare' / 'reference' / 'results.json'
     shown = _markdown_output('if ref: display(Markdown(results_markdown(ref)))')
     if not f.is_file():
@@ -238,7 +239,7 @@ def test_notebook_reference_table_is_the_committed_json():
 
 def test_printed_table_marks_direction_and_baseline(study):
     "Every header of the printed table says which direction is better; a value worse than its baseline is marked, with a legend."
-    from posenc_lit.compare import WORSE, WORSE_LEGEND
+    from posenc_lit.report import WORSE, WORSE_LEGEND
     _, stdout, _, _ = study
     res = json.loads((study[0] / 'results.json').read_text())
     header = next(l for l in stdout.splitlines() if l.startswith('encoding '))
