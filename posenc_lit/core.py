@@ -125,10 +125,10 @@ def register_encoding(
     `ValueError` for a name already registered, unless `replace=True` or the factory is the registered one
     defined again (the same qualified name, in the same module or in `__main__`: a re-run notebook cell);
     `ValueError` for a name that a command line and a folder cannot both use (see `NAME_PATTERN`), an unknown
-    kind or modality, an ablation's name that is not such a name; `TypeError` for a `replace` that is not a bool,
-    a factory that is not callable, a family that is not a str, and defaults or ablations that are not dicts of
-    dicts. `family`, `defaults` and `ablations` are read by the studies (`encoding_families`, `list_ablations`,
-    `posenc_lit.compare`).
+    kind or modality, an ablation's name that is not such a name; `TypeError` for a `replace` that is not a
+    bool, a factory that is not callable, a family that is not a str, and defaults or ablations that are not
+    dicts of dicts. The studies read `family`, `defaults` and `ablations` (`encoding_families`,
+    `list_ablations`, `posenc_lit.compare`).
     """
     if not isinstance(name, str) or not re.fullmatch(NAME_PATTERN, name):
         raise ValueError(
@@ -239,16 +239,17 @@ def get_encoding(
 def list_ablations(
     modality: str = 'text',
 ) -> dict[str, dict]:  # {ablation: {'pe': its encoding, option: value, ...}}, by name
-    """Every ablation the registered encodings of `modality` declare, with its encoding and the pretraining options
-    that differ; `ValueError` for an encoding registered under the name of an ablation, or an ablation declared
-    by two encodings."""
+    """Every ablation the registered encodings of `modality` declare, with its encoding and the pretraining
+    options that differ; `ValueError` for an encoding registered under the name of an ablation, or an ablation
+    declared by two encodings."""
     encs, out = list_encodings(modality), {}
     for pe, spec in encs.items():
         for a, opts in spec.ablations.items():
             if a in encs:
                 raise ValueError(
-                    f'the encoding {a!r} registered by {_origin(encs[a].factory)} has the name of an ablation of '
-                    f'{pe!r} ({opts}), which compare would run instead: register it under another name'
+                    f'the encoding {a!r} registered by {_origin(encs[a].factory)} has the name of an '
+                    f'ablation of {pe!r} ({opts}), which compare would run instead: register it under '
+                    'another name'
                 )
             if a in out:
                 raise ValueError(f'the ablation {a!r} is declared by both {out[a]["pe"]!r} and {pe!r}')
@@ -257,8 +258,8 @@ def list_ablations(
 
 
 def _rank(spec: EncodingSpec) -> int:
-    """Where `spec`'s factory sits in `ENCODING_MODULES` (a notebook's copy in `__main__` sits where its package
-    module does); after them all for a factory of another module."""
+    """Where `spec`'s factory sits in `ENCODING_MODULES` (a notebook's copy in `__main__` sits where its
+    package module does); after them all for a factory of another module."""
     f = spec.factory
     for k, m in enumerate(ENCODING_MODULES):
         mod = sys.modules.get(m)
