@@ -106,6 +106,7 @@ class LearnedEncoding(PositionEncoding):
     'absolute',
     'learned absolute position table added to the input (BERT)',
     'Devlin et al. 2019, §3; Vaswani et al. 2017, §3.5 (learned variant)',
+    family='absolute',
 )
 def _learned(cfg):
     return LearnedEncoding(cfg.d_model, cfg.max_position_embeddings, **cfg.pe_kwargs)
@@ -116,6 +117,7 @@ def _learned(cfg):
     'absolute',
     'fixed sin/cos embeddings added to the input, any length',
     'Vaswani et al. 2017, §3.5',
+    family='absolute',
 )
 def _sinusoidal(cfg):
     return SinusoidalEncoding(cfg.d_model, **cfg.pe_kwargs)
@@ -126,6 +128,7 @@ def _sinusoidal(cfg):
     'none',
     'no position signal (NoPE): a bag-of-words encoder',
     'Haviv et al. 2022; Kazemnejad et al. 2023',
+    family='absolute',
 )
 def _none(cfg):
     return PositionEncoding(**cfg.pe_kwargs)

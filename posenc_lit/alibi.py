@@ -149,6 +149,7 @@ def score_mods(self: ALiBi, q, k, ctx: ALiBiContext, layer: int | LayerRef | Non
         '(bidirectional=false: causal form)'
     ),
     'Press et al. 2022, §3; symmetric form: ofirpress/attention_with_linear_biases#5',
+    family='modern',
 )
 def _alibi(cfg):
     return ALiBi(cfg.n_heads, **cfg.pe_kwargs)

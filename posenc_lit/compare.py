@@ -4,25 +4,16 @@
 
 # %% ../nbs/19_compare.ipynb #d7847fd3
 from __future__ import annotations
-import contextlib, copy, json, math, os, platform, socket, subprocess, sys, time
+import contextlib, copy, json, sys, time
 from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
-import torch
-import matplotlib.pyplot as plt
-from .core import get_encoding, list_encodings
-from .files import LOCK_FILE, atomic_write, dumps, write_json
+from .core import get_encoding, list_ablations, list_encodings
+from .files import LOCK_FILE, dumps, environment, write_json
 from .model import CheckpointError
 from .training import make_train_config, pretrain
 from .tasks import get_task, load_task, majority_baseline, bow_baseline
-from posenc_lit.finetune import (
-    make_finetune_config,
-    finetune,
-    find_checkpoint,
-    mean_std,
-    lengths_summary,
-    train_subset,
-)
+from .finetune import make_finetune_config, finetune, find_checkpoint, mean_std, train_subset
 from .lengths import evaluate_run
 from .vit_train import make_vit_config, train_vit
 from posenc_lit.probes import (
@@ -30,21 +21,17 @@ from posenc_lit.probes import (
     make_probe_config,
     run_probe,
     new_probe_results,
-    format_probe_table,
-    plot_probes,
     probe_cell,
-    probe_rows,
-    probe_rule,
     probe_seeds,
     read_probe_results,
     seed_records,
 )
+from .compare_figures import save_figures
+from .report import format_results  # for posenc_lit.cli, which imports it from here
 
 # %% auto #0
-__all__ = ['QUICK_STEPS', 'QUICK_TRAIN', 'QUICK_ENTRIES', 'COMPARE_PRESETS', 'ABLATIONS', 'WORSE',
-           'WORSE_LEGEND', 'FAMILIES', 'compare_plan', 'pretrained_runs', 'environment', 'compare',
-           'format_results', 'markdown_table', 'probes_markdown', 'results_markdown', 'encoding_families',
-           'plot_pretraining', 'plot_task', 'plot_lengths', 'plot_downstream', 'plot_vit', 'save_figures']
+__all__ = ['QUICK_STEPS', 'QUICK_TRAIN', 'QUICK_ENTRIES', 'COMPARE_PRESETS', 'compare_plan',
+           'pretrained_runs', 'compare']
 
 # %% ../nbs/19_compare.ipynb #acd90be7
 # fmt: off
@@ -79,8 +66,8 @@ COMPARE_PRESETS = {
         pretrain=dict(preset='study', steps=QUICK_STEPS, eval_every=QUICK_STEPS, save_every=QUICK_STEPS,
                       log_every=25, eval_blocks=1024),
         # the study's entries (tools/study_entries.sh): clipped relative tables at Shaw's k = 16, which the
-        # 32-token blocks reach on both sides; DeBERTa at the depth of every other entry (no EMD); each at its
-        # family's rate from the committed sweep (study.study_lr: 4e-3 for the DeBERTa and RoPE/ALiBi families)
+        # 32-token blocks reach on both sides; DeBERTa at the depth of every other entry (no EMD); each at
+        # its family's rate from the committed sweep (study.study_lr: 4e-3 for DeBERTa, RoPE and ALiBi)
         pe_overrides={
             'huang4': dict(pe_kwargs={'k': 16}),
             'deberta': dict(pe_kwargs={'k': 16}, lr=4e-3),
@@ -122,33 +109,9 @@ COMPARE_PRESETS = {
 # fmt: on
 
 # %% ../nbs/19_compare.ipynb #87312d60
-# name -> the pretraining options that make it:
-# its encoding `pe` and the options that differ from that encoding's
-ABLATIONS = {
-    # TUPE with [CLS] tied to the positions like any token
-    'tupe-a-tiecls': dict(pe='tupe-a', pe_kwargs={'untie_cls': False}),
-    'deberta-noemd': dict(pe='deberta', emd_steps=0),  # DeBERTa −EMD
-    'deberta-noc2p': dict(pe='deberta', pe_kwargs={'pos_att_type': ['p2c']}),  # DeBERTa −C2P
-    'deberta-nop2c': dict(pe='deberta', pe_kwargs={'pos_att_type': ['c2p']}),  # DeBERTa −P2C
-}
-
-
 def _base(name: str) -> str:
-    "The registered encoding a study name runs: itself, or the `pe` of its ablation."
-    return ABLATIONS.get(name, {}).get('pe', name)
-
-
-def _check_no_shadowed_ablation():
-    """`ValueError` for an encoding registered under the name of an ablation: a study name means one of the
-    two, and the plan would run the ablation, not that encoding."""
-    for name in ABLATIONS:
-        if name in list_encodings():
-            f = get_encoding(name).factory
-            raise ValueError(
-                f'the encoding {name!r} registered by {f.__module__}.{getattr(f, "__qualname__", f)} has '
-                f'the name of an ablation in posenc_lit.compare.ABLATIONS ({ABLATIONS[name]}), which '
-                'compare would run instead: register it under another name'
-            )
+    "The registered encoding a study name runs: itself, or the encoding of its ablation (`list_ablations`)."
+    return list_ablations().get(name, {}).get('pe', name)
 
 # %% ../nbs/19_compare.ipynb #8f0f06dc
 def _unknown(what: str, bad: list, valid) -> ValueError:
@@ -174,10 +137,14 @@ def _stage_configs(spec: dict, encodings, tasks, vits) -> dict:
     def make(maker, d: dict, **extra):  # d: {'preset': name, option: value, ...}; `extra` wins
         return maker(d.get('preset', 'quick'), **{**{k: x for k, x in d.items() if k != 'preset'}, **extra})
 
-    def pretraining(name):  # the preset's options, then the encoding's overrides, then the ablation's
-        ab, pe = {k: v for k, v in ABLATIONS.get(name, {}).items() if k != 'pe'}, _base(name)
+    def pretraining(name):  # the preset's options, the encoding's defaults for it, overrides, the ablation's
+        ab, pe = {k: v for k, v in list_ablations().get(name, {}).items() if k != 'pe'}, _base(name)
+        own = get_encoding(pe).defaults.get(spec['pretrain'].get('preset', 'quick'), {})
         return make(
-            make_train_config, spec['pretrain'], **{**spec.get('pe_overrides', {}).get(pe, {}), **ab}, pe=pe
+            make_train_config,
+            spec['pretrain'],
+            **{**own, **spec.get('pe_overrides', {}).get(pe, {}), **ab},
+            pe=pe,
         )
 
     pre = {name: pretraining(name) for name in encodings}
@@ -215,7 +182,7 @@ def _probe_plan(spec: dict) -> dict | None:
 # %% ../nbs/19_compare.ipynb #b83f30fd
 def compare_plan(
     preset: str | dict = 'quick',  # a name in `COMPARE_PRESETS`, or a dict shaped like its entries
-    # language encodings and `ABLATIONS`; default: the preset's `encodings`, else every registered one
+    # language encodings and their ablations; default: the preset's `encodings`, else every registered one
     encodings: list[str] | None = None,
     tasks: list[str] | None = None,  # task names; default: the preset's
     seeds: list[int] | None = None,  # default: the preset's
@@ -227,7 +194,7 @@ def compare_plan(
 ) -> dict:  # the resolved study: names, selection and the config of every stage
     """Every stage's configuration, checked before anything runs; `ValueError` naming an unknown encoding,
     task or option, or a registered encoding with the name of an ablation. The default encodings are the
-    preset's `encodings`, else `list_encodings()`."""
+    preset's `encodings`, else `list_encodings()`; `list_ablations()` are run only when named."""
     if isinstance(preset, str):
         if preset not in COMPARE_PRESETS:
             raise _unknown('preset', [preset], COMPARE_PRESETS)
@@ -236,9 +203,9 @@ def compare_plan(
         name, spec = 'custom', copy.deepcopy(preset)
     if lengths is not None:
         spec['lengths'] = list(lengths)
-    _check_no_shadowed_ablation()
+    # list_ablations: ValueError for an encoding registered under an ablation's name
     default = spec.get('encodings') or list_encodings()
-    encodings = _pick(encodings, default, [*list_encodings(), *ABLATIONS], 'encoding')
+    encodings = _pick(encodings, default, [*list_encodings(), *list_ablations()], 'encoding')
     from posenc_lit.tasks import TASKS
 
     tasks = _pick(tasks, spec['tasks'], TASKS, 'task')
@@ -277,7 +244,7 @@ def compare_plan(
 # %% ../nbs/19_compare.ipynb #c30e2047
 def pretrained_runs(
     folder,  # a folder with one `posenc_lit pretrain` run directory per encoding, `folder/<pe>/`
-    encodings,  # the encodings (and `ABLATIONS`) the study needs
+    encodings,  # the encodings (and ablations) the study needs
 ) -> dict:  # {pe: run directory}
     """The finished pretraining run of each encoding in `folder`; `CheckpointError` naming the first that is
     missing, unfinished, of another encoding (or ablation) or of another kind."""
@@ -307,12 +274,12 @@ def pretrained_runs(
                 "be named after their encodings"
             )
         # an ablation's options, or none
-        want = {'pe_kwargs': {}, **{k: v for k, v in ABLATIONS.get(pe, {}).items() if k != 'pe'}}
+        want = {'pe_kwargs': {}, **{k: v for k, v in list_ablations().get(pe, {}).items() if k != 'pe'}}
         got = {k: saved.get(k, {} if k == 'pe_kwargs' else 0) for k in want}
         if got != want:
             raise CheckpointError(
                 f'{run} was pretrained with {got}, not {want}: it is not the run {pe!r} needs (an '
-                f'ablation has its own folder, named as in ABLATIONS: {", ".join(ABLATIONS)})'
+                f'ablation has its own folder, named after it: {", ".join(list_ablations())})'
             )
         if not (run / 'summary.json').is_file():
             raise CheckpointError(
@@ -321,47 +288,6 @@ def pretrained_runs(
             )
         runs[pe] = run
     return runs
-
-# %% ../nbs/19_compare.ipynb #cc91d2ec
-def environment() -> dict:
-    """The git commit of the package (and whether tracked files had changes), host, CPU, threads, and the
-    torch and Python versions."""
-    import posenc_lit
-
-    def git(*args):
-        try:
-            r = subprocess.run(
-                ['git', *args],
-                cwd=Path(posenc_lit.__file__).parent,
-                capture_output=True,
-                text=True,
-                timeout=20,
-            )
-        except (OSError, subprocess.SubprocessError):
-            return None
-        return r.stdout.strip() if r.returncode == 0 else None
-
-    try:
-        cpu = next(
-            l.split(':', 1)[1].strip()
-            for l in Path('/proc/cpuinfo').read_text().splitlines()
-            if l.startswith('model name')
-        )
-    except (OSError, StopIteration):
-        cpu = platform.processor() or platform.machine()
-    commit, changes = git('rev-parse', 'HEAD'), git('status', '--porcelain', '--untracked-files=no')
-    return {
-        'git_commit': commit,
-        'git_dirty': None if changes is None else bool(changes),
-        'hostname': socket.gethostname(),
-        'cpu': cpu,
-        'cpu_count': os.cpu_count(),
-        'torch_threads': torch.get_num_threads(),
-        'omp_num_threads': os.environ.get('OMP_NUM_THREADS'),
-        'torch': torch.__version__,
-        'python': platform.python_version(),
-        'gpu': torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-    }
 
 # %% ../nbs/19_compare.ipynb #584964f5
 def _read(f: Path) -> dict:
@@ -737,7 +663,7 @@ def _probe_run(cfg, p, pe, f: Path) -> dict:
     "The record of `pe` on probe `p`, each seed: read from `f`, or trained and written there."
     if f.is_file():
         return _read(f)
-    kw = ABLATIONS.get(pe, {}).get('pe_kwargs')
+    kw = list_ablations().get(pe, {}).get('pe_kwargs')
     seeds = {
         str(s): {**run_probe(_base(pe), p, replace(cfg, seed=s, n_seeds=1), kw), 'pe': pe}
         for s in probe_seeds(cfg)
@@ -836,882 +762,3 @@ def compare(
     if figures:
         save_figures(res, out / 'figures')
     return res
-
-# %% ../nbs/19_compare.ipynb #45c75caa
-# metrics where less is better; every other one (accuracy, pearson, ...) is ↑
-_LOWER_IS_BETTER = {'loss', 'mse'}
-WORSE = '⚠'  # marks a value worse than its baseline
-WORSE_LEGEND = (
-    f'{WORSE} worse than its baseline: a task metric below bag-of-words or majority, a loss above the '
-    'unigram loss'
-)
-
-
-def _arrow(metric: str) -> str:
-    return '↓' if metric in _LOWER_IS_BETTER else '↑'
-
-
-def _worse(v, base, metric: str) -> bool:
-    "Whether `v` is worse than `base` for `metric`; False where either is missing."
-    if v is None or base is None:
-        return False
-    return v > base if metric in _LOWER_IS_BETTER else v < base
-
-
-def _task_baseline(results: dict, task: str):
-    """The better of the majority and bag-of-words scores on `task`'s main metric;
-    None where neither is defined."""
-    m, b = results['main_metrics'][task], results['baselines'].get(task, {})
-    vals = [v for k in ('majority', 'bow') if (v := b.get(k, {}).get(m)) is not None]
-    if not vals:
-        return None
-    return min(vals) if m in _LOWER_IS_BETTER else max(vals)
-
-
-def _unigram(results: dict):
-    return next((p['unigram_loss'] for p in results['pretrain'].values()), None)
-
-
-def _task_stats(results: dict, pe: str, task: str) -> dict | None:
-    "Mean ± std over seeds of `pe`'s main test metric on `task`; None without records."
-    v = [r['test'][r['main_metric']] for r in results['records'] if r['pe'] == pe and r['task'] == task]
-    return mean_std(v) if v else None
-
-# %% ../nbs/19_compare.ipynb #450fb1db
-def _pm(v: dict | None) -> str:
-    if v is None:
-        return '—'
-    return f"{v['mean']:.4f}" + ('' if v['std'] is None else f" ± {v['std']:.4f}")
-
-
-def _mark(text: str, worse: bool) -> str:
-    "`text` and the mark of a value worse than its baseline (two spaces otherwise: the digits stay aligned)."
-    return f'{text} {WORSE}' if worse else f'{text}  '
-
-
-def _grid(rows: list) -> list:
-    "Rows of cells as lines: the first column left-aligned, the others right-aligned."
-    w = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
-    return [
-        '  '.join(c.ljust(w[0]) if k == 0 else c.rjust(w[k]) for k, c in enumerate(r)).rstrip() for r in rows
-    ]
-
-
-def _vit_sizes(results: dict) -> list:
-    return list(dict.fromkeys(k for r in results['vit'] for k in r['eval']))
-
-
-def _vit_acc(r: dict, s: str):  # a learned table interpolated bicubically, where there is one
-    return r['eval'][s].get('bicubic', next(iter(r['eval'][s].values()))) if s in r['eval'] else None
-
-
-def _vit_rows(results: dict) -> list:
-    sizes = _vit_sizes(results)
-    rows = [['vit encoding', 'test accuracy ↑'] + [f'{s} ↑' for s in sizes]]
-    for r in results['vit']:
-        rows.append(
-            [r['pe'], f"{r['test_accuracy']:.4f}"]
-            + ['—' if (a := _vit_acc(r, s)) is None else f'{a:.4f}' for s in sizes]
-        )
-    return rows
-
-# %% ../nbs/19_compare.ipynb #05b77b09
-def _language_rows(results: dict) -> tuple[list, list]:
-    """Table rows (header first) for the language encodings and the baselines; notes: the lengths an encoding
-    cannot run, the ⚠ legend."""
-    tasks, lengths, pre, mm = (
-        results['tasks'],
-        results['spec']['lengths'],
-        results['pretrain'],
-        results['main_metrics'],
-    )
-    uni, floor = _unigram(results), {t: _task_baseline(results, t) for t in tasks}
-    rows = [
-        ['encoding', 'pretrain loss ↓']
-        + [f'{t} {mm[t]} {_arrow(mm[t])}' for t in tasks]
-        + [f'loss@{n} ↓' for n in lengths]
-    ]
-    notes = []
-    for pe in results['encodings']:
-        loss = pre.get(pe, {}).get('eval_loss')
-        cells = [pe, _mark('—' if loss is None else f'{loss:.4f}', _worse(loss, uni, 'loss'))]
-        for t in tasks:
-            s = _task_stats(results, pe, t)
-            cells.append(_mark(_pm(s), _worse(s and s['mean'], floor[t], mm[t])))
-        by_n = {r['length']: r for r in results['lengths'].get(pe, {}).get('results', [])}
-        for n in lengths:
-            r = by_n.get(n) or {}
-            cells.append(
-                _mark(
-                    '—' if not r else f"{r['loss']:.4f}" if 'loss' in r else 'n/a',
-                    _worse(r.get('loss'), uni, 'loss'),
-                )
-            )
-            if 'error' in r:
-                notes.append(f"n/a: {pe} cannot run {n} tokens: {r['error'].split(':')[0]}")
-        rows.append(cells)
-    for b, label in (('majority', 'majority'), ('bow', 'bag-of-words')):
-        # None: undefined (a constant's correlation)
-        vals = [(results['baselines'].get(t, {}).get(b, {}), mm[t]) for t in tasks]
-        rows.append(
-            [label, _mark('—', False)]
-            + [_mark('—' if m not in v else 'n/a' if v[m] is None else f'{v[m]:.4f}', False) for v, m in vals]
-            + [_mark('—', False)] * len(lengths)
-        )
-    rows.append(
-        ['unigram', _mark('—' if uni is None else f'{uni:.4f}', False)]
-        + [_mark('—', False)] * (len(tasks) + len(lengths))
-    )
-    return rows, notes
-
-
-def _worse_cells(results: dict) -> list:
-    """The cells of the main table worse than their baseline, in table order: `(pe, column, value, baseline,
-    what)`, `what` naming the baseline."""
-    pre, mm, uni, out = results['pretrain'], results['main_metrics'], _unigram(results), []
-    for pe in results['encodings']:
-        if _worse(loss := pre.get(pe, {}).get('eval_loss'), uni, 'loss'):
-            out.append((pe, 'pretrain loss', loss, uni, 'the unigram loss'))
-        for t in results['tasks']:
-            s, floor = _task_stats(results, pe, t), _task_baseline(results, t)
-            if s is not None and _worse(s['mean'], floor, mm[t]):
-                out.append((pe, f'{t} {mm[t]}', s['mean'], floor, 'the better of majority and bag-of-words'))
-        for r in results['lengths'].get(pe, {}).get('results', []):
-            if _worse(r.get('loss'), uni, 'loss'):
-                out.append((pe, f"loss@{r['length']}", r['loss'], uni, 'the unigram loss'))
-    return out
-
-
-def _study_of(results: dict, pe: str, key: str):
-    return (((results.get('study') or {}).get('entries') or {}).get(pe) or {}).get(key)
-
-
-def _known(results: dict, key: str, study: dict | None = None) -> str:
-    """What the preset knows (`spec['known']`) of `key` (an encoding or a task) at this size, then the
-    committed
-    study's number (its pretraining loss for an encoding, else `study`), as a clause; '' without either."""
-    known = results['spec'].get('known', {}).get(key)
-    out = f'; {known}' if known else ''
-    if key in results['encodings'] and (st := _study_of(results, key, 'pretrain')) is not None:
-        steps = st['steps'] if isinstance(st['steps'], int) else max(st['steps'])
-        out += f"; the study's loss after {steps:,} steps: {st['loss']:.4f}"
-    elif study is not None:
-        out += f"; the study's: {study['score']:.4f}"
-    return out
-
-
-def _before_table(results: dict) -> list:
-    """The lines printed before the main table: the ⚠ legend, then per encoding its ⚠ cells with their
-    baseline,
-    what the preset knows of it at this size (`spec['known']`) and the committed study's number; each task's
-    note where one of its cells is ⚠; then where `none` ranks on the pretraining loss."""
-    lines, seq, said = [], min((p['seq_len'] for p in results['pretrain'].values()), default=0), set()
-    groups = {}  # (pe, baseline) -> [(column, value)]
-    for pe, col, v, base, what in _worse_cells(results):
-        groups.setdefault((pe, what, base), []).append((col, v))
-    if groups:
-        lines.append(WORSE_LEGEND + ':')
-    for (pe, what, base), cols in groups.items():
-        shown = ', '.join(f'{col} {v:.4f}' for col, v in cols)
-        worse = 'above' if what == 'the unigram loss' else 'below'
-        why = _known(results, pe) if pe not in said and worse == 'above' else ''
-        said |= {pe} if why else set()
-        past = any(c.startswith('loss@') and int(c[5:]) > seq for c, _ in cols)
-        lines.append(
-            f'  {pe}: {shown} {worse} {what} {base:.4f}'
-            + (f' (loss@n with n > {seq}: past the training blocks)' if past else '')
-            + why
-        )
-    for t in results['tasks']:
-        if any(c.startswith(f'{t} ') for cols in groups.values() for c, _ in cols) and _known(results, t):
-            lines.append(f"  {t} {results['main_metrics'][t]}: {_known(results, t)[2:]}")
-    loss = {pe: p['eval_loss'] for pe, p in results['pretrain'].items() if pe in results['encodings']}
-    if 'none' in loss and len(loss) > 1:
-        above = sorted((pe for pe in loss if pe != 'none' and loss[pe] >= loss['none']), key=loss.get)
-        if not above:
-            nxt = max((pe for pe in loss if pe != 'none'), key=loss.get)
-            lines.append(
-                f"none is last on pretrain loss ({loss['none']:.4f}), {loss['none'] - loss[nxt]:.4f} nats "
-                f'above the next ({nxt}, {loss[nxt]:.4f})'
-            )
-        else:
-            lines.append(f"none is not last on pretrain loss ({loss['none']:.4f}): at or above it:")
-            lines += [f"  {pe} {loss[pe]:.4f}{'' if pe in said else _known(results, pe)}" for pe in above]
-    return lines
-
-
-def _downstream(results: dict, task: str) -> dict | None:
-    """{pe: {n: mean ± std of the main test metric with test examples cut to n tokens, or None where the
-    encoding cannot}}; None without such records."""
-    recs = [r for r in results['records'] if r['task'] == task and r.get('test_at_length')]
-    if not recs:
-        return None
-    m, lengths = results['main_metrics'][task], sorted(
-        {x['max_len'] for r in recs for x in r['test_at_length']}
-    )
-    out = {
-        # the seeds' summary, as `finetune_seeds` writes it
-        pe: {x['max_len']: None if 'error' in x else x[m] for x in lengths_summary(runs)}
-        for pe in results['encodings']
-        if (runs := [r for r in recs if r['pe'] == pe])
-    }
-    return {'metric': m, 'train_len': recs[0]['max_len'], 'lengths': lengths, 'by_pe': out}
-
-
-def _downstream_rows(d: dict) -> list:
-    rows = [['encoding'] + [f"{d['metric']}@{n} {_arrow(d['metric'])}" for n in d['lengths']]]
-    for pe, v in d['by_pe'].items():
-        rows.append([pe] + [('n/a' if v[n] is None else _pm(v[n])) if n in v else '—' for n in d['lengths']])
-    return rows
-
-# %% ../nbs/19_compare.ipynb #d0a163ab
-def format_results(results: dict) -> str:
-    """The study's tables: the position probes (first, where run), then one row per encoding (pretraining
-    loss, each task's main test metric as mean ± std, loss at each length), the baselines, and the ViT grid.
-    """
-    seeds, pre = results['seeds'], results['pretrain']
-    seq = sorted({p['seq_len'] for p in pre.values()})
-    head = [
-        f"posenc_lit compare, preset {results['preset']}: {len(results['encodings'])} encodings, "
-        f"tasks {', '.join(results['tasks'])}, "
-        f"{len(seeds)} seed(s); compute {results['compute_s'] / 60:.1f} min"
-        + ('' if results['finished'] else ' (unfinished)'),
-        '↑ higher is better, ↓ lower is better; pretrain loss: masked-token loss on held-out text '
-        f"(nats); tasks: test metric, {'one seed' if len(seeds) == 1 else 'mean ± std over seeds'}; "
-        f"loss@n: masked-token loss on blocks of n tokens (trained on {', '.join(map(str, seq)) or '?'}), "
-        f"on the first {results['spec']['length_tokens']:,} held-out tokens masked once for every n; "
-        "pretrain loss is on the run's own evaluation blocks (other text, other masks): compare each "
-        'column across encodings, not the two columns with each other',
-    ]
-    rows, notes = _language_rows(results)
-    probes = (
-        [''] + format_probe_table(results['probes']).splitlines()
-        if (results.get('probes') or {}).get('runs')
-        else []
-    )
-    about = results['spec'].get('about')
-    if about:  # what the preset can and cannot show, before any table
-        head.insert(1, about.format(steps=max((p['steps'] for p in pre.values()), default=0)))
-    lines = head + probes + [''] + _before_table(results) + _grid(rows) + notes
-    for t in results['tasks']:
-        if (d := _downstream(results, t)) is None:
-            continue
-        lines += [
-            '',
-            f"{t}, fine-tuned on examples cut to {d['train_len']} tokens; test {d['metric']} with "
-            "the test examples cut to n tokens "
-            f"({'one seed' if len(seeds) == 1 else 'mean ± std over seeds'}; n/a: past what the "
-            "encoding can take)",
-        ] + _grid(_downstream_rows(d))
-    if results['vit']:
-        lines += [
-            '',
-            (
-                'ViT: test accuracy at the training size, then at each size (learned tables interpolated '
-                'bicubically)'
-            ),
-        ] + _grid(_vit_rows(results))
-    return '\n'.join(lines + _study_lines(results))
-
-
-def _study_lines(results: dict) -> list:
-    """The committed study's headline (`results['study']`) beside this run's numbers: pretraining loss and
-    each task's main metric per encoding; [] without it."""
-    st, pre, tasks = results.get('study'), results['pretrain'], results['tasks']
-    if not st:
-        return []
-    both = lambda v, s: [
-        '—' if v is None else f'{v:.4f}',
-        (
-            'not committed'
-            if s is None
-            else f"{s['loss' if 'loss' in s else 'score']:.4f} ± {s['std']:.4f} ({s['seeds']})"
-        ),
-    ]
-    rows = [['encoding', 'pretrain loss ↓ (this run)', '(study, seeds)']]
-    rows[0] += [
-        x for t in tasks for x in (f"{t} {results['main_metrics'][t]} ↑ (this run)", '(study, seeds)')
-    ]
-    for pe in results['encodings']:
-        r = both(pre.get(pe, {}).get('eval_loss'), _study_of(results, pe, 'pretrain'))
-        for t in tasks:
-            r += both((_task_stats(results, pe, t) or {}).get('mean'), _study_of(results, pe, t))
-        rows.append([pe] + r)
-    steps = sorted(
-        {
-            x['pretrain']['steps']
-            for x in st['entries'].values()
-            if x['pretrain'] and isinstance(x['pretrain']['steps'], int)
-        }
-    )
-    return [
-        '',
-        f"The committed study ({st['source']}/study, pretrained for "
-        f"{', '.join(f'{s:,}' for s in steps)} steps, "
-        f"nbs/19c_study.ipynb; tasks: {st['source']}/study_<task>) beside this run; mean ± std over "
-        "its seeds:",
-    ] + _grid(rows)
-
-# %% ../nbs/19_compare.ipynb #20f764c3
-def _md_escape(s) -> str:
-    return str(s).replace('|', r'\|')
-
-
-def markdown_table(
-    header: list,  # the column titles
-    rows: list,  # rows of cells: a str (shown as is, not ranked), a number, or (value, text[, note])
-    better: list | None = None,  # per column '↑' (higher is better), '↓' or None (not ranked)
-    fmt: str = '{:.3f}',  # how a bare number is shown
-) -> str:  # a Markdown pipe table, the best value of each ranked column in bold
-    """A Markdown table with the direction in each ranked column's header and its best value in bold;
-    `ValueError` for a ragged row or a bad direction."""
-    better = list(better) if better is not None else [None] * len(header)
-    if len(better) != len(header) or any(b not in ('↑', '↓', None) for b in better):
-        raise ValueError(
-            f"better must give '↑', '↓' or None for each of the {len(header)} columns; got {better!r}"
-        )
-    if bad := [k for k, r in enumerate(rows) if len(r) != len(header)]:
-        raise ValueError(f'row {bad[0]} has {len(rows[bad[0]])} cells; the header has {len(header)}')
-
-    def cell(c):
-        if isinstance(c, tuple):
-            return (*c, '')[:3]
-        if isinstance(c, (int, float)) and not isinstance(c, bool) and math.isfinite(c):
-            return c, fmt.format(c), ''
-        return None, str(c), ''
-
-    cells = [[cell(c) for c in r] for r in rows]
-    best = {}
-    for k, b in enumerate(better):
-        ranked = [(v, t) for v, t, _ in (r[k] for r in cells) if v is not None and b]
-        if ranked:
-            best[k] = (max if b == '↑' else min)(ranked, key=lambda x: x[0])
-
-    def show(k, v, t, n):  # ties at the shown precision are bold too
-        top = k in best and v is not None and (v == best[k][0] or t == best[k][1])
-        return (f'**{_md_escape(t)}**' if top else _md_escape(t)) + (f' {n}' if n else '')
-
-    lines = [
-        '| ' + ' | '.join(_md_escape(h) + (f' {b}' if b else '') for h, b in zip(header, better)) + ' |',
-        '|' + '|'.join([':---'] + ['---:'] * (len(header) - 1)) + '|',
-    ]
-    lines += ['| ' + ' | '.join(show(k, *c) for k, c in enumerate(r)) + ' |' for r in cells]
-    return '\n'.join(lines)
-
-# %% ../nbs/19_compare.ipynb #cbc8d959
-_SUP = str.maketrans('0123456789', '⁰¹²³⁴⁵⁶⁷⁸⁹')
-
-
-class _Notes:
-    """Footnotes of a table: `mark(text)` gives the superscript number of `text`
-    (one number per distinct text)."""
-
-    def __init__(self):
-        self.texts = {}
-
-    def mark(self, text: str) -> str:
-        return str(self.texts.setdefault(text, len(self.texts) + 1)).translate(_SUP)
-
-    def lines(self) -> list:
-        return [f"{str(k).translate(_SUP)} {t}" for t, k in self.texts.items()]
-
-
-def _seed_phrase(results: dict) -> str:
-    n = len(results['seeds'])
-    return 'one seed' if n == 1 else f'mean ± std of {n} seeds'
-
-
-def _table(caption: str, table: str, notes: list = ()) -> str:
-    "A caption (Quarto's `Table:` line), the table, and its notes as one paragraph of lines."
-    return '\n\n'.join([f'Table: {caption}', table] + (['  \n'.join(notes)] if notes else []))
-
-# %% ../nbs/19_compare.ipynb #fb3fd288
-def probes_markdown(
-    res: dict,  # the results of the position probes (or the `probes` of a compare results.json)
-) -> str:  # per probe: a `Table:` caption, the table, the notes
-    """The probe tables in Markdown of what `run_probes` returns (`probe_rows`, the rows `format_probe_table`
-    prints): per probe, a row per encoding with what it can do in principle, the mean steps, accuracy ± sd
-    over seeds (loss) at each length (best bold), the chance row; each n/a and each run that did not converge
-    where the theory says it could is explained in a note."""
-    c, parts = res['config'], []
-    k = c.get('n_seeds', 1)
-    for p in (p for p in res['probes'] if res['runs'].get(p)):
-        head, rows = probe_rows(res, p)
-        notes = _Notes()
-        cells = [
-            [x if isinstance(x, str) else (x[0], x[1], x[2] and notes.mark(x[2])) for x in r] for r in rows
-        ]
-        cells[-1] = [f'*{x}*' if x else x for x in cells[-1]]
-        what, seeds = res.get('summaries', {}).get(p, ''), (
-            'mean ± sd over %d seeds' % k if k > 1 else 'one seed'
-        )
-        cap = (
-            f"Position probes, {p} ({what}): accuracy on fresh examples at each length n ({seeds}; loss in "
-            f"nats in parentheses), trained at n = {c['length']} ({probe_rule(c)}); offset r={c['offset']}, "
-            f"index p={c['index']}{'' if c.get('bos', True) else ', no [BOS]'}. In principle: the verdict "
-            "`probe_theory` derives from the encoding's position terms. Chance: the best a model without "
-            'positions can do. Bold: the best of each column.'
-        )
-        better = [None, None, None] + ['↑'] * (len(head) - 3)
-        parts.append(_table(cap, markdown_table(head, cells, better), notes.lines()))
-    return '\n\n'.join(parts)
-
-# %% ../nbs/19_compare.ipynb #81472e3b
-def _md_encodings(results: dict) -> str:
-    """One row per encoding: pretraining loss, each task's main test metric, the loss at each length; ⚠ where
-    worse than the baseline."""
-    tasks, lengths, pre, mm = (
-        results['tasks'],
-        results['spec']['lengths'],
-        results['pretrain'],
-        results['main_metrics'],
-    )
-    uni, floor, notes = _unigram(results), {t: _task_baseline(results, t) for t in tasks}, _Notes()
-    loss_cell = lambda v: (v, f'{v:.3f}', WORSE if _worse(v, uni, 'loss') else '') if v is not None else '—'
-    rows = []
-    for pe in results['encodings']:
-        cells = [pe, loss_cell(pre.get(pe, {}).get('eval_loss'))]
-        for t in tasks:
-            s = _task_stats(results, pe, t)
-            cells.append(
-                '—'
-                if s is None
-                else (
-                    s['mean'],
-                    f"{s['mean']:.3f}" + ('' if s['std'] is None else f" ± {s['std']:.3f}"),
-                    WORSE if _worse(s['mean'], floor[t], mm[t]) else '',
-                )
-            )
-        by_n = {r['length']: r for r in results['lengths'].get(pe, {}).get('results', [])}
-        for n in lengths:
-            r = by_n.get(n) or {}
-            cells.append(
-                loss_cell(r['loss'])
-                if 'loss' in r
-                else 'n/a' + notes.mark(f"{pe}: {r['error'].split(':')[0]}") if 'error' in r else '—'
-            )
-        rows.append(cells)
-    seq = ', '.join(map(str, sorted({p['seq_len'] for p in pre.values()}))) or '?'
-    head = (
-        ['encoding', 'pretrain loss']
-        + [f'{t} {mm[t]} ({_seed_phrase(results)})' for t in tasks]
-        + [f'loss@{n}' for n in lengths]
-    )
-    cap = (
-        f"One row per encoding: masked-token loss on held-out text (nats), each task's main test metric "
-        f"({_seed_phrase(results)}), and the masked-token loss on blocks of n tokens (trained on "
-        f"{seq}). Bold: the best of each column."
-    )
-    legend = (
-        [
-            (
-                f'{WORSE} worse than its baseline: below bag-of-words or majority (Baselines table), or '
-                'a loss above the unigram loss'
-            )
-            + ('' if uni is None else f' ({uni:.3f} nats)')
-        ]
-        if any(WORSE in str(c) for r in rows for c in r)
-        else []
-    )
-    return _table(
-        cap,
-        markdown_table(head, rows, [None, '↓'] + [_arrow(mm[t]) for t in tasks] + ['↓'] * len(lengths)),
-        legend + notes.lines(),
-    )
-
-# %% ../nbs/19_compare.ipynb #23b238ad
-def _md_downstream(results: dict, task: str, d: dict) -> str:
-    notes, m = _Notes(), d['metric']
-    rows = [
-        [pe]
-        + [
-            (
-                (
-                    'n/a' + notes.mark('past what the encoding can take')
-                    if v[n] is None
-                    else (
-                        v[n]['mean'],
-                        f"{v[n]['mean']:.3f}" + ('' if v[n]['std'] is None else f" ± {v[n]['std']:.3f}"),
-                    )
-                )
-                if n in v
-                else '—'
-            )
-            for n in d['lengths']
-        ]
-        for pe, v in d['by_pe'].items()
-    ]
-    cap = (
-        f"{task}, fine-tuned on examples cut to {d['train_len']} tokens: test {m} with the test examples "
-        f'cut to n tokens ({_seed_phrase(results)}). Bold: the best of each column.'
-    )
-    return _table(
-        cap,
-        markdown_table(
-            ['encoding'] + [f'{m}@{n}' for n in d['lengths']], rows, [None] + [_arrow(m)] * len(d['lengths'])
-        ),
-        notes.lines(),
-    )
-
-
-def _md_baselines(results: dict) -> str:
-    tasks, mm, b = results['tasks'], results['main_metrics'], results['baselines']
-    shown = lambda v: '—' if v is None else f'{v:.3f}'
-    rows = [
-        [label]
-        + [
-            (
-                '—'
-                if mm[t] not in b.get(t, {}).get(k, {})
-                else 'n/a¹' if b[t][k][mm[t]] is None else shown(b[t][k][mm[t]])
-            )
-            for t in tasks
-        ]
-        + ['—']
-        for k, label in (('majority', 'majority class'), ('bow', 'bag-of-words'))
-    ]
-    rows.append(['unigram'] + ['—'] * len(tasks) + [shown(_unigram(results))])
-    cap = (
-        'Baselines: the majority class and bag-of-words, fitted on the training examples the '
-        'fine-tuning uses; the unigram loss '
-        'predicts each masked token from the token frequencies.'
-    )
-    notes = (
-        ['¹ undefined: the correlation of a constant prediction']
-        if any('n/a¹' in c for r in rows for c in r)
-        else []
-    )
-    head = ['baseline'] + [f'{t} {mm[t]} {_arrow(mm[t])}' for t in tasks] + ['masked-token loss ↓']
-    return _table(cap, markdown_table(head, rows), notes)
-
-
-def _md_vit(results: dict) -> str:
-    sizes = _vit_sizes(results)
-    rows = [
-        [r['pe'], r['test_accuracy']] + ['—' if (a := _vit_acc(r, s)) is None else a for s in sizes]
-        for r in results['vit']
-    ]
-    cap = (
-        'ViT: test accuracy at the training size, then at each image size (learned tables interpolated '
-        'bicubically; one run each).'
-    )
-    return _table(
-        cap,
-        markdown_table(
-            ['vit encoding', 'test accuracy'] + [f'accuracy@{s}' for s in sizes],
-            rows,
-            [None] + ['↑'] * (len(sizes) + 1),
-        ),
-    )
-
-# %% ../nbs/19_compare.ipynb #6a7efd44
-def results_markdown(
-    results: dict,  # the content of a study's results.json
-) -> str:  # Markdown: a summary line, then tables, each with a `Table:` caption
-    """The study's tables in Markdown (of the results.json that `compare` writes): the position probes (where
-    run), one row per encoding, the downstream lengths, the baselines, the ViT grid."""
-    env = results.get('environment') or {}
-    parts = [
-        f"Preset `{results['preset']}`: {len(results['encodings'])} encodings, tasks "
-        f"{', '.join(results['tasks'])}, "
-        f"{_seed_phrase(results)}; {results['compute_s'] / 60:.1f} min of compute"
-        + (f" on {env['cpu_count']} × {env['cpu']}" if env.get('cpu') else '')
-        + ('.' if results['finished'] else ' — **unfinished**: the tables hold the stages finished so far.')
-    ]
-    if (results.get('probes') or {}).get('runs'):
-        parts.append(probes_markdown(results['probes']))
-    parts.append(_md_encodings(results))
-    parts += [_md_downstream(results, t, d) for t in results['tasks'] if (d := _downstream(results, t))]
-    if results['baselines']:
-        parts.append(_md_baselines(results))
-    if results['vit']:
-        parts.append(_md_vit(results))
-    return '\n\n'.join(parts)
-
-# %% ../nbs/19_compare.ipynb #dae60ce5
-FAMILIES = {
-    'absolute': ('learned', 'sinusoidal', 'none'),
-    'relative': ('t5', 'shaw', 'huang4'),
-    'TUPE': ('tupe-a', 'tupe-r'),
-    'DeBERTa': ('deberta',),
-    'modern': ('rope', 'alibi', 'fire', 'cope'),
-}
-
-
-def encoding_families(names) -> dict:
-    """{family: [names]} in the order of `FAMILIES` (then 'other' for unknown names); an ablation goes with
-    its encoding; empty families left out."""
-    out = {f: [] for f in [*FAMILIES, 'other']}
-    for n in names:
-        out[next((f for f, members in FAMILIES.items() if _base(n) in members), 'other')].append(n)
-    return {f: v for f, v in out.items() if v}
-
-
-def _ylim(values, min_span: float, pad: float = 0.08) -> tuple:
-    """(low, high) around `values` with margins, at least `min_span` wide: a small difference stays small on
-    the page."""
-    v = [x for x in values if x is not None and math.isfinite(x)]
-    if not v:
-        return (0.0, 1.0)
-    lo, hi = min(v), max(v)
-    if hi - lo < min_span:
-        lo, hi = (lo + hi - min_span) / 2, (lo + hi + min_span) / 2
-    return lo - pad * (hi - lo), hi + pad * (hi - lo)
-
-# %% ../nbs/19_compare.ipynb #51d30abe
-def _colors(names) -> dict:
-    cmap = plt.get_cmap('tab10')
-    return {n: cmap(k % 10) for k, n in enumerate(names)}
-
-
-def _panels(results: dict, title: str, ncols: int = 3, size=(3.3, 2.5)):
-    """A figure with a panel per family of the study's encodings: (fig, [(axis, family, names)]);
-    spare panels hidden."""
-    fams = encoding_families(results['encodings'])
-    ncols = min(ncols, len(fams))
-    nrows = math.ceil(len(fams) / ncols)
-    fig, axs = plt.subplots(
-        nrows,
-        ncols,
-        figsize=(size[0] * ncols, size[1] * nrows + 0.5),
-        sharex=True,
-        sharey=True,
-        squeeze=False,
-    )
-    for ax in axs.flat[len(fams) :]:
-        ax.axis('off')
-    for ax, f in zip(axs.flat, fams):
-        ax.set_title(f, fontsize=10)
-    fig.suptitle(title, fontsize=10)
-    return fig, list(zip(axs.flat, fams, fams.values()))
-
-
-def _finish(fig, panels, xlabel: str, ylabel: str, ylim):
-    "Shared labels, y-range and legends (fontsize 8) of a figure of panels."
-    for ax, _, _ in panels:
-        ax.set_ylim(*ylim)
-        ax.tick_params(labelsize=8)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8, loc='best', framealpha=0.8)
-    ncols = sum(1 for a, _, _ in panels if a.get_subplotspec().is_first_row()) or 1
-    for k, (ax, _, _) in enumerate(panels):
-        if ax.get_subplotspec().is_first_col():
-            ax.set_ylabel(ylabel, fontsize=9)
-        if k >= len(panels) - ncols:
-            ax.set_xlabel(xlabel, fontsize=9)
-            ax.xaxis.set_tick_params(labelbottom=True)
-    fig.tight_layout()
-    return fig
-
-
-def _metrics(run) -> list:
-    f = Path(run) / 'metrics.jsonl'
-    if not f.is_file():
-        return []
-    recs = []
-    for l in f.read_text().splitlines():
-        try:
-            recs.append(json.loads(l))
-        except json.JSONDecodeError:
-            pass  # a torn last line of an interrupted run
-    return recs
-
-# %% ../nbs/19_compare.ipynb #191697d2
-def plot_pretraining(results: dict):
-    """Training loss (lines) and held-out loss (dots) of each pretraining run against the step, a panel per
-    family; the unigram loss dashed."""
-    fig, panels = _panels(
-        results,
-        (
-            'Pretraining: masked-token loss; lines: training, dots: held-out; dashed: unigram (one run '
-            'per encoding)'
-        ),
-    )
-    uni, seen = _unigram(results), [] if _unigram(results) is None else [_unigram(results)]
-    curves = {pe: _metrics(p['run']) for pe, p in results['pretrain'].items()}
-    for ax, fam, names in panels:
-        refs = [('none', 'grey')] if 'none' in curves and 'none' not in names else []
-        for pe, c in [*((n, _colors(names)[n]) for n in names), *refs]:
-            recs = curves.get(pe, [])
-            tr, ev = ([(r['step'], r['loss']) for r in recs if r['split'] == s] for s in ('train', 'eval'))
-            if tr:
-                ax.plot(*zip(*tr), color=c, lw=1, label=pe if pe in names else 'none (reference)')
-            if ev:
-                ax.plot(*zip(*ev), 'o', color=c, ms=3)
-            # the first tenth of a run falls from ln V: drawn, not scaled to
-            skip = max((r['step'] for r in recs), default=0) // 10
-            seen += [l for s, l in tr if s >= skip] + [l for _, l in ev]
-        if uni is not None:
-            ax.axhline(uni, ls='--', color='k', lw=0.8)
-    return _finish(fig, panels, 'optimizer step', 'loss (nats)', _ylim(seen, min_span=0.5))
-
-# %% ../nbs/19_compare.ipynb #b2bc60f9
-def plot_task(results: dict, task: str):
-    """The task's main test metric per encoding, grouped by family: dots at the mean over seeds, error bars ±
-    one sample std (with more than one seed); baselines as lines."""
-    m, fams = results['main_metrics'][task], encoding_families(results['encodings'])
-    fig, ax = plt.subplots(figsize=(max(4.5, 0.45 * len(results['encodings']) + 1.5), 3.2))
-    x, ticks, seen, one = 0, [], [], len(results['seeds']) == 1
-    for k, (fam, names) in enumerate(fams.items()):
-        c = plt.get_cmap('tab10')(k % 10)
-        for n in names:
-            s = _task_stats(results, n, task)
-            if s is not None:
-                ax.errorbar(
-                    [x],
-                    [s['mean']],
-                    yerr=None if s['std'] is None else [s['std']],
-                    fmt='o',
-                    color=c,
-                    ms=5,
-                    capsize=3,
-                )
-                seen.append(s['mean'])
-            ticks.append((x, n))
-            x += 1
-        x += 0.6  # a gap between families
-    for b, ls, label in (('majority', ':', 'majority'), ('bow', '--', 'bag-of-words')):
-        v = results['baselines'].get(task, {}).get(b, {}).get(m)
-        if v is not None:
-            ax.axhline(v, ls=ls, color='k', lw=1, label=f'{label} {v:.3f}')
-            seen.append(v)
-    ax.set_xticks([t for t, _ in ticks], [n for _, n in ticks], rotation=45, ha='right', fontsize=8)
-    ax.set(
-        ylabel=f'test {m} {_arrow(m)}',
-        ylim=_ylim(seen, min_span=0.1),
-        title=f"{task}: test {m}, "
-        + ('one seed' if one else f"mean ± std of {len(results['seeds'])} seeds")
-        + ', colour: family',
-    )
-    ax.title.set_fontsize(10)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
-
-# %% ../nbs/19_compare.ipynb #57ba8625
-def plot_lengths(results: dict):
-    """Masked-token loss against the evaluation block length, a panel per family; the training length dotted,
-    the unigram loss dashed; a missing point: the encoding cannot run there."""
-    fig, panels = _panels(
-        results,
-        'Length generalization: masked-token loss on longer blocks; dotted: training length; dashed: unigram',
-    )
-    uni = _unigram(results)
-    pts = {
-        pe: [(x['length'], x['loss']) for x in r['results'] if 'loss' in x]
-        for pe, r in results['lengths'].items()
-    }
-    seen = [l for p in pts.values() for _, l in p] + ([] if uni is None else [uni])
-    for ax, fam, names in panels:
-        refs = [('none', 'grey', 'none (reference)')] if pts.get('none') and 'none' not in names else []
-        for pe, c, label in [*((n, _colors(names)[n], n) for n in names), *refs]:
-            if pts.get(pe):
-                ax.plot(*zip(*pts[pe]), 'o-', color=c, ms=3, lw=1.2, label=label)
-        for n in sorted({r['train_seq_len'] for r in results['lengths'].values()}):
-            ax.axvline(n, ls=':', color='grey', lw=0.8)
-        if uni is not None:
-            ax.axhline(uni, ls='--', color='k', lw=0.8)
-        ax.set_xscale('log', base=2)
-    return _finish(fig, panels, 'block length n (tokens)', 'loss (nats) ↓', _ylim(seen, min_span=0.5))
-
-# %% ../nbs/19_compare.ipynb #1ac3dca5
-def plot_downstream(results: dict, task: str):
-    """The task's main test metric against the length the test examples are cut to, a panel per family (a
-    band: ± one std, with more than one seed); the training cut dotted, bag-of-words dashed."""
-    d, one = _downstream(results, task), len(results['seeds']) == 1
-    if d is None:
-        raise ValueError(
-            f'no {task!r} records scored at several lengths (eval_lengths): nothing to draw; '
-            'plot_task draws the test score'
-        )
-    fig, panels = _panels(
-        results,
-        f"{task}: fine-tuned at {d['train_len']} tokens, scored on longer cuts; "
-        + ('one seed' if one else f"mean ± std of {len(results['seeds'])} seeds")
-        + '; dashed: bag-of-words',
-    )
-    bow = results['baselines'].get(task, {}).get('bow', {}).get(d['metric'])
-    seen = [] if bow is None else [bow]
-    for ax, fam, names in panels:
-        for pe in names:
-            pts = [(n, s['mean'], s['std'] or 0) for n, s in d['by_pe'].get(pe, {}).items() if s is not None]
-            if not pts:
-                continue
-            n, mu, sd = map(list, zip(*pts))
-            ax.plot(n, mu, 'o-', color=_colors(names)[pe], ms=3, lw=1.2, label=pe)
-            if not one:
-                ax.fill_between(
-                    n,
-                    [a - b for a, b in zip(mu, sd)],
-                    [a + b for a, b in zip(mu, sd)],
-                    color=_colors(names)[pe],
-                    alpha=0.15,
-                    lw=0,
-                )
-            seen += [a - b for a, b in zip(mu, sd)] + [a + b for a, b in zip(mu, sd)]
-        ax.axvline(d['train_len'], ls=':', color='grey', lw=0.8)
-        if bow is not None:
-            ax.axhline(bow, ls='--', color='k', lw=0.8)
-        ax.set_xscale('log', base=2)
-    return _finish(
-        fig,
-        panels,
-        'test examples cut to n tokens',
-        f"test {d['metric']} {_arrow(d['metric'])}",
-        _ylim(seen, min_span=0.1),
-    )
-
-# %% ../nbs/19_compare.ipynb #fa30fdba
-def plot_vit(results: dict):
-    """Test accuracy of each vision encoding at each evaluation size (a learned table interpolated
-    bicubically); one run each."""
-    sizes, runs = _vit_sizes(results), results['vit']
-    fig, ax = plt.subplots(figsize=(max(4.5, 1.2 * len(sizes) + 2), 3))
-    w, c = 0.8 / max(1, len(runs)), _colors([r['pe'] for r in runs])
-    for k, r in enumerate(runs):
-        ax.bar(
-            [i + k * w for i in range(len(sizes))],
-            [_vit_acc(r, s) or 0 for s in sizes],
-            w,
-            label=r['pe'],
-            color=c[r['pe']],
-        )
-    ax.set_xticks([i + w * (len(runs) - 1) / 2 for i in range(len(sizes))], sizes, fontsize=8)
-    ax.set(
-        xlabel='test image size',
-        ylabel='test accuracy ↑',
-        ylim=(0, 1),
-        title='ViT: test accuracy by image size (one run each)',
-    )
-    ax.title.set_fontsize(10)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
-
-# %% ../nbs/19_compare.ipynb #ce989c8f
-def save_figures(results: dict, folder) -> list:
-    "Write the study's figures as PNG files into `folder`; returns their paths."
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    figs = {
-        'pretraining': lambda: plot_pretraining(results),
-        'lengths': lambda: plot_lengths(results),
-        **{f'finetune_{t}': (lambda t=t: plot_task(results, t)) for t in results['tasks']},
-        **{
-            f'downstream_{t}': (lambda t=t: plot_downstream(results, t))
-            for t in results['tasks']
-            if _downstream(results, t)
-        },
-    }
-    if results['vit']:
-        figs['vit'] = lambda: plot_vit(results)
-    if (results.get('probes') or {}).get('runs'):
-        figs['probes'] = lambda: plot_probes(results['probes'])
-    paths = []
-    for name, draw in figs.items():
-        fig = draw()
-        atomic_write(folder / f'{name}.png', lambda t: fig.savefig(t, dpi=110, format='png'))
-        plt.close(fig)
-        paths.append(folder / f'{name}.png')
-    return paths

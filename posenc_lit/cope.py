@@ -180,6 +180,7 @@ def _check_cope_prepare(pe, q_pos, k_pos, key_mask, causal):
     'CoPE: positions are gated counts of the keys between query and key, q·e[p] interpolated between '
     'learned rows per layer; signed counts for the encoder',
     'Golovneva et al. 2024, eq. 3-6; signed (bidirectional) form: ours',
+    family='modern',
 )
 def _signed_cope(cfg):
     if cfg.pe_kwargs.get('bidirectional') is False:

@@ -6,6 +6,7 @@
 from __future__ import annotations
 import importlib
 import re
+import sys
 from dataclasses import dataclass, field, fields
 from typing import Callable
 import torch
@@ -13,8 +14,8 @@ import torch.nn as nn
 
 # %% auto #0
 __all__ = ['CONVENTIONS', 'KINDS', 'MODALITIES', 'ENCODING_MODULES', 'NAME_PATTERN', 'rel_pos',
-           'to_convention', 'EncodingSpec', 'register_encoding', 'list_encodings', 'get_encoding', 'Context',
-           'LayerRef', 'PositionEncoding', 'check_context']
+           'to_convention', 'EncodingSpec', 'register_encoding', 'list_encodings', 'get_encoding',
+           'list_ablations', 'encoding_families', 'Context', 'LayerRef', 'PositionEncoding', 'check_context']
 
 # %% ../nbs/00_core.ipynb #2283af21
 def rel_pos(
@@ -84,7 +85,8 @@ ENCODING_MODULES = [
 @dataclass
 class EncodingSpec:
     """A registered position encoding: its name, kind, one-line summary, source, factory `config -> nn.Module`
-    and modality (`'text'`: the factory takes a `ModelConfig`; `'image'`: a `ViTConfig`)."""
+    and modality (`'text'`: the factory takes a `ModelConfig`; `'image'`: a `ViTConfig`); for the studies, its
+    family, default options per pretraining preset and ablations (see `register_encoding`)."""
 
     name: str
     kind: str
@@ -92,6 +94,9 @@ class EncodingSpec:
     source: str
     factory: Callable
     modality: str = 'text'
+    family: str = ''  # the group the studies' figures show it with, e.g. 'relative'; '': 'other'
+    defaults: dict = field(default_factory=dict)  # {pretraining preset: options a study runs it with}
+    ablations: dict = field(default_factory=dict)  # {ablation name: the pretraining options that differ}
 
 
 # (modality, name) -> spec: a text and an image encoding may share a name
@@ -109,12 +114,21 @@ def register_encoding(
     source: str = '',  # paper and equation
     modality: str = 'text',  # one of `MODALITIES`: the model the factory's config builds
     replace: bool = False,  # replace an encoding already registered under this modality and name
+    *,
+    family: str = '',  # the group the studies' figures show it with ('absolute', 'relative', ...)
+    defaults: (
+        dict | None
+    ) = None,  # {pretraining preset: the options a study runs it with}, e.g. `{'study': {...}}`
+    ablations: dict | None = None,  # {ablation name: the pretraining options that differ from the encoding's}
 ):
     """Decorator registering `factory(config) -> encoding module` under `(modality, name)`.
     `ValueError` for a name already registered, unless `replace=True` or the factory is the registered one
     defined again (the same qualified name, in the same module or in `__main__`: a re-run notebook cell);
     `ValueError` for a name that a command line and a folder cannot both use (see `NAME_PATTERN`), an unknown
-    kind or modality; `TypeError` for a `replace` that is not a bool and a factory that is not callable.
+    kind or modality, an ablation's name that is not such a name; `TypeError` for a `replace` that is not a
+    bool, a factory that is not callable, a family that is not a str, and defaults or ablations that are not
+    dicts of dicts. The studies read `family`, `defaults` and `ablations` (`encoding_families`,
+    `list_ablations`, `posenc_lit.compare`).
     """
     if not isinstance(name, str) or not re.fullmatch(NAME_PATTERN, name):
         raise ValueError(
@@ -127,6 +141,7 @@ def register_encoding(
     if kind not in KINDS:
         raise ValueError(f'kind must be one of {KINDS}; got {kind!r}')
     _check_modality(modality)
+    _check_study_metadata(family, defaults, ablations)
 
     def _inner(factory):
         if not callable(factory):
@@ -139,7 +154,17 @@ def register_encoding(
                 f'the {modality} encoding {name!r} is already registered (by {_origin(old.factory)}); '
                 f'choose another name, or pass replace=True to replace it'
             )
-        _REGISTRY[modality, name] = EncodingSpec(name, kind, summary, source, factory, modality)
+        _REGISTRY[modality, name] = EncodingSpec(
+            name,
+            kind,
+            summary,
+            source,
+            factory,
+            modality,
+            family,
+            dict(defaults or {}),
+            dict(ablations or {}),
+        )
         return factory
 
     return _inner
@@ -155,6 +180,19 @@ def _same_factory(a, b) -> bool:
     qa, qb = getattr(a, '__qualname__', None), getattr(b, '__qualname__', None)
     ma, mb = getattr(a, '__module__', None), getattr(b, '__module__', None)
     return qa is not None and qa == qb and '<lambda>' not in qa and (ma == mb or '__main__' in (ma, mb))
+
+
+def _check_study_metadata(family, defaults, ablations):
+    if not isinstance(family, str):
+        raise TypeError(f'family must be a str, e.g. \'relative\'; got {family!r}')
+    for what, d in (('defaults', defaults), ('ablations', ablations)):
+        if d is not None and not (isinstance(d, dict) and all(isinstance(v, dict) for v in d.values())):
+            raise TypeError(f'{what} must be a dict of dicts of pretraining options; got {d!r}')
+    for a in ablations or {}:
+        if not isinstance(a, str) or not re.fullmatch(NAME_PATTERN, a):
+            raise ValueError(
+                f'an ablation is named like an encoding (NAME_PATTERN), e.g. \'my-rope-nok\'; got {a!r}'
+            )
 
 
 def _check_modality(modality):
@@ -196,6 +234,53 @@ def get_encoding(
             f'(run `posenc_lit encodings` for a description of each){hint}'
         )
     return encs[name]
+
+# %% ../nbs/00_core.ipynb #14756742
+def list_ablations(
+    modality: str = 'text',
+) -> dict[str, dict]:  # {ablation: {'pe': its encoding, option: value, ...}}, by name
+    """Every ablation the registered encodings of `modality` declare, with its encoding and the pretraining
+    options that differ; `ValueError` for an encoding registered under the name of an ablation, or an ablation
+    declared by two encodings."""
+    encs, out = list_encodings(modality), {}
+    for pe, spec in encs.items():
+        for a, opts in spec.ablations.items():
+            if a in encs:
+                raise ValueError(
+                    f'the encoding {a!r} registered by {_origin(encs[a].factory)} has the name of an '
+                    f'ablation of {pe!r} ({opts}), which compare would run instead: register it under '
+                    'another name'
+                )
+            if a in out:
+                raise ValueError(f'the ablation {a!r} is declared by both {out[a]["pe"]!r} and {pe!r}')
+            out[a] = {'pe': pe, **opts}
+    return dict(sorted(out.items()))
+
+
+def _rank(spec: EncodingSpec) -> int:
+    """Where `spec`'s factory sits in `ENCODING_MODULES` (a notebook's copy in `__main__` sits where its
+    package module does); after them all for a factory of another module."""
+    f = spec.factory
+    for k, m in enumerate(ENCODING_MODULES):
+        mod = sys.modules.get(m)
+        if f.__module__ == m or (f.__module__ == '__main__' and hasattr(mod, getattr(f, '__qualname__', ''))):
+            return k
+    return len(ENCODING_MODULES)
+
+
+def encoding_families(
+    names: list[str] | None = None,  # encodings and ablations; default: every registered encoding
+    modality: str = 'text',
+) -> dict[str, list[str]]:  # {family: names}, the families in the reader's order, 'other' last
+    """`names` grouped by the family their encoding registered with (an ablation with its encoding; an unknown
+    name or an encoding without a family in 'other'); the families in the order of `ENCODING_MODULES`; empty
+    families left out."""
+    encs, abl = list_encodings(modality), list_ablations(modality)
+    out = {s.family: [] for s in sorted(encs.values(), key=_rank) if s.family} | {'other': []}
+    for n in list(encs) if names is None else names:
+        spec = encs.get(abl.get(n, {}).get('pe', n))
+        out[spec.family if spec is not None and spec.family else 'other'].append(n)
+    return {f: v for f, v in out.items() if v}
 
 # %% ../nbs/00_core.ipynb #79efd703
 @dataclass(eq=False)

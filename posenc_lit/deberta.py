@@ -318,6 +318,14 @@ def score_mods(self: DebertaRelative, q, k, ctx: DebertaContext, layer: int | La
     'disentangled attention: content-to-position and position-to-content terms against '
     'a relative table shared by all layers, scale 1/sqrt(3d)',
     'He et al. 2021, eq. 3-4; p2c index, log buckets and options of the reference code (HF DebertaV2)',
+    family='DeBERTa',
+    # the study: Shaw's k and no EMD (tools/study_entries.sh); the reference study: the EMD of the paper
+    defaults={'study': {'pe_kwargs': {'k': 16}}, 'reference': {'emd_steps': 2}},
+    ablations={  # Table 4: −EMD, −C2P, −P2C
+        'deberta-noemd': {'emd_steps': 0},
+        'deberta-noc2p': {'pe_kwargs': {'pos_att_type': ['p2c']}},
+        'deberta-nop2c': {'pe_kwargs': {'pos_att_type': ['c2p']}},
+    },
 )
 def _deberta(cfg):
     kw = {

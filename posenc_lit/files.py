@@ -4,14 +4,14 @@
 
 # %% ../nbs/00c_files.ipynb #ed7b5e87
 from __future__ import annotations
-import atexit, fcntl, json, math, os, stat, sys, tempfile, time
+import atexit, fcntl, json, math, os, platform, socket, stat, subprocess, sys, tempfile, time
 from pathlib import Path
 from typing import Callable
 import numpy as np
 
 # %% auto #0
 __all__ = ['LOCK_FILE', 'atomic_write', 'json_safe', 'dumps', 'write_json', 'RunLockedError',
-           'acquire_run_lock', 'release_run_lock', 'run_entries']
+           'acquire_run_lock', 'release_run_lock', 'run_entries', 'environment']
 
 # %% ../nbs/00c_files.ipynb #2683fb7b
 def atomic_write(
@@ -209,3 +209,44 @@ def _release_all():
 def run_entries(folder) -> list[Path]:
     "The entries of `folder` but its lock file (`LOCK_FILE`), sorted."
     return sorted(p for p in Path(folder).iterdir() if p.name != LOCK_FILE)
+
+# %% ../nbs/00c_files.ipynb #cc91d2ec
+def environment() -> dict:
+    """The git commit of the package (and whether tracked files had changes), host, CPU, threads, and the
+    torch and Python versions."""
+    import posenc_lit, torch
+
+    def git(*args):
+        try:
+            r = subprocess.run(
+                ['git', *args],
+                cwd=Path(posenc_lit.__file__).parent,
+                capture_output=True,
+                text=True,
+                timeout=20,
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return r.stdout.strip() if r.returncode == 0 else None
+
+    try:
+        cpu = next(
+            l.split(':', 1)[1].strip()
+            for l in Path('/proc/cpuinfo').read_text().splitlines()
+            if l.startswith('model name')
+        )
+    except (OSError, StopIteration):
+        cpu = platform.processor() or platform.machine()
+    commit, changes = git('rev-parse', 'HEAD'), git('status', '--porcelain', '--untracked-files=no')
+    return {
+        'git_commit': commit,
+        'git_dirty': None if changes is None else bool(changes),
+        'hostname': socket.gethostname(),
+        'cpu': cpu,
+        'cpu_count': os.cpu_count(),
+        'torch_threads': torch.get_num_threads(),
+        'omp_num_threads': os.environ.get('OMP_NUM_THREADS'),
+        'torch': torch.__version__,
+        'python': platform.python_version(),
+        'gpu': torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }

@@ -146,6 +146,7 @@ def score_mods(self: FIRE, q, k, ctx: FireContext, layer: int | LayerRef | None 
         'interpolation), one MLP per layer; odd in i-j for the encoder'
     ),
     'Li et al. 2024, §3 (arXiv 2310.04418); bidirectional extension: ours',
+    family='modern',
 )
 def _fire(cfg):
     return FIRE(cfg.n_heads, cfg.n_layers, **cfg.pe_kwargs)

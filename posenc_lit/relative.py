@@ -340,6 +340,7 @@ def HuangMethod4(
     'score',
     'relative keys and values, learned vectors per distance clipped at k (default 16)',
     'Shaw et al. 2018, eq. 3-4 and §3.2',
+    family='relative',
 )
 def _shaw(cfg):
     return Shaw(cfg.d_model // cfg.n_heads, cfg.n_layers, **cfg.pe_kwargs)
@@ -350,6 +351,8 @@ def _shaw(cfg):
     'score',
     'relative vectors meeting query and key, (q·k + q·a + k·a)/sqrt(d) (HF relative_key_query)',
     'Huang et al. 2020, §3, method 4',
+    family='relative',
+    defaults={'study': {'pe_kwargs': {'k': 16}}},  # Shaw's k (tools/study_entries.sh)
 )
 def _huang4(cfg):
     if 'k' not in cfg.pe_kwargs and cfg.max_position_embeddings < 2:

@@ -369,6 +369,7 @@ def transform_qk(
         'rotary, PI/NTK scaling'
     ),
     'Su et al. 2021, §3.2; Chen et al. 2023, §2 (position interpolation); NTK-aware base (Peng et al. 2023)',
+    family='modern',
 )
 def _rope(cfg):
     return RoPE(cfg.d_model // cfg.n_heads, **cfg.pe_kwargs)

@@ -18,12 +18,13 @@ from posenc_lit.claims import (
 )
 
 # %% auto #0
-__all__ = ['HEADLINE', 'VARIANTS', 'FIRST_STUDY', 'GROUPS', 'ENTRIES', 'FAMILIES', 'SEEDS', 'WINDOW', 'FLAT',
+__all__ = ['HEADLINE', 'VARIANTS', 'FIRST_STUDY', 'GROUPS', 'ENTRIES', 'SEEDS', 'WINDOW', 'FLAT',
            'SWEEP_ENTRIES', 'SWEEP_GRID', 'SWEEP_STEPS', 'OLD_LR', 'TIE', 'LR_FROM', 'word_scale',
            'study_rows', 'run_curve', 'last_drop', 'convergence', 'lr_text', 'sweep_losses', 'pick_lr',
            'study_lr', 'chosen_lrs', 'sweep_markdown', 'sweep_parameters', 'study_lrs_markdown', 'plot_sweep',
-           'study_markdown', 'seed_band', 'plot_study_curves', 'position_tables', 'untrained', 'coverage',
-           'lengths_markdown', 'coverage_markdown', 'calls_markdown', 'task_rows', 'task_markdown']
+           'study_markdown', 'seed_band', 'study_families', 'plot_study_curves', 'position_tables',
+           'untrained', 'coverage', 'lengths_markdown', 'coverage_markdown', 'calls_markdown', 'task_rows',
+           'task_markdown']
 
 # %% ../nbs/19c_study.ipynb #4ec5e8df
 HEADLINE = (
@@ -55,14 +56,6 @@ GROUPS = {
     "The first study's records (k = 512, EMD on)": FIRST_STUDY,
 }
 ENTRIES = HEADLINE + VARIANTS + FIRST_STUDY  # every name tools/run_study.sh accepts
-FAMILIES = {  # the panels of the loss curves
-    'absolute': ('learned', 'sinusoidal', 'sinusoidal-noscale'),
-    'relative': ('t5', 'shaw', 'huang4', 'huang4-k511'),
-    'TUPE': ('tupe-a', 'tupe-r', 'tupe-a-tiecls'),
-    'DeBERTa': ('deberta', 'deberta-emd', 'deberta-noc2p', 'deberta-nop2c'),
-    'modern': ('rope', 'alibi'),
-    'first study (k = 512)': FIRST_STUDY,
-}
 SEEDS = 3  # pretraining seeds each compared entry needs (issue 37)
 
 # %% ../nbs/19c_study.ipynb #da4c0ba6
@@ -389,12 +382,29 @@ def seed_band(root, entry: str) -> tuple[list, list, list, list] | None:
     return steps, [statistics.fmean(x) for x in v], [min(x) for x in v], [max(x) for x in v]
 
 
+def study_families(root) -> dict:
+    """The panels of the loss curves, {family: entries}: the committed entries of `HEADLINE` and `VARIANTS` but
+    `none` (dashed in every panel), grouped by the family of the encoding each ran (its `config.json`'s `pe`,
+    `encoding_families`), then the first study's records."""
+    from posenc_lit.core import encoding_families
+
+    pe = {}
+    for e in HEADLINE + VARIANTS:
+        try:
+            pe[e] = _json(seed_runs(root, e)[0], 'config.json')['pe']
+        except FileNotFoundError:
+            continue
+    fams = encoding_families(sorted(set(pe.values())))
+    out = {f: tuple(e for e in pe if e != 'none' and pe[e] in names) for f, names in fams.items()}
+    return {f: v for f, v in out.items() if v} | {'first study (k = 512)': FIRST_STUDY}
+
+
 def plot_study_curves(root, families: dict = None):
-    """Held-out loss against step, one panel per family of `FAMILIES`: each entry's mean over its seeds and the
-    min–max band of its seeds; `none` dashed in each panel."""
+    """Held-out loss against step, one panel per family of `study_families` (or of `families`): each entry's
+    mean over its seeds and the min–max band of its seeds; `none` dashed in each panel."""
     import matplotlib.pyplot as plt
 
-    families = families or FAMILIES
+    families = families or study_families(root)
     cols = min(3, len(families))
     rows_ = -(-len(families) // cols)
     fig, axs = plt.subplots(rows_, cols, figsize=(3.4 * cols, 2.8 * rows_), sharey=True, squeeze=False)

@@ -148,6 +148,7 @@ def score_mods(self: T5RelativeBias, q, k, ctx: T5Context, layer: int | LayerRef
     'score',
     'learned scalar bias per head and log-spaced distance bucket, shared by all layers',
     'Raffel et al. 2020, §2.1; bucket function of the T5 reference code',
+    family='relative',
 )
 def _t5(cfg):
     return T5RelativeBias(cfg.n_heads, **cfg.pe_kwargs)

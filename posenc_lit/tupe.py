@@ -169,6 +169,8 @@ def score_mods(self: TUPE, q, k, ctx: TUPEContext, layer: int | LayerRef | None 
     'score',
     'untied positional correlation (p_i U^Q)(p_j U^K)/sqrt(2d), shared by all layers, [CLS] untied',
     'Ke et al. 2021, §3 (untied positional correlation, [CLS] reset)',
+    family='TUPE',
+    ablations={'tupe-a-tiecls': {'pe_kwargs': {'untie_cls': False}}},  # [CLS] tied (§4.3)
 )
 def _tupe_a(cfg):
     extra = sorted({'num_buckets', 'max_distance', 'reset_relative', 'relative'} & set(cfg.pe_kwargs))
@@ -184,6 +186,7 @@ def _tupe_a(cfg):
     'score',
     'TUPE-A plus the T5 relative bias (shared by all layers)',
     'Ke et al. 2021, §3 (TUPE-R)',
+    family='TUPE',
 )
 def _tupe_r(cfg):
     if 'relative' in cfg.pe_kwargs:

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from posenc_lit.cli import main
-from posenc_lit.compare import COMPARE_PRESETS, compare, format_results
+from posenc_lit.compare import COMPARE_PRESETS, compare
+from posenc_lit.report import format_results
 from posenc_lit.data import corpus_dir
 
 
@@ -211,7 +212,7 @@ def _markdown_output(cell_marker: str) -> str:
 
 def test_notebook_table_is_the_committed_json():
     "The quick study's tables in nbs/19_compare.ipynb are `results_markdown` of the committed results.json, not typed numbers."
-    from posenc_lit.compare import results_markdown
+    from posenc_lit.report import results_markdown
     root = Path(__file__).resolve().parent.parent
     from posenc_lit.probes import read_probe_results
     res = json.loads((root / 'results' / 'compare' / 'quick' / 'results.json').read_text())
@@ -224,7 +225,7 @@ def test_notebook_table_is_the_committed_json():
 
 def test_notebook_reference_table_is_the_committed_json():
     "The reference study's tables in nbs/19_compare.ipynb are `results_markdown` of the committed results/compare/reference/results.json."
-    from posenc_lit.compare import results_markdown
+    from posenc_lit.report import results_markdown
     f = Path(__file__).resolve().parent.parent / 'results' / 'compare' / 'reference' / 'results.json'
     shown = _markdown_output('if ref: display(Markdown(results_markdown(ref)))')
     if not f.is_file():
@@ -238,7 +239,7 @@ def test_notebook_reference_table_is_the_committed_json():
 
 def test_printed_table_marks_direction_and_baseline(study):
     "Every header of the printed table says which direction is better; a value worse than its baseline is marked, with a legend."
-    from posenc_lit.compare import WORSE, WORSE_LEGEND
+    from posenc_lit.report import WORSE, WORSE_LEGEND
     _, stdout, _, _ = study
     res = json.loads((study[0] / 'results.json').read_text())
     header = next(l for l in stdout.splitlines() if l.startswith('encoding '))
@@ -255,18 +256,19 @@ def test_printed_table_marks_direction_and_baseline(study):
 def test_ablation_is_the_pretraining_study_run(name):
     "An ablation of the reference compare pretrains what the reference pretraining study (tools/run_reference.sh) ran under its name."
     from dataclasses import asdict
-    from posenc_lit.compare import ABLATIONS, compare_plan
-    assert name in ABLATIONS
+    from posenc_lit.compare import compare_plan
+    from posenc_lit.core import list_ablations
+    assert name in list_ablations()
     saved = json.loads((Path(__file__).parent.parent / 'results' / 'pretraining' / name / 'config.json').read_text())
     plan = json.loads(json.dumps(asdict(compare_plan('reference', encodings=[name], vit=False)['pretrain'][name])))
     assert {k: plan[k] for k in saved} == saved
 
 
 def test_cli_help_names_every_ablation(capsys):
-    from posenc_lit.compare import ABLATIONS
+    from posenc_lit.core import list_ablations
     assert main(['compare', '--help']) == 0
     text = ' '.join(capsys.readouterr().out.split()).replace('- ', '-')   # argparse wraps lines, at hyphens too
-    assert all(a in text for a in ABLATIONS), text
+    assert all(a in text for a in list_ablations()), text
 
 
 def test_probe_table_is_printed_as_soon_as_the_probes_are_done(tmp_path, capsys, monkeypatch):

@@ -187,7 +187,7 @@ def test_figures_have_number_caption_alt(nb, request):
 def test_readme_sample_is_the_committed_quick_run():
     """The main job's output in nbs/index.ipynb (and README.md) is `format_results` of the committed quick run, with
     the committed probe study as its probe table (what `compare --preset quick` reads and prints)."""
-    from posenc_lit.compare import format_results
+    from posenc_lit.report import format_results
     from posenc_lit.probes import read_probe_results
     res = json.loads((ROOT / 'results' / 'compare' / 'quick' / 'results.json').read_text(encoding='utf-8'))
     if not res.get('finished'): pytest.skip('results/compare/quick/results.json is a run in progress')

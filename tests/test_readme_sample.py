@@ -6,7 +6,8 @@ import json, re
 from pathlib import Path
 import pytest
 
-from posenc_lit.compare import COMPARE_PRESETS, WORSE, WORSE_LEGEND, format_results
+from posenc_lit.compare import COMPARE_PRESETS
+from posenc_lit.report import WORSE, WORSE_LEGEND, format_results
 from posenc_lit.probes import read_probe_results
 
 ROOT = Path(__file__).resolve().parent.parent

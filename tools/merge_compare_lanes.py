@@ -11,8 +11,8 @@ Usage: python tools/merge_compare_lanes.py [--dry-run]
 import json, shutil, sys
 from pathlib import Path
 
-from posenc_lit.compare import ABLATIONS, compare
-from posenc_lit.core import list_encodings
+from posenc_lit.compare import compare
+from posenc_lit.core import list_ablations, list_encodings
 
 root = Path(__file__).resolve().parent.parent
 ref = Path('results/compare/reference')
@@ -68,7 +68,7 @@ def main(dry: bool):
     if not merged: return print('nothing merged' + (' (dry run)' if dry else ''))
     study['encodings'] += merged
     (ref / 'results.json').write_text(json.dumps(study, indent=2))
-    order = [pe for pe in [*list_encodings(), *ABLATIONS] if pe in study['encodings']]   # the registered encodings, then the ablations
+    order = [pe for pe in [*list_encodings(), *list_ablations()] if pe in study['encodings']]   # the registered encodings, then the ablations
     compare('reference', out=ref, encodings=order, vit=False, bars=False)
     print(f'{ref}: encodings {", ".join(order)}')
 
