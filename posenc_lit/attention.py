@@ -34,8 +34,8 @@ def _with_causal(mask, causal, i, j, device):
         return mask
     if i > j:  # the first i - j queries would have no key at all
         raise ValueError(
-            f'causal=True needs at least as many keys as queries (the queries are the last i of the j keys, as '
-            f'with a KV cache); got i={i} queries and j={j} keys'
+            'causal=True needs at least as many keys as queries (the queries are the last i of the j '
+            f'keys, as with a KV cache); got i={i} queries and j={j} keys'
         )
     c = causal_mask(i, j, device)
     return c if mask is None else mask & c
@@ -391,12 +391,13 @@ def _check_attend_inputs(q, k, v, score_terms, mask):  # returns (b, h, i, j)
     for a, t in enumerate(score_terms):
         if not (_fits(t, full) and t.dtype.is_floating_point):
             raise _ScoreTermError(
-                f'score_terms[{a}] must be a float tensor broadcastable to (b, h, i, j) = {full}; got {_desc(t)}'
+                f'score_terms[{a}] must be a float tensor broadcastable to (b, h, i, j) = {full}; '
+                f'got {_desc(t)}'
             )
     if mask is not None and not (_fits(mask, full) and mask.dtype == torch.bool):
         raise ValueError(
-            f'mask must be a bool tensor (True = may attend) broadcastable to (b, h, i, j) = {full}, e.g. (b, 1, '
-            f'1, j) for key padding; got {_desc(mask)}'
+            f'mask must be a bool tensor (True = may attend) broadcastable to (b, h, i, j) = {full}, e.g. '
+            f'(b, 1, 1, j) for key padding; got {_desc(mask)}'
         )
     return full
 
@@ -406,7 +407,8 @@ def _check_mha_inputs(attn, x, kv):  # MultiHeadAttention's hidden states; its c
         ok = isinstance(t, torch.Tensor) and t.ndim == 3 and t.is_floating_point()
         if not (ok and t.shape[-1] == attn.d_model):
             raise ValueError(
-                f'{name} must be a float tensor of shape (b, n, D) with D = d_model = {attn.d_model}; got {_desc(t)}'
+                f'{name} must be a float tensor of shape (b, n, D) with D = d_model = '
+                f'{attn.d_model}; got {_desc(t)}'
             )
     if kv.shape[0] != x.shape[0]:
         raise ValueError(f'kv has batch size {kv.shape[0]} but x has {x.shape[0]}')
@@ -428,9 +430,10 @@ def _check_pe_call(pe, q, k, ctx):
             continue
         if p.shape[-1] != t.shape[2] or p.ndim == 2 and p.shape[0] not in (1, t.shape[0]):
             raise ValueError(
-                f'ctx was prepared for {p.shape[-1]} {key} positions but {name} {tuple(t.shape)} has {t.shape[2]} at '
-                f'dim 2 (positions {tuple(p.shape)}, batch {t.shape[0]}): q, k, v must be (b, h, n, d), and ctx '
-                'must come from pe.prepare(q_pos, k_pos) for the positions of this call'
+                f'ctx was prepared for {p.shape[-1]} {key} positions but {name} {tuple(t.shape)} has '
+                f'{t.shape[2]} at dim 2 (positions {tuple(p.shape)}, batch {t.shape[0]}): q, k, v must be '
+                '(b, h, n, d), and ctx must come from pe.prepare(q_pos, k_pos) for the positions of this '
+                'call'
             )
 
 # %% ../nbs/01_attention.ipynb #4e68f14f
@@ -493,9 +496,11 @@ class MultiHeadAttention(nn.Module):
         return_probs: bool = False,
         fast: bool | str = True,  # as position_attention: True, False, 'compiled' or 'fused'
         causal: bool = False,  # forbid keys after each query
-        cache: KVCache | None = None,  # this layer's cache: earlier keys and values, extended by this call's
+        # this layer's cache: earlier keys and values, extended by this call's
+        cache: KVCache | None = None,
     ):
-        """Attend from `x` to `kv` (default `x`) with the position signal of `pe`; returns `(b, i, D)` (and probs
+        """Attend from `x` to `kv` (default `x`) with the position signal of `pe`; returns `(b, i, D)` (and
+        probs
         `(b, h, i, j)`)."""
         pe = PositionEncoding() if pe is None else pe
         before = None if cache is None else (cache.k, cache.v)
@@ -718,7 +723,8 @@ class CombinedEncoding(PositionEncoding):
         super().__init__()
         if len(encodings) < 2 or not all(isinstance(e, PositionEncoding) for e in encodings):
             raise ValueError(
-                f'CombinedEncoding needs at least two PositionEncoding modules; got {[type(e).__name__ for e in encodings]}'
+                'CombinedEncoding needs at least two PositionEncoding modules; got '
+                f'{[type(e).__name__ for e in encodings]}'
             )
         # a relative-only member adds nothing to the input
         scales = {e.word_scale for e in encodings if not e.relative_only}

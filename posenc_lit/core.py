@@ -300,8 +300,8 @@ def check_context(
         )
     if owned and not ctx.grad and torch.is_grad_enabled() and _frozen_terms(pe, ctx):
         raise ValueError(
-            f'ctx was prepared under torch.no_grad(): the parameters of {type(pe).__name__} would silently not '
-            'train; prepare it where it is used, with gradients on'
+            f'ctx was prepared under torch.no_grad(): the parameters of {type(pe).__name__} would '
+            'silently not train; prepare it where it is used, with gradients on'
         )
     return ctx
 

@@ -38,7 +38,8 @@ def _check_pairing(pairing):
 
 
 def _check_rope(rotary_dim, d_head=None, base=10000.0, scaling='none', factor=1.0) -> int:
-    "d_r: `rotary_dim` (`None`: all of `d_head`), once RoPE's options are checked; `ValueError` names the bad one"
+    """d_r: `rotary_dim` (`None`: all of `d_head`), once RoPE's options are checked; `ValueError` names the
+    bad one"""
     r = d_head if rotary_dim is None else rotary_dim
     if not (is_int(r) and r % 2 == 0 and 2 <= r <= (d_head or r) and (d_head is None or is_int(d_head))):
         raise ValueError(
@@ -198,7 +199,12 @@ class RoPE(PositionEncoding):
         return _scaled_theta(self.rotary_dim, self.base, self.scaling, self.factor, device)
 
     def prepare(
-        self, q_pos, k_pos, *, key_mask: torch.Tensor | None = None, causal: bool = False
+        self,
+        q_pos,
+        k_pos,
+        *,
+        key_mask: torch.Tensor | None = None,
+        causal: bool = False,
     ) -> RoPEContext:  # integer positions `(b|1, i)`, `(b|1, j)` (or 1-D)
         "Per-forward context shared by all layers: the positions and their float32 cos/sin (see `cos_sin`)."
         same = q_pos is k_pos
