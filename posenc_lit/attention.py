@@ -500,16 +500,13 @@ class MultiHeadAttention(nn.Module):
         cache: KVCache | None = None,
     ):
         """Attend from `x` to `kv` (default `x`) with the position signal of `pe`; returns `(b, i, D)` (and
-        probs
-        `(b, h, i, j)`)."""
+        probs `(b, h, i, j)`)."""
         pe = PositionEncoding() if pe is None else pe
         before = None if cache is None else (cache.k, cache.v)
         try:
             q, k, v, ctx = self._qkv(x, kv, pe, ctx, cache, causal)
             res = self._attend(q, k, v, ctx, pe, mask, return_probs=return_probs, fast=fast, causal=causal)
-        except (
-            BaseException
-        ):  # an interrupted call leaves the cache as it was (its tensors are never changed)
+        except BaseException:  # an interrupted call leaves the cache as it was (tensors unchanged)
             if cache is not None:
                 cache.k, cache.v = before
             raise

@@ -104,8 +104,7 @@ class T5RelativeBias(PositionEncoding):
         return d**-0.5 if self.scale_content else 1.0
 
     def score_mods(self, q, k, ctx: T5Context, layer: int | LayerRef | None = None):
-        """The bias as an index function: `weight[t5_bucket(j - i), h]`, a lookup by the clipped distance j −
-        i."""
+        "The bias as an index function: `weight[t5_bucket(j - i), h]`, a lookup by the clipped j − i."
         qp, kp = batched_positions(ctx, q.shape[0])  # (b, i), (b, j)
         M = math.ceil(self.max_distance) + 1  # beyond: the last bucket
         rel = torch.arange(-M, M + 1, device=q.device)  # (2M+1,): j - i
