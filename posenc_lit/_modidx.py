@@ -1328,14 +1328,6 @@ d = {
                 'posenc_lit/relative.py',
             ),
             'posenc_lit.relative.Shaw': ('relative.html#shaw', 'posenc_lit/relative.py'),
-            'posenc_lit.relative._check_clip_distance': (
-                'relative.html#_check_clip_distance',
-                'posenc_lit/relative.py',
-            ),
-            'posenc_lit.relative._check_rel_scores': (
-                'relative.html#_check_rel_scores',
-                'posenc_lit/relative.py',
-            ),
             'posenc_lit.relative._check_relative_vectors': (
                 'relative.html#_check_relative_vectors',
                 'posenc_lit/relative.py',
