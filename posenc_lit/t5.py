@@ -123,8 +123,8 @@ def _check_t5(n_heads, num_buckets, max_distance, bidirectional, scale_content, 
     max_exact = _max_exact(bidirectional, num_buckets)
     if not (is_real(max_distance) and max_exact < max_distance < math.inf):
         raise ValueError(
-            f'max_distance must be a finite number of tokens larger than the exact range ({max_exact} with '
-            f'num_buckets={num_buckets}: else the log buckets would be empty); got {max_distance!r}'
+            f'max_distance={max_distance!r} must be larger than the exact range ({max_exact} tokens with '
+            f'num_buckets={num_buckets}) and finite: else the log buckets would be empty'
         )
     check_ints(n_heads=n_heads)
     check_finite(init_std=init_std)
