@@ -15,17 +15,6 @@ from .attention import *
 __all__ = ['sinusoidal_table', 'SinusoidalEncoding', 'LearnedEncoding', 'four_terms']
 
 # %% ../nbs/02_absolute.ipynb #30ca5cd7
-def _check_sinusoidal(D, base, layout):
-    if not (is_int(D) and D > 0 and D % 2 == 0):
-        raise ValueError(
-            f'D must be even (pairs of sin, cos) and positive for sinusoidal embeddings; got D={D!r}'
-        )
-    if not (is_real(base) and math.isfinite(base) and base > 1):
-        raise ValueError(f'base must be a finite number > 1 (the paper: 10000); got {base!r}')
-    if layout not in ('interleave', 'concat'):
-        raise ValueError(f"layout must be 'interleave' or 'concat'; got {layout!r}")
-
-
 def sinusoidal_table(
     pos: torch.Tensor,  # positions, integer or float, any shape `(...)`, in tokens
     D: int,  # model width, even
@@ -45,6 +34,16 @@ def sinusoidal_table(
     # (..., D)
     pe = pe.flatten(-2) if layout == 'interleave' else pe.transpose(-1, -2).flatten(-2)
     return pe.to(dtype)
+
+# %% ../nbs/02_absolute.ipynb #6a80098e
+#| code-fold: true
+def _check_sinusoidal(D, base, layout):
+    if not (is_int(D) and D > 0 and D % 2 == 0):
+        raise ValueError(f'D must be even (pairs of sin, cos) and positive; got D={D!r}')
+    if not (is_real(base) and math.isfinite(base) and base > 1):
+        raise ValueError(f'base must be a finite number > 1 (the paper: 10000); got {base!r}')
+    if layout not in ('interleave', 'concat'):
+        raise ValueError(f"layout must be 'interleave' or 'concat'; got {layout!r}")
 
 # %% ../nbs/02_absolute.ipynb #13d35bbd
 class SinusoidalEncoding(PositionEncoding):
@@ -75,8 +74,7 @@ class LearnedEncoding(PositionEncoding):
 
     def __init__(self, d_model: int, max_len: int = 512, init_std: float = 0.02):
         super().__init__()
-        if max_len < 1:
-            raise ValueError(f'max_len must be ≥ 1; got {max_len}')
+        check_ints(max_len=max_len)
         self.max_len = max_len
         # (L_max, D)
         self.weight = nn.Parameter(torch.randn(max_len, d_model) * init_std)
@@ -89,13 +87,7 @@ class LearnedEncoding(PositionEncoding):
         positions outside it."""
         if not is_tracing():  # traced: no data-dependent check (see `is_tracing`)
             check_positions(
-                pos,
-                self.max_len,
-                'the learned position table',
-                (
-                    ', or an encoding without a maximum length (sinusoidal, none, rope, alibi, t5, deberta, '
-                    'or shaw/huang4 with clip=true)'
-                ),
+                pos, self.max_len, 'the learned position table', ', or an encoding without a maximum length'
             )
         # a uint8 index would select rows as a boolean mask
         return self.weight[pos.long()]

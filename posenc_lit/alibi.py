@@ -6,14 +6,13 @@
 from __future__ import annotations
 import torch
 from dataclasses import dataclass, field
-from fastcore.basics import patch
 from .core import *
 from .checks import *
 from .attention import *
 from .fused import batched_positions, check_position_pair
 
 # %% auto #0
-__all__ = ['alibi_slopes', 'alibi_bias', 'ALiBi', 'ALiBiContext']
+__all__ = ['alibi_slopes', 'alibi_bias', 'ALiBiContext', 'ALiBi']
 
 # %% ../nbs/08_alibi.ipynb #9cb6a6ba
 def alibi_slopes(
@@ -21,9 +20,7 @@ def alibi_slopes(
     device: torch.device | str | None = None,
 ) -> torch.Tensor:  # m `(h,)`, float32: head k's penalty per token of distance, in logit units
     """ALiBi's fixed head slopes (Press et al. 2022, §3; head counts that are not powers of two as in the
-    authors' code); `ValueError` for `n_heads` < 1."""
-    if not is_int(n_heads) or n_heads < 1:
-        raise ValueError(f'n_heads must be an integer ≥ 1; got {n_heads!r}')
+    authors' code). Unchecked: `ALiBi` checks `n_heads`."""
     P = 1 << (n_heads.bit_length() - 1)  # the largest power of two ≤ h
     exps = [8 * k / P for k in range(1, P + 1)]  # 2^(-8k/P), k = 1 … P
     # 2P-head sequence, odd k: between those
@@ -41,14 +38,12 @@ def alibi_bias(
 ) -> torch.Tensor:  # `(b|1, h, i, j)` in the dtype of slopes, logit units (≤ 0)
     """ALiBi's bias $-m_h\\,|j-i|$, or the causal $-m_h\\max(i-j, 0)$ (Press et al. 2022, §3);
     `ValueError`/`TypeError` for bad arguments."""
-    if not isinstance(bidirectional, bool):
-        raise ValueError(f'bidirectional must be true or false; got {bidirectional!r}')
-    if not isinstance(slopes, torch.Tensor) or slopes.ndim != 1 or not slopes.dtype.is_floating_point:
+    check_flags(bidirectional=bidirectional)
+    if not (isinstance(slopes, torch.Tensor) and slopes.ndim == 1 and slopes.is_floating_point()):
         raise ValueError('slopes must be a float tensor of shape (h,), e.g. alibi_slopes(h)')
     if not bool(((slopes > 0) & slopes.isfinite()).all()):  # (h,): a negative slope would reward distance
         raise ValueError(
-            'slopes must be finite and > 0 (a penalty that grows with distance), e.g. '
-            f'alibi_slopes(h); got {slopes.tolist()}'
+            f'slopes must be finite and > 0 (a penalty growing with distance); got {slopes.tolist()}'
         )
     return _alibi_bias(q_pos, k_pos, slopes, bidirectional)
 
@@ -63,26 +58,6 @@ def _alibi_bias(q_pos, k_pos, slopes, bidirectional):
     return slopes[:, None, None] * (-dist[:, None]).to(slopes.dtype)
 
 # %% ../nbs/08_alibi.ipynb #929d7a54
-class ALiBi(PositionEncoding):
-    """ALiBi (Press et al. 2022): a fixed bias $-m_h|j-i|$ per head (slopes $m_h$ from `alibi_slopes`, or the
-    paper's causal form) added to the logits of every layer. The causal form (`bidirectional=False`) must be
-    used with `causal=True` or a causal mask: alone it gives keys after the query bias 0, with no error."""
-
-    kind = 'score'
-
-    def __init__(
-        self,
-        n_heads: int,  # h: one slope per head, from alibi_slopes
-        # True: symmetric -m|j-i| (our encoder); False: the paper's causal form
-        bidirectional: bool = True,
-    ):
-        super().__init__()
-        alibi_slopes(n_heads)  # validates n_heads
-        if not isinstance(bidirectional, bool):
-            raise ValueError(f'bidirectional must be true or false; got {bidirectional!r}')
-        self.n_heads, self.bidirectional = n_heads, bidirectional
-
-# %% ../nbs/08_alibi.ipynb #d6be1241
 @dataclass(eq=False)
 class ALiBiContext(Context):
     "Context of `ALiBi`: its fixed bias, made on first read and shared by all layers."
@@ -99,46 +74,62 @@ class ALiBiContext(Context):
         return self._bias
 
 
-ALiBi.context_type = ALiBiContext  # what its `prepare` returns
+class ALiBi(PositionEncoding):
+    """ALiBi (Press et al. 2022): a fixed bias $-m_h|j-i|$ per head (slopes $m_h$ from `alibi_slopes`, or the
+    paper's causal form) added to the logits of every layer. The causal form (`bidirectional=False`) must be
+    used with `causal=True` or a causal mask: alone it gives keys after the query bias 0, with no error."""
 
+    kind = 'score'
+    context_type = ALiBiContext  # what its `prepare` returns
 
-@patch
-def prepare(
-    self: ALiBi, q_pos, k_pos, *, key_mask: torch.Tensor | None = None, causal: bool = False
-) -> ALiBiContext:  # integer positions `(b|1, i)`, `(b|1, j)` (or 1-D)
-    "Per-forward context with `alibi_bias` `(b|1, h, i, j)`, float32, shared by all layers (made when read)."
-    check_position_pair(q_pos, k_pos)  # a list is refused by `rel_pos`, naming it
-    return ALiBiContext(q_pos, k_pos, pe=self)
+    def __init__(
+        self,
+        n_heads: int,  # h: one slope per head, from alibi_slopes
+        # True: symmetric -m|j-i| (our encoder); False: the paper's causal form
+        bidirectional: bool = True,
+    ):
+        super().__init__()
+        check_ints(n_heads=n_heads)
+        check_flags(bidirectional=bidirectional)
+        self.n_heads, self.bidirectional = n_heads, bidirectional
 
+    def prepare(
+        self,
+        q_pos,
+        k_pos,
+        *,
+        key_mask: torch.Tensor | None = None,
+        causal: bool = False,
+    ) -> ALiBiContext:  # integer positions `(b|1, i)`, `(b|1, j)` (or 1-D)
+        """Per-forward context with `alibi_bias` `(b|1, h, i, j)`, float32, shared by all layers (made when
+        read)."""
+        check_position_pair(q_pos, k_pos)  # a list is refused by `rel_pos`, naming it
+        return ALiBiContext(q_pos, k_pos, pe=self)
 
-@patch
-def score_terms(
-    self: ALiBi,
-    q: torch.Tensor,  # `(b, h, i, d)`
-    k: torch.Tensor,  # `(b, h, j, d)`
-    ctx: ALiBiContext,
-    layer: int | LayerRef | None = None,
-):
-    "The shared bias, `[(b|1, h, i, j)]`; `ValueError` if q has another number of heads."
-    if q.shape[1] != self.n_heads:
-        raise ValueError(f'ALiBi was built for {self.n_heads} heads; got q of shape {tuple(q.shape)}')
-    return [ctx.alibi_bias]
+    def score_terms(
+        self,
+        q: torch.Tensor,  # `(b, h, i, d)`
+        k: torch.Tensor,  # `(b, h, j, d)`
+        ctx: ALiBiContext,
+        layer: int | LayerRef | None = None,
+    ):
+        "The shared bias, `[(b|1, h, i, j)]` (`position_attention` refuses it for a q with other heads)."
+        return [ctx.alibi_bias]
 
-# %% ../nbs/08_alibi.ipynb #23c4da2b
-@patch
-def score_mods(self: ALiBi, q, k, ctx: ALiBiContext, layer: int | LayerRef | None = None):
-    "The bias as an index function for the fused path: `-m_h·|j - i|` (or the causal form) from positions."
-    if q.shape[1] != self.n_heads:
-        raise ValueError(f'ALiBi was built for {self.n_heads} heads; got q of shape {tuple(q.shape)}')
-    slopes = alibi_slopes(self.n_heads, q.device)  # (h,)
-    qp, kp = batched_positions(ctx, q.shape[0])  # (b, i), (b, j)
+    def score_mods(self, q, k, ctx: ALiBiContext, layer: int | LayerRef | None = None):
+        """The bias as an index function for the fused path: `-m_h·|j - i|` (or the causal form) from
+        positions."""
+        if q.shape[1] != self.n_heads:  # the kernel would read slopes[h] past the end
+            raise ValueError(f'ALiBi was built for {self.n_heads} heads; got q of shape {tuple(q.shape)}')
+        slopes = alibi_slopes(self.n_heads, q.device)  # (h,)
+        qp, kp = batched_positions(ctx, q.shape[0])  # (b, i), (b, j)
 
-    def mod(b, h, q_idx, kv_idx):
-        rel = kp[b, kv_idx] - qp[b, q_idx]  # j - i
-        dist = rel.abs() if self.bidirectional else (-rel).clamp(min=0)
-        return slopes[h] * (-dist).to(slopes.dtype)  # as _alibi_bias: negated as integers
+        def mod(b, h, q_idx, kv_idx):
+            rel = kp[b, kv_idx] - qp[b, q_idx]  # j - i
+            dist = rel.abs() if self.bidirectional else (-rel).clamp(min=0)
+            return slopes[h] * (-dist).to(slopes.dtype)  # as _alibi_bias: negated as integers
 
-    return [mod]
+        return [mod]
 
 # %% ../nbs/08_alibi.ipynb #6f2d3208
 @register_encoding(

@@ -10,7 +10,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from dataclasses import dataclass
-from fastcore.basics import patch
 from .core import *
 from .checks import *
 
@@ -20,72 +19,6 @@ __all__ = ['FUSED_AUTO', 'causal_mask', 'scores', 'attend_manual', 'is_tracing',
            'attend_fused', 'attend', 'default_positions', 'MultiHeadAttention', 'as_layer', 'layer_index',
            'position_attention', 'position_scores', 'KVCache', 'CombinedContext', 'CombinedEncoding',
            'Context', 'LayerRef', 'PositionEncoding', 'check_context']
-
-# %% ../nbs/01_attention.ipynb #43e4fd21
-# a score term that does not fit (b, h, i, j): position_attention names its encoding
-class _ScoreTermError(ValueError):
-    pass
-
-
-def _check_attend_inputs(q, k, v, score_terms, mask):
-    for name, t in (('q', q), ('k', k), ('v', v)):
-        if not isinstance(t, torch.Tensor) or t.ndim != 4 or not t.dtype.is_floating_point:
-            got = (
-                f'{t.dtype} tensor of shape {tuple(t.shape)}'
-                if isinstance(t, torch.Tensor)
-                else type(t).__name__
-            )
-            raise ValueError(f'{name} must be a floating-point tensor of shape (b, h, n, d); got {got}')
-    if q.shape[:2] != k.shape[:2] or k.shape[:3] != v.shape[:3] or q.shape[-1] != k.shape[-1]:
-        raise ValueError(
-            f'incompatible shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: need '
-            'q (b, h, i, d), k (b, h, j, d), v (b, h, j, d_v)'
-        )
-    if q.shape[-1] == 0:
-        raise ValueError(
-            f'q and k have head dimension d = 0 (q {tuple(q.shape)}): attention needs d ≥ 1 (the '
-            'default scale is 1/sqrt(d))'
-        )
-    if not q.dtype == k.dtype == v.dtype:
-        raise ValueError(f'q, k and v must have one dtype; got q {q.dtype}, k {k.dtype}, v {v.dtype}')
-    others = [
-        ('k', k),
-        ('v', v),
-        *((f'score_terms[{a}]', t) for a, t in enumerate(score_terms) if isinstance(t, torch.Tensor)),
-        *((('mask', mask),) if isinstance(mask, torch.Tensor) else ()),
-    ]
-    for name, t in others:
-        if t.device != q.device:
-            raise ValueError(
-                f'{name} is on device {t.device} but q is on {q.device}: put all inputs on one device'
-            )
-    full = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])  # (b, h, i, j)
-
-    def _bcast(t):
-        return t.ndim == 4 and all(s in (1, f) for s, f in zip(t.shape, full))
-
-    for a, t in enumerate(score_terms):
-        if not isinstance(t, torch.Tensor) or not t.dtype.is_floating_point or not _bcast(t):
-            got = (
-                f'{t.dtype} tensor of shape {tuple(t.shape)}'
-                if isinstance(t, torch.Tensor)
-                else type(t).__name__
-            )
-            raise _ScoreTermError(
-                f'score_terms[{a}] must be a float tensor broadcastable to (b, h, i, j) = {full}; got {got}'
-            )
-    if mask is not None:
-        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or not _bcast(mask):
-            got = (
-                f'{mask.dtype} tensor of shape {tuple(mask.shape)}'
-                if isinstance(mask, torch.Tensor)
-                else type(mask).__name__
-            )
-            raise ValueError(
-                f'mask must be a bool tensor (True = may attend) broadcastable to (b, h, i, j) = {full}, '
-                f'e.g. (b, 1, 1, j) for key padding; got {got}'
-            )
-    return full
 
 # %% ../nbs/01_attention.ipynb #4eacdacb
 def causal_mask(i: int, j: int, device: torch.device | str | None = None) -> torch.Tensor:
@@ -101,8 +34,8 @@ def _with_causal(mask, causal, i, j, device):
         return mask
     if i > j:  # the first i - j queries would have no key at all
         raise ValueError(
-            f'causal=True needs at least as many keys as queries (the queries are the last i of the j keys, '
-            f'as with a KV cache); got i={i} queries and j={j} keys'
+            'causal=True needs at least as many keys as queries (the queries are the last i of the j '
+            f'keys, as with a KV cache); got i={i} queries and j={j} keys'
         )
     c = causal_mask(i, j, device)
     return c if mask is None else mask & c
@@ -288,12 +221,9 @@ def use_fused(fast, q, dropout_p=0.0, return_probs=False, value_terms=()) -> boo
 def dense_mod(t: torch.Tensor, shape) -> callable:  # t `(b|1, h|1, i, j)`; shape `(b, h, i, j)`
     """Index function reading the dense term `t`: `(b, h, q_idx, kv_idx) -> t[b, h, q_idx, kv_idx]`;
     `ValueError` if `t` does not broadcast to `shape` (as `attend` checks a dense term)."""
-    if not (isinstance(t, torch.Tensor) and t.ndim == 4 and all(s in (1, f) for s, f in zip(t.shape, shape))):
-        got = (
-            f'{t.dtype} tensor of shape {tuple(t.shape)}' if isinstance(t, torch.Tensor) else type(t).__name__
-        )
+    if not _fits(t, shape):
         raise _ScoreTermError(
-            f'a score term must be broadcastable to (b, h, i, j) = {tuple(shape)}; got {got}'
+            f'a score term must be broadcastable to (b, h, i, j) = {tuple(shape)}; got {_desc(t)}'
         )
     te = t.expand(shape)  # a view: no copy
 
@@ -427,6 +357,85 @@ def attend(
             probs = probs.masked_fill(~valid, 0.0)
     return (out, probs) if return_probs else out
 
+# %% ../nbs/01_attention.ipynb #7253773e
+#| code-fold: true
+# a score term that does not fit (b, h, i, j): position_attention names its encoding
+class _ScoreTermError(ValueError):
+    pass
+
+
+def _desc(t) -> str:  # what a message says was passed
+    return f'{t.dtype} tensor of shape {tuple(t.shape)}' if isinstance(t, torch.Tensor) else type(t).__name__
+
+
+def _fits(t, full) -> bool:  # a 4-D tensor that broadcasts to `full` (b, h, i, j)
+    return isinstance(t, torch.Tensor) and t.ndim == 4 and all(s in (1, f) for s, f in zip(t.shape, full))
+
+
+def _check_attend_inputs(q, k, v, score_terms, mask):  # returns (b, h, i, j)
+    for name, t in (('q', q), ('k', k), ('v', v)):
+        if not (isinstance(t, torch.Tensor) and t.ndim == 4 and t.dtype.is_floating_point):
+            raise ValueError(f'{name} must be a floating-point tensor of shape (b, h, n, d); got {_desc(t)}')
+    if q.shape[:2] != k.shape[:2] or k.shape[:3] != v.shape[:3] or not q.shape[-1] == k.shape[-1] > 0:
+        raise ValueError(
+            f'incompatible shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: need '
+            'q (b, h, i, d), k (b, h, j, d), v (b, h, j, d_v), d ≥ 1 (the default scale is 1/sqrt(d))'
+        )
+    if not q.dtype == k.dtype == v.dtype:
+        raise ValueError(f'q, k and v must have one dtype; got q {q.dtype}, k {k.dtype}, v {v.dtype}')
+    terms = [(f'score_terms[{a}]', t) for a, t in enumerate(score_terms)]
+    for name, t in [('k', k), ('v', v), ('mask', mask), *terms]:
+        if isinstance(t, torch.Tensor) and t.device != q.device:
+            raise ValueError(f'{name} is on device {t.device} but q is on {q.device}: use one device')
+    full = (*q.shape[:3], k.shape[2])  # (b, h, i, j)
+    for a, t in enumerate(score_terms):
+        if not (_fits(t, full) and t.dtype.is_floating_point):
+            raise _ScoreTermError(
+                f'score_terms[{a}] must be a float tensor broadcastable to (b, h, i, j) = {full}; '
+                f'got {_desc(t)}'
+            )
+    if mask is not None and not (_fits(mask, full) and mask.dtype == torch.bool):
+        raise ValueError(
+            f'mask must be a bool tensor (True = may attend) broadcastable to (b, h, i, j) = {full}, e.g. '
+            f'(b, 1, 1, j) for key padding; got {_desc(mask)}'
+        )
+    return full
+
+
+def _check_mha_inputs(attn, x, kv):  # MultiHeadAttention's hidden states; its ctx: `_check_pe_call`
+    for name, t in (('x', x), ('kv', kv)):
+        ok = isinstance(t, torch.Tensor) and t.ndim == 3 and t.is_floating_point()
+        if not (ok and t.shape[-1] == attn.d_model):
+            raise ValueError(
+                f'{name} must be a float tensor of shape (b, n, D) with D = d_model = '
+                f'{attn.d_model}; got {_desc(t)}'
+            )
+    if kv.shape[0] != x.shape[0]:
+        raise ValueError(f'kv has batch size {kv.shape[0]} but x has {x.shape[0]}')
+
+
+_SIGNATURE = 'position_attention(pe, q, k, v, ctx, layer, mask, causal=...)'
+
+
+# position_attention's: `pe`, the type of `ctx`, its positions against q, k
+def _check_pe_call(pe, q, k, ctx):
+    if not isinstance(pe, PositionEncoding):
+        raise TypeError(
+            f'pe must be a PositionEncoding (the first argument: {_SIGNATURE}); got {type(pe).__name__}'
+        )
+    check_context(pe, ctx, _SIGNATURE, owned=False)  # its type here; who prepared it: after the terms
+    for name, t, key in (('q', q, 'q_pos'), ('k', k, 'k_pos')):
+        p = getattr(ctx, key)
+        if is_tracing() or not (isinstance(p, torch.Tensor) and isinstance(t, torch.Tensor) and t.ndim == 4):
+            continue
+        if p.shape[-1] != t.shape[2] or p.ndim == 2 and p.shape[0] not in (1, t.shape[0]):
+            raise ValueError(
+                f'ctx was prepared for {p.shape[-1]} {key} positions but {name} {tuple(t.shape)} has '
+                f'{t.shape[2]} at dim 2 (positions {tuple(p.shape)}, batch {t.shape[0]}): q, k, v must be '
+                '(b, h, n, d), and ctx must come from pe.prepare(q_pos, k_pos) for the positions of this '
+                'call'
+            )
+
 # %% ../nbs/01_attention.ipynb #4e68f14f
 # the contract's names, defined in core, are also this module's (`from posenc_lit.attention import *`)
 _all_ = ['Context', 'LayerRef', 'PositionEncoding', 'check_context']
@@ -475,6 +484,87 @@ class MultiHeadAttention(nn.Module):
         "The address this layer passes to the encoding's hooks: its `layer_idx` and its q/k projections."
         return LayerRef(self.layer_idx, self.q_proj, self.k_proj)
 
+    def forward(
+        self,
+        x: torch.Tensor,  # queries' hidden states (b, i, D)
+        # bool, broadcastable to (b, h, i, j), True = may attend (j counts cached keys)
+        mask: torch.Tensor | None = None,
+        pe: PositionEncoding | None = None,  # the encoding
+        ctx: Context | None = None,  # its prepare context, pe.prepare(q_pos, k_pos) (default: made here)
+        *,
+        kv: torch.Tensor | None = None,  # keys' hidden states (b, j, D) (default: x, self-attention)
+        return_probs: bool = False,
+        fast: bool | str = True,  # as position_attention: True, False, 'compiled' or 'fused'
+        causal: bool = False,  # forbid keys after each query
+        # this layer's cache: earlier keys and values, extended by this call's
+        cache: KVCache | None = None,
+    ):
+        """Attend from `x` to `kv` (default `x`) with the position signal of `pe`; returns `(b, i, D)` (and
+        probs `(b, h, i, j)`)."""
+        pe = PositionEncoding() if pe is None else pe
+        before = None if cache is None else (cache.k, cache.v)
+        try:
+            q, k, v, ctx = self._qkv(x, kv, pe, ctx, cache, causal)
+            res = self._attend(q, k, v, ctx, pe, mask, return_probs=return_probs, fast=fast, causal=causal)
+        except BaseException:  # an interrupted call leaves the cache as it was (tensors unchanged)
+            if cache is not None:
+                cache.k, cache.v = before
+            raise
+        out, probs = res if return_probs else (res, None)
+        # (b, i, D)
+        out = self.o_proj(out.transpose(1, 2).reshape(x.shape[0], x.shape[1], self.d_model))
+        return (out, probs) if return_probs else out
+
+    def _attend(self, q, k, v, ctx, pe, mask, *, return_probs, fast, causal):
+        return position_attention(
+            pe,
+            q,
+            k,
+            v,
+            ctx,
+            self.layer_ref,
+            mask,
+            dropout_p=self.dropout if self.training else 0.0,
+            return_probs=return_probs,
+            fast=fast,
+            causal=causal,
+        )
+
+    def scores(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        pe: PositionEncoding | None = None,
+        ctx: Context | None = None,
+        kv: torch.Tensor | None = None,
+        causal: bool = False,
+    ) -> torch.Tensor:
+        "The pre-softmax logits `(b, h, i, j)` of `forward` with the same arguments (no cache)."
+        pe = PositionEncoding() if pe is None else pe
+        q, k, v, ctx = self._qkv(x, kv, pe, ctx, None, causal)
+        return position_scores(pe, q, k, ctx, self.layer_ref, mask, causal)
+
+    def _qkv(self, x, kv, pe, ctx, cache, causal=False):
+        kv = x if kv is None else kv
+        n_cached = 0 if cache is None else len(cache)
+        _check_mha_inputs(self, x, kv)
+        # positions 0 … (cached keys first): the queries are the last of the keys
+        if ctx is None:
+            ctx = pe.prepare(
+                default_positions(x.shape[1], x.device) + n_cached,
+                default_positions(kv.shape[1] + n_cached, x.device),
+                causal=causal,
+            )
+        # (b, h, n, d)
+        q, k, v = (
+            self.split_heads(self.q_proj(x)),
+            self.split_heads(self.k_proj(kv)),
+            self.split_heads(self.v_proj(kv)),
+        )
+        if cache is not None:
+            k, v = cache.append(k, v)  # (b, h, j, d): the cached keys, then this call's
+        return q, k, v, ctx
+
 # %% ../nbs/01_attention.ipynb #36fce675
 def as_layer(layer) -> LayerRef:
     """`layer` (None, an int index, a `LayerRef`, or our `MultiHeadAttention`) as a `LayerRef`; `TypeError`
@@ -508,66 +598,7 @@ def layer_index(layer, n_tables: int, what: str, tables: str = 'tables') -> int:
         raise ValueError(f'layer {idx} but {what} has {tables} for {n_tables} layers (n_layers)')
     return idx
 
-# %% ../nbs/01_attention.ipynb #aa9ab004
-def _check_mha_inputs(attn, x, kv, ctx, n_cached=0):
-    for name, t in (('x', x), ('kv', kv)):
-        if (
-            not isinstance(t, torch.Tensor)
-            or t.ndim != 3
-            or t.shape[-1] != attn.d_model
-            or not t.dtype.is_floating_point
-        ):
-            got = (
-                f'{t.dtype} tensor of shape {tuple(t.shape)}'
-                if isinstance(t, torch.Tensor)
-                else type(t).__name__
-            )
-            raise ValueError(
-                f'{name} must be a float tensor of shape (b, n, D) with D = d_model = '
-                f'{attn.d_model}; got {got}'
-            )
-    if kv.shape[0] != x.shape[0]:
-        raise ValueError(f'kv has batch size {kv.shape[0]} but x has {x.shape[0]}')
-    for key, n, who in (
-        ('q_pos', x.shape[1], 'x'),
-        ('k_pos', kv.shape[1] + n_cached, 'the keys (cache + kv)' if n_cached else 'kv'),
-    ):
-        p = getattr(ctx, key, None)
-        if isinstance(p, torch.Tensor) and (
-            p.shape[-1] != n or (p.ndim == 2 and p.shape[0] not in (1, x.shape[0]))
-        ):
-            raise ValueError(
-                f'ctx[{key!r}] has shape {tuple(p.shape)} but {who} is {(x.shape[0], n)} (b, n): '
-                f'prepare ctx with pe.prepare(q_pos, k_pos) for the positions of this forward'
-            )
-
 # %% ../nbs/01_attention.ipynb #d0dc2bef
-_SIGNATURE = 'position_attention(pe, q, k, v, ctx, layer, mask, causal=...)'
-
-
-def _check_pe_call(pe, q, k, ctx):  # the public boundary: Python types and shape ints, no host sync
-    if not isinstance(pe, PositionEncoding):
-        raise TypeError(
-            f'pe must be a PositionEncoding (the first argument: {_SIGNATURE}); got {type(pe).__name__}'
-        )
-    check_context(pe, ctx, _SIGNATURE, owned=False)  # its type here; who prepared it: after the terms
-    if is_tracing():
-        return
-    for name, t, key in (('q', q, 'q_pos'), ('k', k, 'k_pos')):
-        p = getattr(ctx, key)
-        if (
-            isinstance(p, torch.Tensor)
-            and isinstance(t, torch.Tensor)
-            and t.ndim == 4
-            and p.shape[-1] != t.shape[2]
-        ):
-            raise ValueError(
-                f'ctx was prepared for {p.shape[-1]} {key} positions but {name} {tuple(t.shape)} has '
-                f'{t.shape[2]} at dim 2: q, k, v must be (b, h, n, d), and ctx must come from '
-                'pe.prepare(q_pos, k_pos) for the positions of this call'
-            )
-
-
 def _content_scale(pe, q):  # the head dimension as a Python int: under tracing `q.shape[-1]` is a tensor
     return pe.content_scale(int(q.shape[-1]))
 
@@ -632,8 +663,7 @@ def _fused_mods(pe, q, k, ctx, layer, *, fast, dropout_p, return_probs, values):
     mods = pe.score_mods(q, k, ctx, layer)
     if mods is None and fast == 'fused':
         raise ValueError(
-            f"fast='fused': {type(pe).__name__} gives no fused score terms (its score_mods returns None); "
-            'use fast=True'
+            f"fast='fused': {type(pe).__name__} gives no fused score terms (score_mods: None); use fast=True"
         )
     return mods
 
@@ -673,94 +703,6 @@ class KVCache:
         self.v = v if self.v is None else torch.cat([self.v, v], 2)
         return self.k, self.v
 
-
-@patch
-def _qkv(self: MultiHeadAttention, x, kv, pe, ctx, cache, causal=False):
-    kv = x if kv is None else kv
-    n_cached = 0 if cache is None else len(cache)
-    _check_mha_inputs(self, x, kv, ctx, n_cached)
-    # positions 0 … (cached keys first): the queries are the last of the keys
-    if ctx is None:
-        ctx = pe.prepare(
-            default_positions(x.shape[1], x.device) + n_cached,
-            default_positions(kv.shape[1] + n_cached, x.device),
-            causal=causal,
-        )
-    # (b, h, n, d)
-    q, k, v = (
-        self.split_heads(self.q_proj(x)),
-        self.split_heads(self.k_proj(kv)),
-        self.split_heads(self.v_proj(kv)),
-    )
-    if cache is not None:
-        k, v = cache.append(k, v)  # (b, h, j, d): the cached keys, then this call's
-    return q, k, v, ctx
-
-# %% ../nbs/01_attention.ipynb #b5cf2116
-@patch
-def forward(
-    self: MultiHeadAttention,
-    x: torch.Tensor,  # queries' hidden states (b, i, D)
-    # bool, broadcastable to (b, h, i, j), True = may attend (j counts cached keys)
-    mask: torch.Tensor | None = None,
-    pe: PositionEncoding | None = None,  # the encoding
-    ctx: Context | None = None,  # its prepare context, pe.prepare(q_pos, k_pos) (default: made here)
-    *,
-    kv: torch.Tensor | None = None,  # keys' hidden states (b, j, D) (default: x, self-attention)
-    return_probs: bool = False,
-    fast: bool | str = True,  # as position_attention: True, False, 'compiled' or 'fused'
-    causal: bool = False,  # forbid keys after each query
-    cache: KVCache | None = None,  # this layer's cache: earlier keys and values, extended by this call's
-):
-    """Attend from `x` to `kv` (default `x`) with the position signal of `pe`; returns `(b, i, D)` (and probs
-    `(b, h, i, j)`)."""
-    pe = PositionEncoding() if pe is None else pe
-    before = None if cache is None else (cache.k, cache.v)
-    try:
-        q, k, v, ctx = self._qkv(x, kv, pe, ctx, cache, causal)
-        res = self._attend(q, k, v, ctx, pe, mask, return_probs=return_probs, fast=fast, causal=causal)
-    except BaseException:  # an interrupted call leaves the cache as it was (its tensors are never changed)
-        if cache is not None:
-            cache.k, cache.v = before
-        raise
-    out, probs = res if return_probs else (res, None)
-    # (b, i, D)
-    out = self.o_proj(out.transpose(1, 2).reshape(x.shape[0], x.shape[1], self.d_model))
-    return (out, probs) if return_probs else out
-
-
-@patch
-def _attend(self: MultiHeadAttention, q, k, v, ctx, pe, mask, *, return_probs, fast, causal):
-    return position_attention(
-        pe,
-        q,
-        k,
-        v,
-        ctx,
-        self.layer_ref,
-        mask,
-        dropout_p=self.dropout if self.training else 0.0,
-        return_probs=return_probs,
-        fast=fast,
-        causal=causal,
-    )
-
-
-@patch
-def scores(
-    self: MultiHeadAttention,
-    x: torch.Tensor,
-    mask: torch.Tensor | None = None,
-    pe: PositionEncoding | None = None,
-    ctx: Context | None = None,
-    kv: torch.Tensor | None = None,
-    causal: bool = False,
-) -> torch.Tensor:
-    "The pre-softmax logits `(b, h, i, j)` of `forward` with the same arguments (no cache)."
-    pe = PositionEncoding() if pe is None else pe
-    q, k, v, ctx = self._qkv(x, kv, pe, ctx, None, causal)
-    return position_scores(pe, q, k, ctx, self.layer_ref, mask, causal)
-
 # %% ../nbs/01_attention.ipynb #e4ab5c14
 @dataclass(eq=False)
 class CombinedContext(Context):
@@ -785,8 +727,7 @@ class CombinedEncoding(PositionEncoding):
         scales = {e.word_scale for e in encodings if not e.relative_only}
         if len(scales) > 1:
             raise ValueError(
-                f'the encodings scale the word embeddings differently ({sorted(scales)}): they '
-                'cannot be combined'
+                f'the encodings scale the word embeddings differently ({sorted(scales)}): not combined'
             )
         self.members, self.word_scale = nn.ModuleList(encodings), scales.pop() if scales else 1.0
         kinds = [e.kind for e in encodings]

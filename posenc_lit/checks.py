@@ -4,12 +4,13 @@
 
 # %% ../nbs/00a_checks.ipynb #b4c502b6
 from __future__ import annotations
-import contextlib, contextvars, re
+import contextlib, contextvars, math, re
 import torch
 
 # %% auto #0
 __all__ = ['POSITION_LIMIT', 'value_range', 'PositionRangeError', 'is_int', 'is_real', 'is_int_tensor',
-           'MemoryLimitError', 'memory_check', 'check_positions', 'check_position_limit', 'test_close_rel']
+           'MemoryLimitError', 'memory_check', 'check_positions', 'check_position_limit', 'test_close_rel',
+           'check_ints', 'check_flags', 'check_finite']
 
 # %% ../nbs/00a_checks.ipynb #73316b72
 def value_range(t: torch.Tensor) -> tuple:  # any shape, non-empty, integer or float
@@ -139,3 +140,24 @@ def test_close_rel(
         torch.testing.assert_close(a.to(common), b.to(common), rtol=rtol, atol=atol)
     except AssertionError as e:
         raise AssertionError(f'{msg} {e}') from None
+
+# %% ../nbs/00a_checks.ipynb #12e782dc
+def check_ints(lo: int = 1, **values):  # name=value: sizes, counts
+    "`ValueError` naming the first of `values` that is not an integer ≥ `lo`."
+    for name, v in values.items():
+        if not (is_int(v) and v >= lo):
+            raise ValueError(f'{name} must be an integer ≥ {lo}; got {v!r}')
+
+
+def check_flags(**values):  # name=value: switches
+    "`ValueError` naming the first of `values` that is not `True` or `False`."
+    for name, v in values.items():
+        if not isinstance(v, bool):
+            raise ValueError(f'{name} must be true or false; got {v!r}')
+
+
+def check_finite(lo: float = 0.0, **values):  # name=value: scales, standard deviations
+    "`ValueError` naming the first of `values` that is not a finite number ≥ `lo`."
+    for name, v in values.items():
+        if not (is_real(v) and lo <= v < math.inf):
+            raise ValueError(f'{name} must be a finite number ≥ {lo:g}; got {v!r}')

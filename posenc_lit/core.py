@@ -40,9 +40,7 @@ def rel_pos(
             raise TypeError(f'{name} must be a signed integer tensor of shape (n,) or (b, n); got {got}')
     if q_pos.ndim == k_pos.ndim == 2 and len(q_pos) != len(k_pos) and 1 not in (len(q_pos), len(k_pos)):
         raise ValueError(
-            f'q_pos {tuple(q_pos.shape)} and k_pos {tuple(k_pos.shape)} have batch sizes '
-            f'{len(q_pos)} and {len(k_pos)}: '
-            'they must be equal, or one of them 1 (or 1-D, shared by the batch)'
+            f'q_pos and k_pos have batch sizes {len(q_pos)} and {len(k_pos)}: they must match, or one be 1'
         )
     # (…, i, j); int64, so narrow inputs cannot wrap
     return k_pos.long().unsqueeze(-2) - q_pos.long().unsqueeze(-1)
@@ -138,15 +136,16 @@ def register_encoding(
         )
     if not isinstance(replace, bool):
         raise TypeError(f'replace must be True or False; got {replace!r}')
-    if kind not in KINDS:
-        raise ValueError(f'kind must be one of {KINDS}; got {kind!r}')
-    _check_modality(modality)
+    if kind not in KINDS or modality not in MODALITIES:
+        raise ValueError(
+            f'kind must be one of {KINDS} and modality of {MODALITIES}; got {kind!r}, {modality!r}'
+        )
     _check_study_metadata(family, defaults, ablations)
 
     def _inner(factory):
         if not callable(factory):
             raise TypeError(
-                f'register_encoding({name!r}) decorates a factory config -> module; got {factory!r}'
+                f'register_encoding({name!r}) decorates a factory config -> module; got {factory!r:.40}'
             )
         old = _REGISTRY.get((modality, name))
         if old is not None and not replace and not _same_factory(old.factory, factory):
@@ -309,13 +308,8 @@ class LayerRef:
     k_proj: nn.Module | None = None  # the layer's key projection `D -> D`
 
     def __post_init__(self):
-        if self.idx is not None and not (
-            isinstance(self.idx, int) and not isinstance(self.idx, bool) and self.idx >= 0
-        ):
-            raise TypeError(
-                f'LayerRef(idx): the layer index is an int ≥ 0 (or None); got {type(self.idx).__name__} '
-                f'{self.idx!r:.60}'
-            )
+        if self.idx is not None and not (type(self.idx) is int and self.idx >= 0):
+            raise TypeError(f'LayerRef(idx): the layer index is an int ≥ 0 (or None); got {self.idx!r:.60}')
 
 # %% ../nbs/00_core.ipynb #01ff96e6
 class PositionEncoding(nn.Module):
@@ -369,6 +363,7 @@ class PositionEncoding(nn.Module):
         return self.kind != 'absolute' and self.max_len is None
 
 # %% ../nbs/00_core.ipynb #d82eb29c
+#| code-fold: true
 def check_context(
     pe: PositionEncoding,  # the encoding about to read `ctx`
     ctx: Context,  # what the caller passes as `pe`'s context
@@ -386,14 +381,12 @@ def check_context(
     if owned and ctx.pe is not pe:
         raise ValueError(
             f'ctx was prepared by another {type(ctx.pe).__name__} instance than the one it is used with: '
-            'a context belongs to the encoding that made it (its tables and options); make it with '
-            'ctx = pe.prepare(q_pos, k_pos, ...) of the pe you pass'
+            'make it with ctx = pe.prepare(q_pos, k_pos, ...) of the pe you pass'
         )
     if owned and not ctx.grad and torch.is_grad_enabled() and _frozen_terms(pe, ctx):
         raise ValueError(
-            'ctx was prepared under torch.no_grad() (or inference mode) and is used with gradients on: its '
-            f'position terms carry no gradient, so the parameters of {type(pe).__name__} would silently not '
-            'train; prepare it where it is used, with gradients on'
+            f'ctx was prepared under torch.no_grad(): the parameters of {type(pe).__name__} would '
+            'silently not train; prepare it where it is used, with gradients on'
         )
     return ctx
 

@@ -8,14 +8,13 @@ import math
 import torch
 import torch.nn as nn
 from dataclasses import dataclass, field
-from fastcore.basics import patch
 from .core import *
 from .checks import *
 from .attention import *
 from .fused import batched_positions, check_position_pair, offset_mod
 
 # %% auto #0
-__all__ = ['rel_index', 'rel_scores', 'row_range', 'rel_values', 'RelativeVectors', 'RelativeContext', 'Shaw',
+__all__ = ['rel_index', 'rel_scores', 'row_range', 'rel_values', 'RelativeContext', 'RelativeVectors', 'Shaw',
            'HuangMethod4']
 
 # %% ../nbs/03_relative.ipynb #f3349c1b
@@ -26,32 +25,11 @@ def rel_index(
     clip: bool = True,  # clip longer distances to ±k (the paper); False: refuse them
 ) -> torch.Tensor:  # table rows `clip(j - i, k) + k`, int64, `(i, j)` or `(b, i, j)`
     """Row of each query/key pair in a table of relative vectors $w_{-k} … w_k$
-    (Shaw et al. 2018, §3.2)."""
-    _check_clip_distance(k)
+    (Shaw et al. 2018, §3.2); with `clip=False`, `PositionRangeError` for a distance beyond ±k."""
     rel = rel_pos(q_pos, k_pos)  # (…, i, j)  j - i
     if not clip:
         _check_within(rel, k)
     return rel.clamp(-k, k) + k
-
-# %% ../nbs/03_relative.ipynb #6f2e07ab
-def _check_clip_distance(k):
-    if not is_int(k) or k < 1:
-        raise ValueError(
-            f'the clipping distance k must be an integer ≥ 1 (the table holds 2k+1 distances); got {k!r}'
-        )
-
-
-# clip=False: every distance within ±k (traced: no check, see `is_tracing`); `rel` a tensor of distances
-# or the largest |j - i| as an int
-def _check_within(rel, k):
-    if isinstance(rel, torch.Tensor):
-        rel = int(rel.abs().max()) if rel.numel() and not is_tracing() else 0
-    if rel > k:
-        raise PositionRangeError(
-            f'relative distance {rel} is outside the table of distances -{k}..{k} and '
-            f'clip=False: use query and key positions at most {k} apart (sequences of at most {k + 1} '
-            f'tokens), a larger table (k ≥ {rel}), or clip=True'
-        )
 
 # %% ../nbs/03_relative.ipynb #39fe760f
 def rel_scores(
@@ -63,11 +41,11 @@ def rel_scores(
 ) -> torch.Tensor:  # `(b, h, i, j)`, x's dtype
     """Relative term $x_i\\cdot a_{ij}$ or $x_j\\cdot a_{ij}$ through `x @ Eᵀ` over the
     distinct rows and a gather (`idx` from `rel_index`; `rows` from `row_range`, read once per forward); no
-    `(i, j, d)` tensor. `ValueError` for a table or `idx` that does not fit `x`."""
-    idx = _check_rel_scores(x, idx, side)  # (b|1, i, j)
+    `(i, j, d)` tensor. `ValueError` for rows beyond the table; `idx` must be built for `x`'s positions."""
+    idx = idx if idx.ndim == 3 else idx[None]  # (b|1, i, j)
     if idx.numel() == 0:  # an empty sequence
         return x.new_zeros(x.shape[0], x.shape[1], idx.shape[-2], idx.shape[-1])
-    lo, hi = _used_rows(idx, table, x.shape[-1], x.shape[1], rows)
+    lo, hi = _used_rows(idx, table, rows)
     used = table[..., lo : hi + 1, :].to(x.dtype)  # the distances that occur
     s = x @ used.transpose(-1, -2)  # (b, h, n, r): one dot per distance
     # (b|1, i, j) or (b|1, j, i)
@@ -78,7 +56,8 @@ def rel_scores(
 
 # %% ../nbs/03_relative.ipynb #e755d6b0
 def row_range(
-    idx: torch.Tensor, n_rows: int
+    idx: torch.Tensor,
+    n_rows: int,
 ) -> tuple:  # table rows (from rel_index), any shape; rows of the table
     """`(lo, hi)`, the first and last table row that `idx` uses, read with one host sync: an encoding's
     `prepare` reads it once per forward, and every layer's `rel_scores`/`rel_values` reuse it (on a GPU, a
@@ -88,17 +67,8 @@ def row_range(
     return value_range(idx)
 
 
-# first and last table row that `idx` uses (`rows` if given); checks the table
-def _used_rows(idx, table, d: int | None = None, h: int | None = None, rows: tuple | None = None):
-    if (
-        table.ndim not in (2, 3)
-        or (d is not None and table.shape[-1] != d)
-        or (table.ndim == 3 and h is not None and table.shape[0] != h)
-    ):
-        raise ValueError(
-            f'table must be (rows, d) or per head (h, rows, d) with h = {h}, d = {d} (from the '
-            f'queries/keys); got {tuple(table.shape)}'
-        )
+# first and last table row that `idx` uses (`rows` if given), which must lie in the table
+def _used_rows(idx, table, rows: tuple | None = None):
     n_rows = table.shape[-2]
     lo, hi = row_range(idx, n_rows) if rows is None else rows
     if lo < 0 or hi >= n_rows:
@@ -107,19 +77,6 @@ def _used_rows(idx, table, d: int | None = None, h: int | None = None, rows: tup
             f'{(n_rows - 1) // 2}'
         )
     return lo, hi
-
-
-def _check_rel_scores(x, idx, side):  # idx as (b|1, i, j), checked against x
-    if side not in ('query', 'key'):
-        raise ValueError(f"side must be 'query' or 'key'; got {side!r}")
-    idx = idx if idx.ndim == 3 else idx[None]  # (b|1, i, j)
-    if idx.shape[-2 if side == 'query' else -1] != x.shape[2]:
-        raise ValueError(
-            f'idx {tuple(idx.shape)} is (b|1, i, j) for {idx.shape[-2]} queries and {idx.shape[-1]} keys, '
-            f'but x has {x.shape[2]} {"queries" if side == "query" else "keys"}: build idx (the context) '
-            'for these positions'
-        )
-    return idx
 
 # %% ../nbs/03_relative.ipynb #c096b138
 def rel_values(
@@ -133,19 +90,35 @@ def rel_values(
     idx = idx if idx.ndim == 3 else idx[None]
     if idx.numel() == 0:  # no keys (or no queries)
         return probs.new_zeros(*probs.shape[:3], table.shape[-1])
-    lo, hi = _used_rows(idx, table, h=probs.shape[1], rows=rows)
+    lo, hi = _used_rows(idx, table, rows)
     ix = (idx - lo)[:, None].expand_as(probs)  # (b, h, i, j)
     per_row = probs.new_zeros(*probs.shape[:3], hi - lo + 1)  # (b, h, i, r)
     per_row.scatter_add_(-1, ix, probs)  # Σ_j α_ij per distance
     return per_row @ table[..., lo : hi + 1, :].to(probs.dtype)  # (b, h, i, d_v)
 
 # %% ../nbs/03_relative.ipynb #e45225e7
+@dataclass(eq=False)
+class RelativeContext(Context):
+    "Context of `RelativeVectors`: the rows its pairs use, and the table row of every pair (made when read)."
+
+    rows: tuple | None = None  # `(lo, hi)`: the first and last row of `rel_idx`; None: read it (row_range)
+    _rel_idx: torch.Tensor | None = field(default=None, init=False, repr=False)
+
+    @property
+    def rel_idx(self) -> torch.Tensor:
+        "`(b|1, i, j)` int64, rows `clip(j - i, k) + k` (rel_index), made on first read (fused: never)."
+        if self._rel_idx is None:  # clip=False: `prepare` checked the distances
+            self._rel_idx = rel_index(self.q_pos, self.k_pos, self.pe.k)
+        return self._rel_idx
+
+
 class RelativeVectors(PositionEncoding):
     """Learned relative vectors $a_{ij} = w_{\\mathrm{clip}(j-i,k)}$ (shared by the heads)
     entering the logits as $q_i\\cdot a_{ij}$ and/or $k_j\\cdot a_{ij}$, and optionally
     the values."""
 
     kind = 'score'
+    context_type = RelativeContext  # what its `prepare` returns
 
     def __init__(
         self,
@@ -182,61 +155,60 @@ class RelativeVectors(PositionEncoding):
         self.key_tables = tables() if (query_term or key_term) else None  # w^K
         self.value_tables = tables() if values else None  # w^V
 
-# %% ../nbs/03_relative.ipynb #0199ac7d
-def _check_relative_vectors(d_head, n_layers, k, flags, init_std):
-    _check_clip_distance(k)
-    if d_head < 1 or n_layers < 1:
-        raise ValueError(f'd_head and n_layers must be ≥ 1; got {d_head}, {n_layers}')
-    for name, flag in flags.items():
-        if not isinstance(flag, bool):
-            raise ValueError(f'{name} must be true or false; got {flag!r}')
-    if not (flags['query_term'] or flags['key_term'] or flags['values']):
-        raise ValueError('enable at least one of query_term, key_term, values')
-    if not is_real(init_std) or not 0 <= init_std < math.inf:
-        raise ValueError(f'init_std must be a finite number ≥ 0; got {init_std!r}')
+    def _table(self, tables, layer):
+        # shared: one table for every layer, whose index is still checked against n_layers
+        n = 1 if self.share_layers and as_layer(layer).idx is None else self.n_layers
+        l = layer_index(layer, n, self.what)
+        return tables[0 if self.share_layers else l]
 
-# %% ../nbs/03_relative.ipynb #ee00b1be
-@dataclass(eq=False)
-class RelativeContext(Context):
-    "Context of `RelativeVectors`: the rows its pairs use, and the table row of every pair (made when read)."
+    def prepare(
+        self, q_pos, k_pos, *, key_mask: torch.Tensor | None = None, causal: bool = False
+    ) -> RelativeContext:
+        "The rows the pairs use, read once per forward from the positions (`rel_idx` is made when read)."
+        check_position_pair(q_pos, k_pos)
+        ext = _distance_extremes(q_pos, k_pos)  # min and max of j - i (None: empty or traced)
+        if ext is None:
+            return RelativeContext(q_pos, k_pos, (0, 2 * self.k), pe=self)
+        lo_hi = value_range(ext)  # one host read per forward; the layers reuse it
+        if not self.clip:
+            _check_within(max(abs(r) for r in lo_hi), self.k)
+        rows = tuple(min(max(r, -self.k), self.k) + self.k for r in lo_hi)  # clip is monotone
+        return RelativeContext(q_pos, k_pos, rows, pe=self)
 
-    rows: tuple | None = None  # `(lo, hi)`: the first and last row of `rel_idx`; None: read it (row_range)
-    _rel_idx: torch.Tensor | None = field(default=None, init=False, repr=False)
+    def score_terms(self, q, k, ctx: RelativeContext, layer: int | LayerRef | None = None):
+        """$q_i\\cdot a_{ij}/\\sqrt d$ and/or $k_j\\cdot a_{ij}/\\sqrt d$, `(b, h, i, j)`,
+        with layer `layer`'s table (`as_layer`)."""
+        if self.key_tables is None:
+            return []
+        a, idx, rows = self._table(self.key_tables, layer), ctx.rel_idx, ctx.rows
+        # scale the (2k+1, d) table, not the (b, h, i, j) terms: two full passes fewer
+        a = a * self.content_scale(q.shape[-1])
+        terms = [rel_scores(q, a, idx, 'query', rows)] if self.query_term else []
+        return terms + ([rel_scores(k, a, idx, 'key', rows)] if self.key_term else [])
 
-    @property
-    def rel_idx(self) -> torch.Tensor:
-        "`(b|1, i, j)` int64, rows `clip(j - i, k) + k` (rel_index), made on first read (fused: never)."
-        if self._rel_idx is None:  # clip=False: `prepare` checked the distances
-            self._rel_idx = rel_index(self.q_pos, self.k_pos, self.pe.k)
-        return self._rel_idx
+    def value_terms(self, ctx: RelativeContext, layer: int | LayerRef | None = None):
+        """Shaw's $\\sum_j \\alpha_{ij} a^V_{ij}$ as a callable of the probabilities,
+        with layer `layer`'s table."""
+        if self.value_tables is None:
+            return []
+        a_v, idx = self._table(self.value_tables, layer), ctx.rel_idx
+        return [lambda probs: rel_values(probs, a_v, idx, ctx.rows)]
 
+    def score_mods(self, q, k, ctx: RelativeContext, layer: int | LayerRef | None = None):
+        """`score_terms` as index functions for the fused path: $T = qE^\\top$ / $U = kE^\\top$ `(b, h, n, r)`
+        read at row `clip(j - i, k) + k - lo` (01b_fused); no `(b, h, i, j)` tensor."""
+        if self.key_tables is None:
+            return []
+        lo, hi = ctx.rows if ctx.rows is not None else row_range(ctx.rel_idx, 2 * self.k + 1)
+        a = self._table(self.key_tables, layer) * self.content_scale(q.shape[-1])
+        E = a[lo : hi + 1].to(q.dtype)  # (r, d): the distances that occur
+        qp, kp = batched_positions(ctx, q.shape[0])  # (b, i), (b, j)
 
-RelativeVectors.context_type = RelativeContext  # what its `prepare` returns
+        def row(b, q_idx, kv_idx):  # clip(j - i, k) + k, as a row of E
+            return (kp[b, kv_idx] - qp[b, q_idx]).clamp(-self.k, self.k) + self.k - lo
 
-
-@patch
-def _table(self: RelativeVectors, tables, layer):
-    # shared: one table for every layer, whose index is still checked against n_layers
-    n = 1 if self.share_layers and as_layer(layer).idx is None else self.n_layers
-    l = layer_index(layer, n, self.what)
-    return tables[0 if self.share_layers else l]
-
-
-@patch
-def prepare(
-    self: RelativeVectors, q_pos, k_pos, *, key_mask: torch.Tensor | None = None, causal: bool = False
-) -> RelativeContext:
-    "The rows the pairs use, read once per forward from the positions (`rel_idx` is made when read)."
-    check_position_pair(q_pos, k_pos)
-    _check_clip_distance(self.k)
-    ext = _distance_extremes(q_pos, k_pos)  # min and max of j - i (None: empty or traced)
-    if ext is None:
-        return RelativeContext(q_pos, k_pos, (0, 2 * self.k), pe=self)
-    lo_hi = value_range(ext)  # one host read per forward; the layers reuse it
-    if not self.clip:
-        _check_within(max(abs(r) for r in lo_hi), self.k)
-    rows = tuple(min(max(r, -self.k), self.k) + self.k for r in lo_hi)  # clip is monotone
-    return RelativeContext(q_pos, k_pos, rows, pe=self)
+        mods = [offset_mod(q @ E.T, row, 'query')] if self.query_term else []  # T: (b, h, i, r)
+        return mods + ([offset_mod(k @ E.T, row, 'key')] if self.key_term else [])  # U: (b, h, j, r)
 
 
 # `(2,)` int64 on the positions' device: min and max of k_pos[j] - q_pos[i] over each sequence's pairs (no
@@ -247,47 +219,6 @@ def _distance_extremes(q_pos, k_pos):
     qp, kp = (p.long() if p.ndim == 2 else p.long()[None] for p in (q_pos, k_pos))  # (b|1, n)
     lo, hi = kp.amin(-1) - qp.amax(-1), kp.amax(-1) - qp.amin(-1)  # (b|1,) each: a sequence's extremes
     return torch.stack([lo.min(), hi.max()])
-
-
-@patch
-def score_terms(self: RelativeVectors, q, k, ctx: RelativeContext, layer: int | LayerRef | None = None):
-    """$q_i\\cdot a_{ij}/\\sqrt d$ and/or $k_j\\cdot a_{ij}/\\sqrt d$, `(b, h, i, j)`,
-    with layer `layer`'s table (`as_layer`)."""
-    if self.key_tables is None:
-        return []
-    a, idx, rows = self._table(self.key_tables, layer), ctx.rel_idx, ctx.rows
-    # scale the (2k+1, d) table, not the (b, h, i, j) terms: two full passes fewer
-    a = a * self.content_scale(q.shape[-1])
-    terms = [rel_scores(q, a, idx, 'query', rows)] if self.query_term else []
-    return terms + ([rel_scores(k, a, idx, 'key', rows)] if self.key_term else [])
-
-
-@patch
-def value_terms(self: RelativeVectors, ctx: RelativeContext, layer: int | LayerRef | None = None):
-    """Shaw's $\\sum_j \\alpha_{ij} a^V_{ij}$ as a callable of the probabilities,
-    with layer `layer`'s table."""
-    if self.value_tables is None:
-        return []
-    a_v, idx = self._table(self.value_tables, layer), ctx.rel_idx
-    return [lambda probs: rel_values(probs, a_v, idx, ctx.rows)]
-
-# %% ../nbs/03_relative.ipynb #61092946
-@patch
-def score_mods(self: RelativeVectors, q, k, ctx: RelativeContext, layer: int | LayerRef | None = None):
-    """`score_terms` as index functions for the fused path: $T = qE^\\top$ / $U = kE^\\top$ `(b, h, n, r)`
-    read at row `clip(j - i, k) + k - lo` (01b_fused); no `(b, h, i, j)` tensor."""
-    if self.key_tables is None:
-        return []
-    lo, hi = ctx.rows if ctx.rows is not None else row_range(ctx.rel_idx, 2 * self.k + 1)
-    a = self._table(self.key_tables, layer) * self.content_scale(q.shape[-1])
-    E = a[lo : hi + 1].to(q.dtype)  # (r, d): the distances that occur
-    qp, kp = batched_positions(ctx, q.shape[0])  # (b, i), (b, j)
-
-    def row(b, q_idx, kv_idx):  # clip(j - i, k) + k, as a row of E
-        return (kp[b, kv_idx] - qp[b, q_idx]).clamp(-self.k, self.k) + self.k - lo
-
-    mods = [offset_mod(q @ E.T, row, 'query')] if self.query_term else []  # T: (b, h, i, r)
-    return mods + ([offset_mod(k @ E.T, row, 'key')] if self.key_term else [])  # U: (b, h, j, r)
 
 # %% ../nbs/03_relative.ipynb #d7f91a99
 def Shaw(
@@ -333,6 +264,32 @@ def HuangMethod4(
         init_std=init_std,
         what="the encoding 'huang4' (HuangMethod4)",
     )
+
+# %% ../nbs/03_relative.ipynb #db895f25
+#| code-fold: true
+def _check_relative_vectors(d_head, n_layers, k, flags, init_std):
+    if not is_int(k) or k < 1:
+        raise ValueError(
+            f'the clipping distance k must be an integer ≥ 1 (the table holds 2k+1 rows); got {k!r}'
+        )
+    check_ints(d_head=d_head, n_layers=n_layers)
+    check_flags(**flags)
+    if not (flags['query_term'] or flags['key_term'] or flags['values']):
+        raise ValueError('enable at least one of query_term, key_term, values')
+    check_finite(init_std=init_std)
+
+
+# clip=False: every distance within ±k (traced: no check, see `is_tracing`); `rel` a tensor of distances
+# or the largest |j - i| as an int
+def _check_within(rel, k):
+    if isinstance(rel, torch.Tensor):
+        rel = int(rel.abs().max()) if rel.numel() and not is_tracing() else 0
+    if rel > k:
+        raise PositionRangeError(
+            f'relative distance {rel} is outside the table of distances -{k}..{k} and '
+            f'clip=False: use query and key positions at most {k} apart (sequences of at most {k + 1} '
+            f'tokens), a larger table (k ≥ {rel}), or clip=True'
+        )
 
 # %% ../nbs/03_relative.ipynb #a279b035
 @register_encoding(

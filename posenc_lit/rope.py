@@ -7,67 +7,63 @@ from __future__ import annotations
 import math
 import torch
 from dataclasses import dataclass
-from fastcore.basics import patch
 from .core import *
 from .checks import *
 from .attention import *
 
 # %% auto #0
 __all__ = ['PAIRINGS', 'SCALINGS', 'rope_inv_freq', 'rope_cos_sin', 'apply_rope', 'pairing_permutation',
-           'rope_frequencies', 'RoPE', 'RoPEContext']
+           'rope_frequencies', 'RoPEContext', 'RoPE']
 
-# %% ../nbs/07_rope.ipynb #f9a3ac40
+# %% ../nbs/07_rope.ipynb #f1167af0
+#| code-fold: true
+PAIRINGS = {
+    'half': 'dimension i pairs with i + d_r/2 (GPT-NeoX, Hugging Face LLaMA `rotate_half`)',
+    'interleaved': 'dimension 2i pairs with 2i + 1 (the RoFormer paper, GPT-J, Meta LLaMA complex form)',
+}
+SCALINGS = {
+    'none': 'plain RoPE',
+    'linear': "position interpolation (Chen et al. 2023): θ_i / s, i.e. positions m·L/L'",
+    'ntk': 'NTK-aware base b·s^(d_r/(d_r-2)): fastest frequency kept, slowest divided by s',
+}
+
+
 def _is_num(v):
     return is_real(v) and math.isfinite(v)
 
 
-def _check_base(base):
-    if not _is_num(base) or base <= 1:
+def _check_pairing(pairing):
+    if pairing not in PAIRINGS:
+        raise ValueError(f"pairing must be 'half' or 'interleaved' ({PAIRINGS}); got {pairing!r}")
+
+
+def _check_rope(rotary_dim, d_head=None, base=10000.0, scaling='none', factor=1.0) -> int:
+    """d_r: `rotary_dim` (`None`: all of `d_head`), once RoPE's options are checked; `ValueError` names the
+    bad one"""
+    r = d_head if rotary_dim is None else rotary_dim
+    if not (is_int(r) and r % 2 == 0 and 2 <= r <= (d_head or r) and (d_head is None or is_int(d_head))):
+        raise ValueError(
+            f'RoPE rotates pairs of dimensions: rotary_dim must be an even integer from 2 to the head '
+            f'dimension d (d_model / n_heads = {d_head!r}; None: all of d); got {rotary_dim!r}'
+        )
+    if not (_is_num(base) and base > 1):
         raise ValueError(f'base must be a finite number > 1 (RoFormer: 10000); got {base!r}')
-
-
-def _check_freqs(theta, what):  # θ as computed: every frequency must be a positive float32 number
-    # traced: checked when built
-    if not is_tracing() and not (torch.isfinite(theta).all() and (theta > 0).all()):
+    if scaling not in SCALINGS or not (
+        _is_num(factor) and factor >= 1 and (factor == 1 or scaling != 'none')
+    ):
         raise ValueError(
-            f'{what} give frequencies θ_i that underflow or overflow float32 ({theta.tolist()[-2:]} for '
-            'the slowest pairs): RoPE needs every θ_i finite and > 0; use a smaller base or factor '
-            '(RoFormer: base 10000, factor 1)'
+            f"scaling must be one of {list(SCALINGS)} and factor a number s = L'/L ≥ 1 (1: no scaling; RoPE "
+            f"scaling stretches, it cannot compress; only 1 with 'none'); got {scaling!r}, {factor!r}"
         )
+    if scaling == 'ntk' and r < 4:
+        raise ValueError(f"scaling='ntk' needs rotary_dim ≥ 4 (its exponent d_r/(d_r-2)); got {r}")
+    return r
+
+
+def _check_freqs(theta, what):  # θ as computed: every frequency a positive float32 number (traced: not read)
+    if not is_tracing() and not (theta.isfinite().all() and (theta > 0).all()):
+        raise ValueError(f'{what} give frequencies θ_i that underflow or overflow float32: use smaller ones')
     return theta
-
-# %% ../nbs/07_rope.ipynb #3e0e1719
-def _check_rotary_dim(rotary_dim, d_head: int | None = None):
-    "`rotary_dim` (`None`: all of `d_head`) checked: an even integer ≥ 2, at most `d_head`."
-    if d_head is not None and d_head < 2:
-        raise ValueError(
-            'RoPE needs a head dimension d ≥ 2 (it rotates pairs of dimensions; in a model d = '
-            f'd_model / n_heads); got d={d_head}'
-        )
-    if rotary_dim is None and d_head is not None:
-        if d_head % 2:
-            raise ValueError(
-                f'the head dimension d={d_head} is odd and RoPE rotates pairs of dimensions: set '
-                f'rotary_dim to an even number ≤ {d_head} (e.g. {d_head - 1}), or use an even head dimension'
-            )
-        rotary_dim = d_head
-    if not is_int(rotary_dim) or rotary_dim < 2:
-        raise ValueError(
-            'rotary_dim must be an even integer ≥ 2 (the number of dimensions RoPE rotates); got '
-            f'{rotary_dim!r}'
-        )
-    if rotary_dim % 2:
-        ok = [r for r in (rotary_dim - 1, rotary_dim + 1) if r >= 2 and (d_head is None or r <= d_head)]
-        raise ValueError(
-            f'rotary_dim must be even (RoPE rotates pairs of dimensions); got {rotary_dim} (use '
-            f'{" or ".join(map(str, ok))})'
-        )
-    if d_head is not None and rotary_dim > d_head:
-        raise ValueError(
-            f'rotary_dim={rotary_dim} is larger than the head dimension d={d_head}: use rotary_dim ≤ '
-            f'{d_head} (None rotates all of it)'
-        )
-    return rotary_dim
 
 # %% ../nbs/07_rope.ipynb #cafe7e85
 def rope_inv_freq(
@@ -76,9 +72,8 @@ def rope_inv_freq(
     device: torch.device | str | None = None,
 ) -> torch.Tensor:  # θ_i = b^(-2i/d_r), i = 0 … d_r/2-1: radians per token, float32, `(d_r/2,)`
     """RoPE's frequencies $\\theta_i = b^{-2i/d_r}$ in float32 (Su et al. 2021, §3.2); `ValueError` for an odd
-    `rotary_dim` or a `base` ≤ 1."""
-    _check_rotary_dim(rotary_dim)
-    _check_base(base)
+    `rotary_dim`, a `base` ≤ 1, or frequencies that leave float32."""
+    _check_rope(rotary_dim, base=base)
     return _check_freqs(_theta(rotary_dim, base, device), f'base={base!r}')
 
 
@@ -92,70 +87,11 @@ def rope_cos_sin(
     pos: torch.Tensor,  # integer token positions `(n,)` or `(b, n)`, 0-based
     inv_freq: torch.Tensor,  # θ `(d_r/2,)` (its dtype is the angles' dtype: float32 from rope_inv_freq)
 ) -> tuple:  # `(cos, sin)`, each `(…, n, d_r/2)`
-    """Cosines and sines of the rotation angles $m\\theta_i$ (radians) of each position $m$; `TypeError` for
-    non-integer positions."""
-    if not is_int_tensor(pos):
-        got = pos.dtype if isinstance(pos, torch.Tensor) else type(pos).__name__
-        raise TypeError(f'positions must be an integer tensor of token indices; got {got}')
-    if not isinstance(inv_freq, torch.Tensor) or inv_freq.ndim != 1 or not inv_freq.dtype.is_floating_point:
-        raise TypeError(
-            'inv_freq must be a float tensor (d_r/2,) of frequencies (see `rope_inv_freq`); got '
-            f'{_desc(inv_freq)}'
-        )
+    "Cosines and sines of the rotation angles $m\\theta_i$ (radians) of each position $m$."
     angles = pos.to(inv_freq.dtype)[..., None] * inv_freq  # (…, n, d_r/2): m·θ_i
     return angles.cos(), angles.sin()
 
 # %% ../nbs/07_rope.ipynb #61838dbe
-PAIRINGS = {
-    'half': 'dimension i pairs with i + d_r/2 (GPT-NeoX, Hugging Face LLaMA `rotate_half`)',
-    'interleaved': 'dimension 2i pairs with 2i + 1 (the RoFormer paper, GPT-J, Meta LLaMA complex form)',
-}
-
-
-def _check_pairing(pairing):
-    if pairing not in PAIRINGS:
-        raise ValueError(f"pairing must be 'half' or 'interleaved' ({PAIRINGS}); got {pairing!r}")
-
-
-def _desc(t):
-    return (
-        f'{t.dtype} tensor of shape {tuple(t.shape)}'
-        if isinstance(t, torch.Tensor)
-        else f'{type(t).__name__} {t!r:.40}'
-    )
-
-
-# x float (…, n, d); cos, sin the same float (…, n, d_r/2) shape, broadcastable with x
-def _check_rope_args(x, cos, sin):
-    if not isinstance(x, torch.Tensor) or x.ndim < 1 or not x.dtype.is_floating_point:
-        raise TypeError(
-            'x must be a float tensor of queries or keys (…, n, d) (an integer x would truncate the '
-            f'rotation); got {_desc(x)}'
-        )
-    for name, t in (('cos', cos), ('sin', sin)):
-        if not isinstance(t, torch.Tensor) or t.ndim < 1 or not t.dtype.is_floating_point:
-            raise TypeError(
-                f'{name} must be a float tensor (…, n, d_r/2) from `rope_cos_sin`; got {_desc(t)}'
-            )
-    if cos.shape != sin.shape:
-        raise ValueError(
-            f'cos and sin must have the same shape; got {tuple(cos.shape)} and {tuple(sin.shape)}'
-        )
-    r = 2 * cos.shape[-1]
-    if r > x.shape[-1]:
-        raise ValueError(
-            f'cos and sin rotate {r} dimensions but x has only {x.shape[-1]} (shape {tuple(x.shape)})'
-        )
-    try:
-        torch.broadcast_shapes(cos.shape, (*x.shape[:-1], cos.shape[-1]))
-    except RuntimeError:
-        raise ValueError(
-            f'cos and sin of shape {tuple(cos.shape)} (…, n, d_r/2) do not broadcast with x of shape '
-            f'{tuple(x.shape)} (…, n, d): one angle per position of x is needed'
-        ) from None
-    return r
-
-
 # the two members of each pair among the first r dimensions: (x1, x2), each (…, r/2)
 def _pairs(x, r, pairing):
     return (x[..., : r // 2], x[..., r // 2 : r]) if pairing == 'half' else (x[..., 0:r:2], x[..., 1:r:2])
@@ -168,9 +104,8 @@ def apply_rope(
     pairing: str = 'half',  # which dimensions pair up: 'half' or 'interleaved' (see PAIRINGS)
 ) -> torch.Tensor:  # x with its first d_r dimensions rotated pair by pair; same shape and dtype
     """Rotate each pair of the first $d_r$ dimensions of `x` by its angle (Su et al. 2021, §3.2); the other $d
-    - d_r$ pass unchanged."""
-    _check_pairing(pairing)
-    r = _check_rope_args(x, cos, sin)
+    - d_r$ pass unchanged. Unchecked: `RoPE` passes the angles of its own positions."""
+    r = 2 * cos.shape[-1]
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     x1, x2 = _pairs(x, r, pairing)
     y1, y2 = x1 * cos - x2 * sin, x1 * sin + x2 * cos  # (…, n, d_r/2) each
@@ -188,7 +123,7 @@ def pairing_permutation(
     """The permutation of head dimensions (or of each head's q/k projection rows) that turns `src`-paired
     vectors into `dst`-paired ones."""
     d_head = rotary_dim if d_head is None else d_head
-    _check_rotary_dim(rotary_dim, d_head)
+    _check_rope(rotary_dim, d_head)
     _check_pairing(src)
     _check_pairing(dst)
     # first members, then second members
@@ -197,33 +132,6 @@ def pairing_permutation(
         (src, dst), torch.arange(rotary_dim)
     )
     return torch.cat([idx, torch.arange(rotary_dim, d_head)])
-
-# %% ../nbs/07_rope.ipynb #97b17ca9
-SCALINGS = {
-    'none': 'plain RoPE',
-    'linear': "position interpolation (Chen et al. 2023): θ_i / s, i.e. positions m·L/L'",
-    'ntk': 'NTK-aware base b·s^(d_r/(d_r-2)): fastest frequency kept, slowest divided by s',
-}
-
-
-def _check_scaling(scaling, factor, rotary_dim):
-    if scaling not in SCALINGS:
-        raise ValueError(f'scaling must be one of {list(SCALINGS)} ({SCALINGS}); got {scaling!r}')
-    if not _is_num(factor) or factor < 1:
-        raise ValueError(
-            f"factor must be a number ≥ 1: s = L'/L, how many times longer the inputs are than the trained "
-            f"length (1 = no scaling; RoPE scaling stretches, it cannot compress); got {factor!r}"
-        )
-    if scaling == 'none' and factor != 1:
-        raise ValueError(
-            f"factor={factor} has no effect with scaling='none': set scaling='linear' (position "
-            "interpolation) or 'ntk'"
-        )
-    if scaling == 'ntk' and rotary_dim < 4:
-        raise ValueError(
-            "scaling='ntk' needs rotary_dim ≥ 4 (its exponent d_r/(d_r-2) is undefined for d_r=2); "
-            f"got {rotary_dim}"
-        )
 
 # %% ../nbs/07_rope.ipynb #82a8cf64
 def rope_frequencies(
@@ -235,9 +143,7 @@ def rope_frequencies(
 ) -> torch.Tensor:  # θ `(d_r/2,)`, float32, radians per token
     """RoPE's frequencies for inputs `factor` times longer than trained (Chen et al. 2023; NTK-aware base);
     `ValueError` for a bad configuration."""
-    _check_rotary_dim(rotary_dim)
-    _check_base(base)
-    _check_scaling(scaling, factor, rotary_dim)
+    _check_rope(rotary_dim, None, base, scaling, factor)
     what = f'base={base!r}, scaling={scaling!r}, factor={factor!r}'
     return _check_freqs(_scaled_theta(rotary_dim, base, scaling, factor, device), what)
 
@@ -253,11 +159,22 @@ def _scaled_theta(rotary_dim, base, scaling, factor, device):  # unchecked: `rop
     return inv_freq / factor if scaling == 'linear' else inv_freq
 
 # %% ../nbs/07_rope.ipynb #849bff7d
+@dataclass(eq=False)
+class RoPEContext(Context):
+    """Context of `RoPE`: float32 cosines and sines of the queries' and keys' angles, made once per forward by
+    `prepare`."""
+
+    rope_same: bool  # the queries and keys have the same positions (one set of angles)
+    # `{torch.float32: ((cos, sin) of the queries, (cos, sin) of the keys)}`, each `(b|1, 1, n, d_r/2)`
+    rope: dict
+
+
 class RoPE(PositionEncoding):
     """Rotary position embedding (Su et al. 2021, §3.2): each layer's q and k rotated by $m\\theta_i$; no
     table, any length."""
 
     kind = 'qk'
+    context_type = RoPEContext  # what its `prepare` returns
 
     def __init__(
         self,
@@ -270,95 +187,59 @@ class RoPE(PositionEncoding):
         factor: float = 1.0,  # s = L'/L ≥ 1 for the scaling
     ):
         super().__init__()
-        if not is_int(d_head) or d_head < 1:
-            raise ValueError(f'd_head must be an integer ≥ 1; got {d_head!r}')
-        self.d_head, self.rotary_dim = d_head, _check_rotary_dim(rotary_dim, d_head)
-        _check_base(base)
+        self.d_head, self.rotary_dim = d_head, _check_rope(rotary_dim, d_head, base, scaling, factor)
         _check_pairing(pairing)
-        _check_scaling(scaling, factor, self.rotary_dim)
         self.base, self.pairing, self.scaling, self.factor = base, pairing, scaling, factor
         # frequencies that leave float32 fail here, not in the first forward
-        rope_frequencies(self.rotary_dim, base, scaling, factor)
+        _check_freqs(self.inv_freq(), f'base={base!r}, scaling={scaling!r}, factor={factor!r}')
 
-# %% ../nbs/07_rope.ipynb #a6f50eae
-@patch
-def inv_freq(self: RoPE, device: torch.device | str | None = None) -> torch.Tensor:
-    """θ `(d_r/2,)`, float32, recomputed on each call (no buffer: the model's dtype never touches it); checked
-    once, when the RoPE was built (a check here would read the GPU's result once per forward)."""
-    return _scaled_theta(self.rotary_dim, self.base, self.scaling, self.factor, device)
+    def inv_freq(self, device: torch.device | str | None = None) -> torch.Tensor:
+        """θ `(d_r/2,)`, float32, recomputed on each call (no buffer: the model's dtype never touches it);
+        checked once, when the RoPE was built (a check here would read the GPU's result once per forward)."""
+        return _scaled_theta(self.rotary_dim, self.base, self.scaling, self.factor, device)
 
+    def prepare(
+        self,
+        q_pos,
+        k_pos,
+        *,
+        key_mask: torch.Tensor | None = None,
+        causal: bool = False,
+    ) -> RoPEContext:  # integer positions `(b|1, i)`, `(b|1, j)` (or 1-D)
+        "Per-forward context shared by all layers: the positions and their float32 cos/sin (see `cos_sin`)."
+        same = q_pos is k_pos
+        q_pos, k_pos = (p[None] if p.ndim == 1 else p for p in (q_pos, k_pos))
+        angles = self._angles(q_pos, k_pos, same, torch.float32)
+        return RoPEContext(q_pos, k_pos, same, {torch.float32: angles}, pe=self)
 
-@dataclass(eq=False)
-class RoPEContext(Context):
-    """Context of `RoPE`: float32 cosines and sines of the queries' and keys' angles, made once per forward by
-    `prepare`."""
+    # ((cos, sin) of the queries, of the keys), each (b|1, 1, n, d_r/2), in `acc`
+    def _angles(self, q_pos, k_pos, same, acc):
+        inv_freq = self.inv_freq(q_pos.device).to(acc)
+        cs_q = tuple(t[:, None] for t in rope_cos_sin(q_pos, inv_freq))  # (b|1, 1, i, d_r/2)
+        # (b|1, 1, j, d_r/2)
+        return cs_q, cs_q if same else tuple(t[:, None] for t in rope_cos_sin(k_pos, inv_freq))
 
-    rope_same: bool  # the queries and keys have the same positions (one set of angles)
-    # `{torch.float32: ((cos, sin) of the queries, (cos, sin) of the keys)}`, each `(b|1, 1, n, d_r/2)`
-    rope: dict
+    def cos_sin(self, ctx: RoPEContext, dtype: torch.dtype) -> tuple:  # `prepare`'s context; q's dtype
+        """`((cos, sin) of the queries, (cos, sin) of the keys)`, each `(b|1, 1, n, d_r/2)`: float32 from
+        `prepare` (float64 for float64 q, made here)."""
+        acc = torch.promote_types(dtype, torch.float32)  # never below float32
+        if acc in ctx.rope:
+            return ctx.rope[acc]
+        # a float64 layer: float64 angles, not stored
+        return self._angles(ctx.q_pos, ctx.k_pos, ctx.rope_same, acc)
 
-
-RoPE.context_type = RoPEContext  # what its `prepare` returns
-
-
-@patch
-def prepare(
-    self: RoPE, q_pos, k_pos, *, key_mask: torch.Tensor | None = None, causal: bool = False
-) -> RoPEContext:  # integer positions `(b|1, i)`, `(b|1, j)` (or 1-D)
-    "Per-forward context shared by all layers: the positions and their float32 cos/sin (see `cos_sin`)."
-    same = q_pos is k_pos
-    q_pos, k_pos = (p[None] if isinstance(p, torch.Tensor) and p.ndim == 1 else p for p in (q_pos, k_pos))
-    for name, p in (('q_pos', q_pos), ('k_pos', k_pos)):
-        if not is_int_tensor(p) or p.ndim != 2:
-            got = (
-                f'{p.dtype} tensor of shape {tuple(p.shape)}'
-                if isinstance(p, torch.Tensor)
-                else type(p).__name__
-            )
-            raise TypeError(
-                f'{name} must be an integer tensor of token positions, shape (n,) or (b, n); got {got}'
-            )
-    return RoPEContext(
-        q_pos, k_pos, same, {torch.float32: self._angles(q_pos, k_pos, same, torch.float32)}, pe=self
-    )
-
-# %% ../nbs/07_rope.ipynb #94483cd6
-@patch
-# ((cos, sin) of the queries, of the keys), each (b|1, 1, n, d_r/2), in `acc`
-def _angles(self: RoPE, q_pos, k_pos, same, acc):
-    inv_freq = self.inv_freq(q_pos.device).to(acc)
-    # (b|1, 1, i, d_r/2)
-    cs_q = tuple(t[:, None] for t in rope_cos_sin(q_pos, inv_freq))
-    # (b|1, 1, j, d_r/2)
-    return cs_q, cs_q if same else tuple(t[:, None] for t in rope_cos_sin(k_pos, inv_freq))
-
-
-@patch
-def cos_sin(self: RoPE, ctx: RoPEContext, dtype: torch.dtype) -> tuple:  # `prepare`'s context; the dtype of q
-    """`((cos, sin) of the queries, (cos, sin) of the keys)`, each `(b|1, 1, n, d_r/2)`: float32 from
-    `prepare` (float64 for float64 q, made here)."""
-    acc = torch.promote_types(dtype, torch.float32)  # never below float32
-    if acc in ctx.rope:
-        return ctx.rope[acc]
-    # a float64 layer: float64 angles, not stored
-    return self._angles(ctx.q_pos, ctx.k_pos, ctx.rope_same, acc)
-
-
-@patch
-def transform_qk(
-    self: RoPE,
-    q: torch.Tensor,  # `(b, h, i, d)`
-    k: torch.Tensor,  # `(b, h, j, d)`
-    ctx: RoPEContext,
-    layer: int | LayerRef | None = None,
-):
-    "Rotated `(q, k)`, same shapes and dtype."
-    if q.shape[-1] != self.d_head:
-        raise ValueError(
-            f'RoPE was built for head dimension d={self.d_head}; got q of shape {tuple(q.shape)}'
-        )
-    cs_q, cs_k = self.cos_sin(ctx, q.dtype)
-    return apply_rope(q, *cs_q, self.pairing), apply_rope(k, *cs_k, self.pairing)
+    def transform_qk(
+        self,
+        q: torch.Tensor,  # `(b, h, i, d)`
+        k: torch.Tensor,  # `(b, h, j, d)`
+        ctx: RoPEContext,
+        layer: int | LayerRef | None = None,
+    ):
+        "Rotated `(q, k)`, same shapes and dtype; `ValueError` for a head dimension other than `d_head`."
+        if q.shape[-1] != self.d_head:  # else a silent partial rotation
+            raise ValueError(f'RoPE was built for head dimension d={self.d_head}; got q {tuple(q.shape)}')
+        cs_q, cs_k = self.cos_sin(ctx, q.dtype)
+        return apply_rope(q, *cs_q, self.pairing), apply_rope(k, *cs_k, self.pairing)
 
 # %% ../nbs/07_rope.ipynb #f92ec7d3
 @register_encoding(

@@ -11,32 +11,10 @@ from dataclasses import dataclass
 from .core import *
 from .checks import *
 from .attention import *
-from fastcore.basics import patch
 from .fused import batched_positions, check_position_pair
 
 # %% auto #0
 __all__ = ['t5_bucket', 'T5Context', 'T5RelativeBias']
-
-# %% ../nbs/04_t5.ipynb #c72c57e1
-def _check_buckets(bidirectional, num_buckets, max_distance):
-    if not isinstance(bidirectional, bool):
-        raise ValueError(f'bidirectional must be true or false; got {bidirectional!r}')
-    if not is_int(num_buckets) or num_buckets < (4 if bidirectional else 2):
-        raise ValueError(f'num_buckets must be an integer ≥ {4 if bidirectional else 2}; got {num_buckets!r}')
-    if bidirectional and num_buckets % 2:
-        raise ValueError(
-            f'bidirectional buckets are split in two halves (before/after the query), so num_buckets must be '
-            f'even; got {num_buckets} (use {num_buckets + 1} or {num_buckets - 1})'
-        )
-    if not is_real(max_distance) or not max_distance < math.inf:
-        raise ValueError(f'max_distance must be a finite number of tokens; got {max_distance!r}')
-    max_exact = (num_buckets // 2 if bidirectional else num_buckets) // 2
-    if not max_distance > max_exact:
-        raise ValueError(
-            f'max_distance={max_distance} must be larger than the exact range (distances below {max_exact} '
-            f'get one bucket each with num_buckets={num_buckets}); the log buckets would be empty'
-        )
-    return max_exact
 
 # %% ../nbs/04_t5.ipynb #e208d806
 def t5_bucket(
@@ -46,13 +24,8 @@ def t5_bucket(
     max_distance: int = 128,  # distances ≥ max_distance share the last bucket
 ) -> torch.Tensor:  # bucket ids in `[0, num_buckets)`, int64, shape of `rel`
     """T5's relative-position bucket of each distance $j-i$ (Raffel et al. 2020, §2.1; HF
-    `T5Attention._relative_position_bucket`)."""
-    max_exact = _check_buckets(bidirectional, num_buckets, max_distance)
-    if not is_int_tensor(rel):
-        raise ValueError(
-            f'rel must be an integer tensor of distances j - i (e.g. from rel_pos); got '
-            f'{rel.dtype if isinstance(rel, torch.Tensor) else type(rel).__name__}'
-        )
+    `T5Attention._relative_position_bucket`). Unchecked: `T5RelativeBias` checks its options once."""
+    max_exact = _max_exact(bidirectional, num_buckets)
     rel = rel.long()
     if bidirectional:
         num_buckets //= 2
@@ -64,6 +37,10 @@ def t5_bucket(
     scaled = torch.log(n.clamp(min=max_exact).float() / max_exact) / math.log(max_distance / max_exact)
     log_bucket = (max_exact + (scaled * (num_buckets - max_exact)).long()).clamp(max=num_buckets - 1)
     return offset + torch.where(n < max_exact, n, log_bucket)
+
+
+def _max_exact(bidirectional, num_buckets):  # distances below it keep a bucket each
+    return (num_buckets // 2 if bidirectional else num_buckets) // 2
 
 # %% ../nbs/04_t5.ipynb #af3e5ecb
 @dataclass(eq=False)
@@ -91,13 +68,7 @@ class T5RelativeBias(PositionEncoding):
         init_std: float = 0.02,
     ):
         super().__init__()
-        _check_buckets(bidirectional, num_buckets, max_distance)
-        if not is_int(n_heads) or n_heads < 1:
-            raise ValueError(f'n_heads must be an integer ≥ 1; got {n_heads!r}')
-        if not isinstance(scale_content, bool):
-            raise ValueError(f'scale_content must be true or false; got {scale_content!r}')
-        if not is_real(init_std) or not 0 <= init_std < math.inf:
-            raise ValueError(f'init_std must be a finite number ≥ 0; got {init_std!r}')
+        _check_t5(n_heads, num_buckets, max_distance, bidirectional, scale_content, init_std)
         self.num_buckets, self.max_distance, self.bidirectional, self.scale_content = (
             num_buckets,
             max_distance,
@@ -132,15 +103,31 @@ class T5RelativeBias(PositionEncoding):
     def content_scale(self, d):
         return d**-0.5 if self.scale_content else 1.0
 
-# %% ../nbs/04_t5.ipynb #0a7834cc
-@patch
-def score_mods(self: T5RelativeBias, q, k, ctx: T5Context, layer: int | LayerRef | None = None):
-    "The bias as an index function: `weight[t5_bucket(j - i), h]`, a lookup by the clipped distance j − i."
-    qp, kp = batched_positions(ctx, q.shape[0])  # (b, i), (b, j)
-    M = math.ceil(self.max_distance) + 1  # beyond: the last bucket
-    rel = torch.arange(-M, M + 1, device=q.device)  # (2M+1,): j - i
-    w = self.weight[t5_bucket(rel, self.bidirectional, self.num_buckets, self.max_distance)]  # (2M+1, h)
-    return [lambda b, h, q_idx, kv_idx: w[(kp[b, kv_idx] - qp[b, q_idx]).clamp(-M, M) + M, h]]
+    def score_mods(self, q, k, ctx: T5Context, layer: int | LayerRef | None = None):
+        "The bias as an index function: `weight[t5_bucket(j - i), h]`, a lookup by the clipped j − i."
+        qp, kp = batched_positions(ctx, q.shape[0])  # (b, i), (b, j)
+        M = math.ceil(self.max_distance) + 1  # beyond: the last bucket
+        rel = torch.arange(-M, M + 1, device=q.device)  # (2M+1,): j - i
+        w = self.weight[t5_bucket(rel, self.bidirectional, self.num_buckets, self.max_distance)]  # (2M+1, h)
+        return [lambda b, h, q_idx, kv_idx: w[(kp[b, kv_idx] - qp[b, q_idx]).clamp(-M, M) + M, h]]
+
+# %% ../nbs/04_t5.ipynb #7c343612
+#| code-fold: true
+def _check_t5(n_heads, num_buckets, max_distance, bidirectional, scale_content, init_std):
+    check_flags(bidirectional=bidirectional, scale_content=scale_content)
+    check_ints(4 if bidirectional else 2, num_buckets=num_buckets)
+    if bidirectional and num_buckets % 2:
+        raise ValueError(
+            f'bidirectional buckets come in two halves: num_buckets must be even; got {num_buckets}'
+        )
+    max_exact = _max_exact(bidirectional, num_buckets)
+    if not (is_real(max_distance) and max_exact < max_distance < math.inf):
+        raise ValueError(
+            f'max_distance={max_distance!r} must be larger than the exact range ({max_exact} tokens with '
+            f'num_buckets={num_buckets}) and finite: else the log buckets would be empty'
+        )
+    check_ints(n_heads=n_heads)
+    check_finite(init_std=init_std)
 
 # %% ../nbs/04_t5.ipynb #eba81ecc
 @register_encoding(

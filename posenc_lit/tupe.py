@@ -8,21 +8,29 @@ import math
 import torch
 import torch.nn as nn
 from dataclasses import dataclass
-from fastcore.basics import patch
 from .core import *
 from .checks import *
 from .attention import *
 from .t5 import T5RelativeBias
 
 # %% auto #0
-__all__ = ['TUPE', 'TUPEContext']
+__all__ = ['TUPEContext', 'TUPE']
 
 # %% ../nbs/05_tupe.ipynb #c77f17f0
+@dataclass(eq=False)
+class TUPEContext(Context):
+    "Context of `TUPE`: the logit term shared by all layers."
+
+    # `(b|1, h, i, j)`: correlation, [CLS] reset, (TUPE-R) T5 bias
+    tupe_bias: torch.Tensor
+
+
 class TUPE(PositionEncoding):
     """TUPE (Ke et al. 2021): untied positional correlation added to the logits of every
     layer; optional [CLS] untying and T5 bias (TUPE-R)."""
 
     kind = 'score'
+    context_type = TUPEContext  # what its `prepare` returns
 
     def __init__(
         self,
@@ -66,19 +74,64 @@ class TUPE(PositionEncoding):
     def content_scale(self, d):  # 1/sqrt(2d) on the content, as on the positional term
         return (2 * d) ** -0.5
 
+    def positional_term(self, q_pos, k_pos):  # positions `(b|1, i)`, `(b|1, j)`
+        """$(p_i U^Q)(p_j U^K)^\\top/\\sqrt{2d}$, `(b|1, h, i, j)`; positions in the table (`prepare` checks
+        them)."""
+        q_pos, k_pos = _batch_positions(q_pos, k_pos)
+
+        def heads(t):  # (b|1, n, D) -> (b|1, h, n, d)
+            return t.view(*t.shape[:2], self.n_heads, self.d_head).transpose(1, 2)
+
+        def norm(t):
+            return t if self.pos_ln is None else self.pos_ln(t)
+
+        pq = heads(self.u_q(norm(self.pos[q_pos])))  # p_i U^Q: (b|1, h, i, d)
+        pk = heads(self.u_k(norm(self.pos[k_pos])))  # p_j U^K: (b|1, h, j, d)
+        return pq @ pk.transpose(-1, -2) * self.content_scale(self.d_head)  # (b|1, h, i, j)
+
+    def reset_cls(self, v, q_pos, k_pos):  # v `(b|1, h, i, j)`; positions `(b|1, n)`
+        """TUPE's $\\mathrm{reset}_\\theta$: rows of queries at position 0 ([CLS])
+        become θ1, columns of keys at position 0 become θ2 (other queries)."""
+        cls_q = (q_pos == 0)[:, None, :, None]  # (b|1, 1, i, 1)
+        cls_k = (k_pos == 0)[:, None, None, :]  # (b|1, 1, 1, j)
+        # (1, h, 1, 1)
+        th1, th2 = (self.theta[a].to(v.dtype)[None, :, None, None] for a in (0, 1))
+        v = torch.where(cls_k & ~cls_q, th2, v)  # others -> [CLS]
+        return torch.where(cls_q, th1, v)  # [CLS] -> everything
+
+    def prepare(
+        self, q_pos, k_pos, *, key_mask: torch.Tensor | None = None, causal: bool = False
+    ) -> TUPEContext:
+        """The shared logit term `(b|1, h, i, j)`: positional correlation, [CLS] reset, and
+        (TUPE-R) the T5 bias."""
+        q_pos, k_pos = _batch_positions(q_pos, k_pos)  # (b|1, n)
+        _check_tupe_positions(q_pos, k_pos, self.max_len)
+        bias = self.positional_term(q_pos, k_pos)  # (b|1, h, i, j)
+        rel = None if self.rel is None else self.rel.bias(q_pos, k_pos)  # (b|1, h, i, j)
+        if rel is not None and self.reset_relative:  # the authors' code resets both
+            bias, rel = bias + rel, None
+        if self.untie_cls:
+            bias = self.reset_cls(bias, q_pos, k_pos)
+        if rel is not None:  # the paper: T5 bias not reset
+            bias = bias + rel
+        return TUPEContext(q_pos, k_pos, bias, pe=self)
+
+    def score_terms(self, q, k, ctx: TUPEContext, layer: int | LayerRef | None = None):
+        return [ctx.tupe_bias]
+
+    def score_mods(self, q, k, ctx: TUPEContext, layer: int | LayerRef | None = None):
+        """The fused path reads the shared term `(b|1, h, i, j)` entry by entry (computed once per forward:
+        L²)."""
+        return [dense_mod(ctx.tupe_bias, (*q.shape[:3], k.shape[2]))]
+
 # %% ../nbs/05_tupe.ipynb #a515c1c0
+#| code-fold: true
 def _check_tupe(d_model, n_heads, max_len, flags, init_std):
-    if not isinstance(n_heads, int) or n_heads < 1:
-        raise ValueError(f'n_heads must be an integer ≥ 1; got {n_heads!r}')
-    if not is_real(init_std) or not 0 <= init_std < math.inf:
-        raise ValueError(f'init_std must be a finite number ≥ 0; got {init_std!r}')
-    for name, flag in flags.items():
-        if not isinstance(flag, bool):
-            raise ValueError(f'{name} must be true or false; got {flag!r}')
+    check_ints(n_heads=n_heads, max_len=max_len)
+    check_finite(init_std=init_std)
+    check_flags(**flags)
     if d_model % n_heads:
         raise ValueError(f'd_model={d_model} must be divisible by n_heads={n_heads}')
-    if not isinstance(max_len, int) or max_len < 1:
-        raise ValueError(f'max_len must be an integer ≥ 1; got {max_len!r}')
     if flags['reset_relative'] and not (flags['relative'] and flags['untie_cls']):
         raise ValueError('reset_relative needs relative=true and untie_cls=true')
 
@@ -93,76 +146,6 @@ def _check_tupe_positions(q_pos, k_pos, max_len):
         for p in (q_pos, k_pos):
             check_positions(p, max_len, "TUPE's position table")
 
-# %% ../nbs/05_tupe.ipynb #f4df37ba
-@patch
-def positional_term(self: TUPE, q_pos, k_pos):  # positions `(b|1, i)`, `(b|1, j)`
-    """$(p_i U^Q)(p_j U^K)^\\top/\\sqrt{2d}$, `(b|1, h, i, j)`;
-    `PositionRangeError` for positions outside the table."""
-    q_pos, k_pos = _batch_positions(q_pos, k_pos)
-    _check_tupe_positions(q_pos, k_pos, self.max_len)
-
-    def heads(t):  # (b|1, n, D) -> (b|1, h, n, d)
-        return t.view(*t.shape[:2], self.n_heads, self.d_head).transpose(1, 2)
-
-    def norm(t):
-        return t if self.pos_ln is None else self.pos_ln(t)
-
-    pq = heads(self.u_q(norm(self.pos[q_pos])))  # p_i U^Q: (b|1, h, i, d)
-    pk = heads(self.u_k(norm(self.pos[k_pos])))  # p_j U^K: (b|1, h, j, d)
-    return pq @ pk.transpose(-1, -2) * self.content_scale(self.d_head)  # (b|1, h, i, j)
-
-# %% ../nbs/05_tupe.ipynb #858f8469
-@patch
-def reset_cls(self: TUPE, v, q_pos, k_pos):  # v `(b|1, h, i, j)`; positions `(b|1, n)`
-    """TUPE's $\\mathrm{reset}_\\theta$: rows of queries at position 0 ([CLS])
-    become θ1, columns of keys at position 0 become θ2 (other queries)."""
-    cls_q = (q_pos == 0)[:, None, :, None]  # (b|1, 1, i, 1)
-    cls_k = (k_pos == 0)[:, None, None, :]  # (b|1, 1, 1, j)
-    # (1, h, 1, 1)
-    th1, th2 = (self.theta[a].to(v.dtype)[None, :, None, None] for a in (0, 1))
-    v = torch.where(cls_k & ~cls_q, th2, v)  # others -> [CLS]
-    return torch.where(cls_q, th1, v)  # [CLS] -> everything
-
-# %% ../nbs/05_tupe.ipynb #4dfdc0ee
-@dataclass(eq=False)
-class TUPEContext(Context):
-    "Context of `TUPE`: the logit term shared by all layers."
-
-    # `(b|1, h, i, j)`: correlation, [CLS] reset, (TUPE-R) T5 bias
-    tupe_bias: torch.Tensor
-
-
-TUPE.context_type = TUPEContext  # what its `prepare` returns
-
-
-@patch
-def prepare(
-    self: TUPE, q_pos, k_pos, *, key_mask: torch.Tensor | None = None, causal: bool = False
-) -> TUPEContext:
-    """The shared logit term `(b|1, h, i, j)`: positional correlation, [CLS] reset, and
-    (TUPE-R) the T5 bias."""
-    q_pos, k_pos = _batch_positions(q_pos, k_pos)  # (b|1, n)
-    bias = self.positional_term(q_pos, k_pos)  # (b|1, h, i, j)
-    rel = None if self.rel is None else self.rel.bias(q_pos, k_pos)  # (b|1, h, i, j)
-    if rel is not None and self.reset_relative:  # the authors' code resets both
-        bias, rel = bias + rel, None
-    if self.untie_cls:
-        bias = self.reset_cls(bias, q_pos, k_pos)
-    if rel is not None:  # the paper: T5 bias not reset
-        bias = bias + rel
-    return TUPEContext(q_pos, k_pos, bias, pe=self)
-
-
-@patch
-def score_terms(self: TUPE, q, k, ctx: TUPEContext, layer: int | LayerRef | None = None):
-    return [ctx.tupe_bias]
-
-
-@patch
-def score_mods(self: TUPE, q, k, ctx: TUPEContext, layer: int | LayerRef | None = None):
-    "The fused path reads the shared term `(b|1, h, i, j)` entry by entry (computed once per forward: L²)."
-    return [dense_mod(ctx.tupe_bias, (*q.shape[:3], k.shape[2]))]
-
 # %% ../nbs/05_tupe.ipynb #173e9638
 @register_encoding(
     'tupe-a',
@@ -175,9 +158,7 @@ def score_mods(self: TUPE, q, k, ctx: TUPEContext, layer: int | LayerRef | None 
 def _tupe_a(cfg):
     extra = sorted({'num_buckets', 'max_distance', 'reset_relative', 'relative'} & set(cfg.pe_kwargs))
     if extra:
-        raise ValueError(
-            f'{extra} apply to tupe-r (the relative bias) only; tupe-a takes untie_cls, pos_ln, init_std'
-        )
+        raise ValueError(f'{extra} apply to tupe-r only; tupe-a takes untie_cls, pos_ln, init_std')
     return TUPE(cfg.d_model, cfg.n_heads, cfg.max_position_embeddings, relative=False, **cfg.pe_kwargs)
 
 
