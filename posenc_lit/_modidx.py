@@ -1236,10 +1236,6 @@ d = {
                 'probes.html#_check_probe_config',
                 'posenc_lit/probes.py',
             ),
-            'posenc_lit.probes._check_probe_lengths': (
-                'probes.html#_check_probe_lengths',
-                'posenc_lit/probes.py',
-            ),
             'posenc_lit.probes._content': ('probes.html#_content', 'posenc_lit/probes.py'),
             'posenc_lit.probes._fmt_acc': ('probes.html#_fmt_acc', 'posenc_lit/probes.py'),
             'posenc_lit.probes._is': ('probes.html#_is', 'posenc_lit/probes.py'),

@@ -27,7 +27,7 @@ from posenc_lit.loop import (
     read_metrics, end_run, run_costs,
 )  # fmt: skip
 from posenc_lit.probes import (
-    ProbeConfig, Probe, FIRST, BOS, offset_batch, index_batch, precede_batch, train_probe, score_probe,
+    ProbeConfig, COUNT, Probe, FIRST, BOS, offset_batch, index_batch, precede_batch, train_probe, score_probe,
     probe_cell, seed_records,
 )  # fmt: skip
 from .claims import Claim, Measure, Measured, judge, vit, claims_markdown
@@ -344,18 +344,14 @@ def lm_lengths(model: CausalLM, stream: torch.Tensor, cfg: LMConfig) -> dict:
 class CausalProbeConfig(ProbeConfig):
     "`ProbeConfig` (19a) with the causal tasks' settings; evaluated at 1×, 2×, 4×, 8× by default."
 
-    factors: tuple = (1, 2, 4, 8)
-    n_values: int = 257  # ≥ the longest length + 1 (offset, index, precede draw content without repeats)
-    count_max: int = 8  # counting: the largest count
-    n_copy: int = 8  # selective copy: data tokens to copy
-    p_ignore: float = 0.8  # flip-flop: probability of an ignore instruction
+    factors: tuple = option((1, 2, 4, 8), 'evaluation lengths as multiples of length', ListOf(COUNT))
+    n_values: int = option(257, 'content tokens; ≥ the longest length + 1 (drawn without repeats)', COUNT)
+    count_max: int = option(8, 'counting: the largest count', COUNT)
+    n_copy: int = option(8, 'selective copy: data tokens to copy', COUNT)
+    p_ignore: float = option(0.8, 'flip-flop: probability of an ignore instruction', Range(ge=0, lt=1))
 
     def __post_init__(self):
         super().__post_init__()
-        if not 0 <= self.p_ignore < 1:
-            raise ValueError(f'p_ignore must be in [0, 1); got {self.p_ignore}')
-        if self.count_max < 1 or self.n_copy < 1:
-            raise ValueError(f'count_max and n_copy must be ≥ 1; got {self.count_max}, {self.n_copy}')
         if self.length < 2 * self.n_copy + 3:
             raise ValueError(
                 f'length={self.length} must hold [BOS], {self.n_copy} data tokens, COPY and their copies '
