@@ -34,7 +34,7 @@ class VitTrainConfig(RunConfig):
     """Everything a ViT training run depends on (and `RunConfig`'s options; images from `load_images`); saved
     as the run's `config.json`."""
 
-    pe: str = option('learned', 'vision position encoding (see `posenc_lit encodings`)')
+    pe: str = option('learned', 'vision position encoding (listed by `posenc_lit vit --help`)')
     pe_kwargs: dict = option({}, 'extra options of the encoding, a JSON object')
     data: str = option(
         'default',
@@ -43,7 +43,7 @@ class VitTrainConfig(RunConfig):
         IMAGES,
     )
     image_size: list = option(
-        [28, 28], 'training resolution, N or HxW; images of another size are resized', parse=str
+        [28, 28], 'training resolution, N or HxW (default 28); images of another size are resized', parse=str
     )
     patch_size: int = option(4, 'patch size P: a P×P patch is one token (4: a 7×7 grid at 28×28)')
     in_chans: int = option(1, 'image channels the model takes (the data are greyscale: 1)')
@@ -56,7 +56,7 @@ class VitTrainConfig(RunConfig):
     stem: str = option('patch', "'patch' (a linear map per patch) or 'hybrid' (a small ResNet of stride P)")
     interpolate: str | None = option(
         'bicubic',
-        "how the model interpolates a learned table for another grid; 'none': never change the grid",
+        "how the model interpolates a learned table for another grid (default bicubic); 'none': never",
         OneOf(EVAL_MODES[:2]),
     )
     batch_size: int = option(128, 'images per process per step', Range(ge=1))
@@ -67,7 +67,7 @@ class VitTrainConfig(RunConfig):
         0.05, 'AdamW weight decay (none on positions, [CLS], biases, norms)', Range(ge=0)
     )
     label_smoothing: float = option(0.0, 'label smoothing of the cross-entropy', Range(ge=0, lt=1))
-    augment: bool = option(False, 'random crops (padding 2) and horizontal flips')
+    augment: bool = option(False, 'random crops (padding 2) and horizontal flips (quick: off, reference: on)')
     val_every: int = option(10, '1 in N training images of each class is validation (0: none)', Range(ge=0))
     eval_every: int = option(250, 'steps between validation evaluations (and at the end)', Range(ge=1))
     save_every: int = option(250, 'steps between checkpoints (and at the end)', Range(ge=1))
@@ -79,7 +79,7 @@ class VitTrainConfig(RunConfig):
     )
     eval_modes: list = option(
         list(EVAL_MODES),
-        'bicubic,bilinear (interpolate the table), none (re-initialise it)',
+        'bicubic,bilinear (interpolate the table), none (re-initialise it); default all three',
         ListOf(OneOf(EVAL_MODES)),
         parse=comma_list,
     )
