@@ -56,7 +56,8 @@ class VitTrainConfig(RunConfig):
     stem: str = option('patch', "'patch' (a linear map per patch) or 'hybrid' (a small ResNet of stride P)")
     interpolate: str | None = option(
         'bicubic',
-        "how the model interpolates a learned table for another grid (default bicubic); 'none': never",
+        "how the model interpolates a learned table for another grid (default bicubic); 'none': never change "
+        'the grid',
         OneOf(EVAL_MODES[:2]),
     )
     batch_size: int = option(128, 'images per process per step', Range(ge=1))
