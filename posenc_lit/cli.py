@@ -4,19 +4,34 @@
 
 # %% ../nbs/13_cli.ipynb #33ae7cc1
 from __future__ import annotations
-import argparse, builtins, json, os, pathlib, signal, sys, threading
+import argparse, builtins, importlib, json, os, pathlib, signal, sys, threading
+from dataclasses import fields
 from .core import *
 from .files import dumps, run_entries
+from .loop import ListOf, NonEmpty, OneOf, Range, path_text
 
 # %% auto #0
-__all__ = ['UsageError', 'cmd_encodings', 'cmd_pretrain', 'cmd_lengths', 'cmd_finetune', 'cmd_tasks',
-           'cmd_vit', 'cmd_compare', 'cmd_probes', 'cmd_bench', 'cmd_lm', 'build_parser', 'Interrupted',
-           'main']
+__all__ = ['UsageError', 'cmd_encodings', 'config_flags', 'config_overrides', 'cmd_pretrain', 'cmd_lengths',
+           'cmd_finetune', 'cmd_tasks', 'cmd_vit', 'cmd_compare', 'cmd_probes', 'cmd_bench', 'cmd_lm',
+           'build_parser', 'Interrupted', 'main']
 
 # %% ../nbs/13_cli.ipynb #90336ca0
 class UsageError(ValueError):
     """An argument has a value the command cannot use; `main` prints the command's usage line before the
     message."""
+
+
+def _typed(parse):
+    "`parse` as an argparse type: its `ValueError` is the flag's error (argparse shows no other message)."
+
+    def read(s: str):
+        try:
+            return parse(s)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    read.__name__ = parse.__name__
+    return read
 
 
 def _positive_int(s: str) -> int:
@@ -29,12 +44,17 @@ def _positive_int(s: str) -> int:
     return v
 
 
-def _path(s: str) -> str:
-    if not s.strip():
-        raise argparse.ArgumentTypeError(
-            'must not be empty (an empty path would be read as the current folder)'
-        )
-    return s
+_path = _typed(path_text)  # not empty: an empty path would be read as the current folder
+
+
+def _json_object(s: str) -> dict:
+    try:
+        d = json.loads(s)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f'not valid JSON ({e}): {s!r}') from None
+    if not isinstance(d, dict):
+        raise argparse.ArgumentTypeError(f'must be a JSON object such as \'{{"base": 500}}\'; got {s!r}')
+    return d
 
 # %% ../nbs/13_cli.ipynb #014e55d8
 def cmd_encodings(args) -> int:
@@ -55,61 +75,63 @@ def cmd_encodings(args) -> int:
             )
     return 0
 
+# %% ../nbs/13_cli.ipynb #c0f1a9e3
+def _flag_type(f) -> dict:
+    """How the flag of config field `f` reads its text (argparse's `type`, `nargs`, `choices`, `action`): its
+    `parse`, else from its type and check: a switch, a JSON object, one value per list entry, a number, a
+    non-empty path, a choice (an optional one also 'none')."""
+    kind, check = str(f.type).split(' | ')[0], f.metadata.get('check')
+    if 'parse' in f.metadata:
+        return {'type': _typed(f.metadata['parse'])}
+    if kind == 'bool':
+        return {'action': argparse.BooleanOptionalAction}
+    if kind == 'dict':
+        return {'type': _json_object}
+    if kind == 'list':
+        each = check.each if isinstance(check, ListOf) else None
+        return {'nargs': '+', 'type': (int if each.integer else float) if isinstance(each, Range) else str}
+    typ = {'int': int, 'float': float}.get(kind, _path if isinstance(check, NonEmpty) else str)
+    if isinstance(check, OneOf) and all(check.values):  # an empty choice ('': off) is left to the check
+        return {'type': typ, 'choices': [*check.values, *(['none'] if 'None' in str(f.type) else [])]}
+    return {'type': typ}
+
+
+def config_flags(p: argparse.ArgumentParser, cls, names: tuple = (), skip: tuple = (), required=False):
+    """A flag on parser `p` for each option of config dataclass `cls` (those in `names`, if given; not those
+    in `skip`, nor those with `flag=False`: `loop.option`): `--batch-size` for `batch_size`, with the option's
+    help (and the option it `needs`) and `_flag_type`; `required`, or default None (not given: the preset's
+    value)."""
+    dash = lambda name: '--' + name.replace('_', '-')
+    options = {f.name: f for f in fields(cls) if f.metadata.get('flag', True) and f.name not in skip}
+    for f in [options[n] for n in names] if names else options.values():
+        h, needs = f.metadata.get('help'), f.metadata.get('needs')
+        h = f'{h}; only with {dash(needs)}' if needs else h
+        p.add_argument(dash(f.name), required=required, default=None, help=h, **_flag_type(f))
+
+
+def config_overrides(args, cls) -> dict:
+    "The options of config dataclass `cls` given as flags in `args` (`config_flags`); a choice 'none': None."
+    given = [(f, getattr(args, f.name, None)) for f in fields(cls) if f.metadata.get('flag', True)]
+    return {f.name: None if v == 'none' and 'None' in str(f.type) else v for f, v in given if v is not None}
+
+
+_CONFIGS = {  # command: (module, config dataclass), imported for the command that runs (`build_parser`)
+    'pretrain': ('training', 'TrainConfig'),
+    'lm': ('decoder_study', 'LMConfig'),
+    'finetune': ('finetune', 'FinetuneConfig'),
+    'vit': ('vit_train', 'VitTrainConfig'),
+}
+
+
+def _config_class(command: str):
+    module, name = _CONFIGS[command]
+    return getattr(importlib.import_module(f'posenc_lit.{module}'), name)
+
 # %% ../nbs/13_cli.ipynb #0196a2e0
-_TRAIN_FLAGS = [  # (flag, type, help) — each overrides the preset's value
-    ('--steps', int, 'optimizer steps'),
-    ('--batch-size', int, 'blocks per process per micro-step'),
-    ('--seq-len', int, 'tokens per block'),
-    ('--lr', float, 'peak learning rate'),
-    ('--grad-accum', int, 'micro-steps per optimizer step'),
-    ('--warmup', float, 'warm-up fraction of steps'),
-    ('--d-model', int, 'model width D'),
-    ('--n-layers', int, 'layers'),
-    ('--n-heads', int, 'heads'),
-    ('--d-ff', int, 'feed-forward width'),
-    ('--dropout', float, 'dropout'),
-    ('--max-position-embeddings', int, "size of learned position tables (and huang4's default k = this - 1)"),
-    (
-        '--emd-steps',
-        int,
-        'Enhanced Mask Decoder passes of the last layer for the MLM head (DeBERTa: 2; default 0 = off)',
-    ),
-    ('--eval-every', int, 'steps between evaluations'),
-    ('--eval-blocks', int, 'validation blocks evaluated (0 = all)'),
-    ('--log-every', int, 'steps between training-loss records'),
-    ('--save-every', int, 'steps between checkpoints'),
-    ('--seed', int, 'random seed'),
-    ('--data', _path, "corpus: 'default', a local folder, or a hub dataset name[:config]"),
-]
-
-
-def _json_object(s: str) -> dict:
-    try:
-        d = json.loads(s)
-    except json.JSONDecodeError as e:
-        raise argparse.ArgumentTypeError(f'not valid JSON ({e}): {s!r}') from None
-    if not isinstance(d, dict):
-        raise argparse.ArgumentTypeError(f'must be a JSON object such as \'{{"base": 500}}\'; got {s!r}')
-    return d
-
-
-# the flags every training command has, then its preset overrides
-def _add_run_flags(p, pe_kwargs_help, overrides):
-    p.add_argument('--pe-kwargs', type=_json_object, default=None, help=pe_kwargs_help)
-    p.add_argument('--mixed-precision', choices=['no', 'bf16', 'fp16'], default=None)
-    p.add_argument(
-        '--stop-at',
-        type=_positive_int,
-        default=None,
-        help='stop after this many steps and save a checkpoint, as an interruption would, but with exit '
-        'status 0 (for trying out --resume)',
-    )
-    p.add_argument('--quiet', action='store_true', help='no progress bar')
-    for flag, typ, h in overrides:
-        p.add_argument(flag, type=typ, default=None, help=h)
-
-
 _HELD = []  # the run folders whose locks this command holds (`_check_out`), let go when `main` returns
+
+
+_REPLACE = 'replace the run in --out (a non-empty --out is never replaced without it)'
 
 
 def _check_out(out: str):
@@ -127,34 +149,50 @@ def _check_out(out: str):
         _HELD.append(out)
 
 
-def _add_run_dir(p):
-    "--out, and --resume or --overwrite: how a training command treats its run directory."
-    p.add_argument('--out', type=_path, required=True, help='run directory')
+def _add_run_dir(p, out: str = 'run directory', overwrite: str = _REPLACE, resume: bool = True):
+    """--out, and --resume or --overwrite: how a command treats its run directory (`out`, `overwrite`: their
+    help; without `resume`: --overwrite alone)."""
+    p.add_argument('--out', type=_path, required=True, help=out)
     how = p.add_mutually_exclusive_group()
-    how.add_argument(
-        '--resume',
-        action='store_true',
-        help='continue the run in --out from its checkpoint (a finished run is left as is)',
-    )
-    how.add_argument(
-        '--overwrite',
-        action='store_true',
-        help='replace the run in --out (a non-empty --out is never replaced without it)',
-    )
+    if resume:
+        how.add_argument(
+            '--resume',
+            action='store_true',
+            help='continue the run in --out from its checkpoint (a finished run is left as is)',
+        )
+    how.add_argument('--overwrite', action='store_true', help=overwrite)
 
 
-def _add_training(sub, name, help, description, preset, presets_help, flags, func):
+def _add_run_flags(p, stop_at: bool = True):
+    "--stop-at (a training command) and --quiet: what a run command has besides its configuration's options."
+    if stop_at:
+        p.add_argument(
+            '--stop-at',
+            type=_positive_int,
+            default=None,
+            help='stop after this many steps and save a checkpoint, as an interruption would, but with exit '
+            'status 0 (for trying out --resume)',
+        )
+    p.add_argument('--quiet', action='store_true', help='no progress bar')
+
+
+def _add_training(sub, name, help, description, presets_help, func, preset='quick', flags=True, **kw):
     """The parser of a training command `name`: --pe, --preset (default `preset`), the run directory, the
-    flags every run has and the preset overrides `flags`; `func` runs it."""
-    p = sub.add_parser(name, help=help, description=description)
-    p.add_argument('--pe', required=True, help='position encoding (see `posenc_lit encodings`)')
+    other options of its configuration (`config_flags`; --pe and these with `flags`), --stop-at, --quiet;
+    `func` runs it."""
+    p, cls = sub.add_parser(name, help=help, description=description, **kw), flags and _config_class(name)
+    if cls:
+        config_flags(p, cls, names=('pe',), required=True)
     p.add_argument('--preset', default=preset, help=f'{presets_help} (default: {preset})')
     _add_run_dir(p)
-    _add_run_flags(p, 'JSON object of extra encoding options, e.g. \'{"base": 500}\'', flags)
+    if cls:
+        config_flags(p, cls, skip=('pe',))
+    _add_run_flags(p)
     p.set_defaults(func=func, parser=p)
+    return p
 
 
-def _add_pretrain(sub):
+def _add_pretrain(sub, flags=True):
     _add_training(
         sub,
         'pretrain',
@@ -162,24 +200,20 @@ def _add_pretrain(sub):
         'Pretrain a BERT-style MLM with the chosen position encoding. '
         'Ctrl-C (SIGINT) or SIGTERM finishes the current step, saves a checkpoint and stops with exit status '
         '130 or 143; --resume continues the run with the same losses as if it had not stopped.',
-        'quick',
         'quick: 2 layers, D=128, 1,200 steps of 32×64 tokens (~5 min on '
         '2 idle cores); reference: 4 layers, 2,500 steps of 32×128 (~20 min); study: quick\'s model, 12,000 '
         'steps of 64×32 (~40 min of one core; absolute positions are learned); smoke: a tiny model, 20 steps',
-        _TRAIN_FLAGS,
         cmd_pretrain,
+        flags=flags,
     )
 
 # %% ../nbs/13_cli.ipynb #8ed4af13
-def _run_training(args, flags, make_config, train) -> int:
-    """A training command: the config `make_config(args.preset, …)` with the overrides `flags` from `args`
-    (a `ValueError` is a usage error), --out checked and locked, then `train(cfg, out, …)`; prints the
-    summary as JSON (`_report_run`). Status 128 + n after signal n."""
-    over = {f[2:].replace('-', '_'): getattr(args, f[2:].replace('-', '_')) for f, _, _ in flags}
+def _run_training(args, make_config, train) -> int:
+    """A training command: the config `make_config(args.preset, …)` with the options given in `args`
+    (`config_overrides`; a `ValueError` is a usage error), --out checked and locked, then
+    `train(cfg, out, …)`; prints the summary as JSON (`_report_run`). Status 128 + n after signal n."""
     try:
-        cfg = make_config(
-            args.preset, pe=args.pe, pe_kwargs=args.pe_kwargs, mixed_precision=args.mixed_precision, **over
-        )
+        cfg = make_config(args.preset, **config_overrides(args, _config_class(args.command)))
     except ValueError as e:
         raise UsageError(str(e)) from None
     _check_out(args.out)
@@ -199,7 +233,7 @@ def cmd_pretrain(args) -> int:
     after signal n."""
     from posenc_lit.training import make_train_config, pretrain
 
-    return _run_training(args, _TRAIN_FLAGS, make_train_config, pretrain)
+    return _run_training(args, make_train_config, pretrain)
 
 
 def _status(name: str) -> int:
@@ -289,45 +323,6 @@ def cmd_lengths(args) -> int:
     return 0
 
 # %% ../nbs/13_cli.ipynb #6b8e76f9
-_FINETUNE_FLAGS = [  # (flag, type, help) — each overrides the preset's value
-    ('--epochs', int, 'passes over the training split'),
-    ('--batch-size', int, 'examples per optimizer step'),
-    ('--lr', float, 'peak learning rate'),
-    ('--warmup', float, 'warm-up fraction of steps'),
-    ('--head-dropout', float, 'dropout before the task head'),
-    ('--eval-every', int, 'steps between evaluations (0 = each epoch)'),
-    ('--max-train', int, 'use only N training examples, a fixed random subset (0 = all)'),
-    ('--log-every', int, 'steps between training-loss records'),
-    (
-        '--add-relative',
-        str,
-        (
-            'add this relative encoding (e.g. huang4), started at zero, to the pretrained one (Huang et '
-            'al. 2020, §4.3)'
-        ),
-    ),
-    ('--add-relative-kwargs', _json_object, 'JSON object of its options, e.g. \'{"k": 64}\''),
-    (
-        '--extend-positions',
-        str,
-        'fill absolute position rows past the pretraining length: copy (Longformer) or interpolate',
-    ),
-    (
-        '--trained-len',
-        int,
-        'the pretraining length for --extend-positions (default: the seq_len of the checkpoint\'s run)',
-    ),
-    (
-        '--add-relative-lr',
-        float,
-        (
-            'peak learning rate of the added relative encoding; needs --add-relative (default, or 0: the '
-            'same as --lr)'
-        ),
-    ),
-]
-
-
 def _data_files(items) -> dict:
     """`SPLIT=FILE` arguments as `{split: file}`; a bare `FILE` is the one source file of a local task
     (`{'all': FILE}`)."""
@@ -343,7 +338,7 @@ def _data_files(items) -> dict:
     return out
 
 # %% ../nbs/13_cli.ipynb #aae7b822
-def _add_finetune(sub):
+def _add_finetune(sub, flags=True):
     p = sub.add_parser(
         'finetune',
         help='fine-tune a pretrained encoder on a task, one run per seed',
@@ -352,15 +347,11 @@ def _add_finetune(sub):
         'each test metric as mean ± std over the seeds, beside the majority and bag-of-words '
         'baselines.',
     )
-    p.add_argument(
-        '--checkpoint',
-        type=_path,
-        required=True,
-        help='checkpoint/ folder of a `posenc_lit pretrain` run, or the run directory',
-    )
-    p.add_argument('--task', required=True, help='task name (see `posenc_lit tasks`)')
-    p.add_argument(
-        '--out', type=_path, required=True, help='output folder (one run directory per seed inside)'
+    cls = flags and _config_class('finetune')
+    if cls:
+        config_flags(p, cls, names=('checkpoint', 'task'), required=True)
+    _add_run_dir(
+        p, 'output folder (one run directory per seed inside)', 'replace the fine-tuning runs in --out', False
     )
     p.add_argument(
         '--preset',
@@ -368,14 +359,9 @@ def _add_finetune(sub):
         help='quick: 2 epochs (about a minute per seed for sentiment with a quick-pretrained model); '
         'reference: 4 epochs; smoke: 256 examples, 1 epoch (default: quick)',
     )
+    if cls:
+        config_flags(p, cls, skip=('checkpoint', 'task'))
     p.add_argument('--seeds', type=int, nargs='+', default=[0], help='seeds, one run each (default: 0)')
-    p.add_argument(
-        '--max-len',
-        type=_positive_int,
-        default=None,
-        help='truncate every example to this many tokens (default: none; '
-        'an example longer than the encoding can take is an error)',
-    )
     p.add_argument(
         '--data-files',
         nargs='+',
@@ -384,42 +370,19 @@ def _add_finetune(sub):
         help='local files instead of the hub for glue:* and squad '
         '(train=FILE validation=FILE), or the one source file of sentiment, rating or reviews (FILE)',
     )
-    p.add_argument(
-        '--eval-lengths',
-        type=_positive_int,
-        nargs='+',
-        default=None,
-        metavar='N',
-        help='also score the test split cut to each of these lengths in tokens (downstream length '
-        'generalization: train with a short --max-len, score longer); a length the encoding cannot '
-        'take is reported as n/a',
-    )
-    p.add_argument('--mixed-precision', choices=['no', 'bf16', 'fp16'], default=None)
-    p.add_argument('--overwrite', action='store_true', help='replace the fine-tuning runs in --out')
     p.add_argument('--no-baselines', action='store_true', help='skip the majority and bag-of-words baselines')
-    p.add_argument('--quiet', action='store_true', help='no progress bar')
-    for flag, typ, h in _FINETUNE_FLAGS:
-        p.add_argument(flag, type=typ, default=None, help=h)
+    _add_run_flags(p, stop_at=False)
     p.set_defaults(func=cmd_finetune, parser=p)
 
 # %% ../nbs/13_cli.ipynb #94e96ab8
 def cmd_finetune(args) -> int:
     """Run `finetune_seeds` with the preset and overrides from `args`; prints the test metrics (mean ± std)
     and the baselines."""
-    from posenc_lit.finetune import make_finetune_config, finetune_seeds, format_summary
+    from posenc_lit.finetune import FinetuneConfig, make_finetune_config, finetune_seeds, format_summary
 
-    over = {f[2:].replace('-', '_'): getattr(args, f[2:].replace('-', '_')) for f, _, _ in _FINETUNE_FLAGS}
+    over = config_overrides(args, FinetuneConfig)
     try:
-        cfg = make_finetune_config(
-            args.preset,
-            task=args.task,
-            checkpoint=args.checkpoint,
-            max_len=args.max_len,
-            data_files=_data_files(args.data_files),
-            mixed_precision=args.mixed_precision,
-            eval_lengths=args.eval_lengths,
-            **over,
-        )
+        cfg = make_finetune_config(args.preset, data_files=_data_files(args.data_files), **over)
         for s in args.seeds:
             make_finetune_config(args.preset, **{**vars(cfg), 'seed': s})
         if len(set(args.seeds)) != len(args.seeds):
@@ -456,120 +419,29 @@ def cmd_tasks(args) -> int:
         print(f'{name:<{w}}  {t.kind:<14}  {",".join(t.metrics):<24}  {t.summary}')
     return 0
 
-# %% ../nbs/13_cli.ipynb #7ff1c7bd
-def _csv(s: str) -> list:
-    items = [x.strip() for x in s.split(',')]
-    if not all(items):
-        raise argparse.ArgumentTypeError(f'must be a comma-separated list such as 28,56,28x56; got {s!r}')
-    return items
-
-
-_VIT_FLAGS = [  # (flag, type, help) — each overrides the preset's value
-    ('--steps', int, 'optimizer steps at the training resolution'),
-    ('--batch-size', int, 'images per process per step'),
-    ('--lr', float, 'peak learning rate'),
-    ('--warmup', float, 'warm-up fraction of steps'),
-    ('--weight-decay', float, 'AdamW weight decay (none on positions, [CLS], biases, norms)'),
-    ('--label-smoothing', float, 'label smoothing of the cross-entropy'),
-    ('--schedule', str, 'decay after warm-up: cosine or linear'),
-    (
-        '--image-size',
-        str,
-        'training resolution, N or HxW (default 28); images of another size are resized to it',
-    ),
-    ('--patch-size', int, 'patch size P (default 4: a 7×7 grid at 28×28)'),
-    ('--in-chans', int, 'image channels the model takes (the data are greyscale: 1)'),
-    ('--d-model', int, 'model width D'),
-    ('--n-layers', int, 'layers'),
-    ('--n-heads', int, 'heads'),
-    ('--d-ff', int, 'MLP width'),
-    ('--dropout', float, 'dropout'),
-    ('--pool', str, "'cls' ([CLS] token) or 'gap' (mean of the patch tokens)"),
-    ('--val-every', int, '1 in N training images of each class is validation (0: none)'),
-    ('--eval-every', int, 'steps between validation evaluations'),
-    ('--log-every', int, 'steps between training-loss records'),
-    ('--save-every', int, 'steps between checkpoints'),
-    ('--finetune-steps', int, 'steps of the fine-tune at --finetune-res'),
-    ('--finetune-lr', float, 'peak learning rate of the fine-tune'),
-    (
-        '--finetune-init',
-        _csv,
-        'several fine-tunes, each from the trained model with its table made another way: e.g. '
-        "bicubic,bilinear,none ('none': re-initialised); default one, with --interpolate",
-    ),
-    ('--finetune-eval-sizes', _csv, 'test resolutions after the fine-tune (default --eval-sizes)'),
-    ('--stem', str, "'patch' (default) or 'hybrid' (a small ResNet stem of total stride --patch-size)"),
-    ('--seed', int, 'random seed'),
-    (
-        '--data',
-        _path,
-        (
-            "images: 'default' (embedded Fashion-MNIST subset), 'auto', 'fashion-mnist-full', 'mnist', a "
-            "folder or a hub name"
-        ),
-    ),
-]
-
 # %% ../nbs/13_cli.ipynb #a15c1a00
-def _add_vit(sub):
+def _add_vit(sub, flags=True):
     encs = list_encodings('image')
     w = max(map(len, encs))
-    p = sub.add_parser(
+    _add_training(
+        sub,
         'vit',
-        help='train a Vision Transformer on images, test it at other resolutions',
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        description=(
+        'train a Vision Transformer on images, test it at other resolutions',
+        (
             'Train a ViT with the chosen position encoding (default data: the Fashion-MNIST subset in '
             'the package)\nand report test accuracy at each --eval-sizes resolution with each '
             '--eval-modes treatment of the\nposition table. Ctrl-C (SIGINT) or SIGTERM saves a '
             'checkpoint and stops (status 130 or 143).'
         ),
+        'quick: D=64, 4 layers, 1,000 steps on the embedded subset (a few minutes on 2 cores); '
+        'reference: D=96, 4 layers, 3,000 steps on the full Fashion-MNIST if present, with '
+        'augmentation; smoke: a tiny model, 20 steps',
+        cmd_vit,
+        flags=flags,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog='vision position encodings (--pe):\n'
         + '\n'.join(f'  {n:<{w}}  {s.summary}' for n, s in encs.items()),
     )
-    p.add_argument('--pe', required=True, help='vision position encoding (listed below)')
-    p.add_argument(
-        '--preset',
-        default='quick',
-        help='quick: D=64, 4 layers, 1,000 steps on the embedded subset (a few minutes on 2 cores); '
-        'reference: D=96, 4 layers, 3,000 steps on the full Fashion-MNIST if present, with '
-        'augmentation; smoke: a tiny model, 20 steps',
-    )
-    _add_run_dir(p)
-    p.add_argument(
-        '--eval-sizes',
-        type=_csv,
-        default=None,
-        help='test resolutions, e.g. 28,56,28x56 (HxW: height x width)',
-    )
-    p.add_argument(
-        '--eval-modes',
-        type=_csv,
-        default=None,
-        help='bicubic,bilinear (interpolate the table), none (re-initialise it); default all three',
-    )
-    p.add_argument(
-        '--interpolate',
-        choices=['bicubic', 'bilinear', 'none'],
-        default=None,
-        help=(
-            "how the model interpolates a learned table for another grid; 'none': never change the grid "
-            "(default bicubic)"
-        ),
-    )
-    p.add_argument(
-        '--finetune-res',
-        default=None,
-        help='after training, fine-tune at this resolution (N or HxW) for --finetune-steps',
-    )
-    p.add_argument(
-        '--augment',
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help='random crops and flips (quick: off, reference: on)',
-    )
-    _add_run_flags(p, 'JSON object of extra encoding options', _VIT_FLAGS)
-    p.set_defaults(func=cmd_vit, parser=p)
 
 # %% ../nbs/13_cli.ipynb #37100a90
 def cmd_vit(args) -> int:
@@ -577,33 +449,7 @@ def cmd_vit(args) -> int:
     after signal n."""
     from posenc_lit.vit_train import make_vit_config, train_vit
 
-    over = {f[2:].replace('-', '_'): getattr(args, f[2:].replace('-', '_')) for f, _, _ in _VIT_FLAGS}
-    if args.interpolate is not None:
-        over['interpolate'] = None if args.interpolate == 'none' else args.interpolate
-    try:
-        cfg = make_vit_config(
-            args.preset,
-            pe=args.pe,
-            pe_kwargs=args.pe_kwargs,
-            mixed_precision=args.mixed_precision,
-            augment=args.augment,
-            eval_sizes=args.eval_sizes,
-            eval_modes=args.eval_modes,
-            finetune_res=args.finetune_res,
-            **over,
-        )
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-    _check_out(args.out)
-    summary = train_vit(
-        cfg,
-        args.out,
-        resume=args.resume,
-        overwrite=args.overwrite,
-        stop_at=args.stop_at,
-        progress=not args.quiet,
-    )
-    return _report_run(summary)
+    return _run_training(args, make_vit_config, train_vit)
 
 # %% ../nbs/13_cli.ipynb #aa135846
 def _add_compare(sub):
@@ -912,14 +758,7 @@ def cmd_bench(args) -> int:
     return 0
 
 # %% ../nbs/13_cli.ipynb #45c8aabc
-# the pretraining flags a causal-LM run has too (LMConfig's fields), and its own
-_LM_FLAGS = [f for f in _TRAIN_FLAGS if f[0] not in ('--emd-steps', '--eval-blocks')] + [
-    ('--eval-tokens', int, 'validation tokens evaluated (cut to a multiple of the longest length)'),
-    ('--init-std', float, 'std of every linear and embedding weight'),
-]
-
-
-def _add_lm(sub):
+def _add_lm(sub, flags=True):
     _add_training(
         sub,
         'lm',
@@ -928,11 +767,11 @@ def _add_lm(sub):
         'loss, on the one training loop (checkpoints, signals and --resume as pretrain), then write '
         'OUT/lengths.json: the loss at 1×, 2×, 4× and 8× the training length (RoPE: also with position '
         'interpolation and NTK scaling). See nbs/26_decoder_study.ipynb.',
-        'study',
         'study: 2 layers, D=128, 3,000 steps of 32×64 tokens (about 20-30 min of one core); smoke: a '
         'tiny model, 6 steps',
-        _LM_FLAGS,
         cmd_lm,
+        preset='study',
+        flags=flags,
     )
 
 
@@ -941,11 +780,12 @@ def cmd_lm(args) -> int:
     after signal n."""
     from posenc_lit.decoder_study import make_lm_config, pretrain_lm
 
-    return _run_training(args, _LM_FLAGS, make_lm_config, pretrain_lm)
+    return _run_training(args, make_lm_config, pretrain_lm)
 
 # %% ../nbs/13_cli.ipynb #45f4ccb7
-def build_parser() -> argparse.ArgumentParser:
-    "The `posenc_lit` argument parser."
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The `posenc_lit` argument parser; given `command`, only that command's options come from its
+    configuration (`_CONFIGS`: the modules of the others are not imported)."""
     p = argparse.ArgumentParser(
         prog='posenc_lit', description='Position encodings of Transformers: derive, test, compare.'
     )
@@ -953,13 +793,14 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser('encodings', help='list the registered position encodings')
     e.add_argument('--verbose', '-v', action='store_true', help='also print each source (paper, equation)')
     e.set_defaults(func=cmd_encodings, parser=e)
-    _add_pretrain(sub)
+    flags = lambda name: command in (None, name)
+    _add_pretrain(sub, flags('pretrain'))
     _add_lengths(sub)
-    _add_lm(sub)
-    _add_finetune(sub)
+    _add_lm(sub, flags('lm'))
+    _add_finetune(sub, flags('finetune'))
     t = sub.add_parser('tasks', help='list the fine-tuning tasks')
     t.set_defaults(func=cmd_tasks, parser=t)
-    _add_vit(sub)
+    _add_vit(sub, flags('vit'))
     _add_compare(sub)
     _add_probes(sub)
     _add_bench(sub)
@@ -1003,8 +844,9 @@ def _on_sigterm(signum, frame):
 
 def main(argv: list[str] | None = None) -> int:
     "Entry point of the `posenc_lit` console script."
-    parser = build_parser()
-    if not (sys.argv[1:] if argv is None else argv):
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(argv[0] if argv else '')
+    if not argv:
         parser.print_help(sys.stderr)
         return 2
     try:

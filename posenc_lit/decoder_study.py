@@ -22,20 +22,20 @@ from .model import ModelConfig, build_encoding
 from .causal_lm import CausalLM
 from .data import CLS_ID, load_corpus, load_tokenizer, _stream
 from posenc_lit.loop import (
-    RunConfig, ListOf, make_config, open_run, fit_run, Loop, optimizer, param_groups, build_model,
-    probe_step, micro_batch, eval_sums, loss_accuracy, save_checkpoint, check_one_batch,
+    RunConfig, ListOf, NonEmpty, Range, option, make_config, open_run, fit_run, Loop, optimizer, param_groups,
+    build_model, probe_step, micro_batch, eval_sums, loss_accuracy, save_checkpoint, check_one_batch,
     read_metrics, end_run, run_costs,
 )  # fmt: skip
 from posenc_lit.probes import (
-    ProbeConfig, Probe, FIRST, BOS, offset_batch, index_batch, precede_batch, train_probe, score_probe,
+    ProbeConfig, COUNT, Probe, FIRST, BOS, offset_batch, index_batch, precede_batch, train_probe, score_probe,
     probe_cell, seed_records,
 )  # fmt: skip
 from .claims import Claim, Measure, Measured, judge, vit, claims_markdown
 
 # %% auto #0
-__all__ = ['BOS_ID', 'LM_PRESETS', 'ROPE_SCALINGS', 'CAUSAL_PROBE_PRESETS', 'SET', 'INC', 'NOISE', 'COUNT0',
-           'BLANK', 'COPY', 'DATA', 'W', 'R', 'I', 'BIT', 'CAUSAL_PROBES', 'DECODER', 'ENTRIES', 'ROWS',
-           'DECODER_CLAIMS', 'lm_blocks', 'LMConfig', 'make_lm_config', 'lm_model_config', 'lm_model',
+__all__ = ['BOS_ID', 'CORPUS', 'LM_PRESETS', 'ROPE_SCALINGS', 'CAUSAL_PROBE_PRESETS', 'SET', 'INC', 'NOISE',
+           'COUNT0', 'BLANK', 'COPY', 'DATA', 'W', 'R', 'I', 'BIT', 'CAUSAL_PROBES', 'DECODER', 'ENTRIES',
+           'ROWS', 'DECODER_CLAIMS', 'lm_blocks', 'LMConfig', 'make_lm_config', 'lm_model_config', 'lm_model',
            'lm_loss', 'lm_evaluate', 'LMData', 'eval_stream', 'lm_data', 'pretrain_lm', 'load_lm',
            'position_buckets', 'lm_length_loss', 'rescaled', 'lm_lengths', 'CausalProbeConfig',
            'make_causal_probe_config', 'causal_index_batch', 'causal_precede_batch', 'counting_batch',
@@ -59,44 +59,39 @@ def lm_blocks(
     return x, y
 
 # %% ../nbs/26_decoder_study.ipynb #6b516e83
+CORPUS = NonEmpty("'default', a local folder, or a hub dataset name")  # as pretraining's
+
+
 @dataclass(kw_only=True)
 class LMConfig(RunConfig):
     "What a causal-LM pretraining run depends on (and `RunConfig`'s options); saved as its `config.json`."
 
-    pe: str = 'rope'  # position encoding (see `posenc_lit encodings`)
-    pe_kwargs: dict = field(default_factory=dict)
-    data: str = 'default'  # corpus: 'default' (embedded), a local folder, or a hub dataset name
-    seq_len: int = 64  # training block length n ([BOS] included)
-    factors: list = field(default_factory=lambda: [1, 2, 4, 8])  # evaluated at n·f tokens (lengths.json)
-    grad_accum: int = 1  # micro-steps per optimizer step
-    steps: int = 3000  # optimizer steps
-    d_model: int = 128  # D
-    n_layers: int = 2
-    n_heads: int = 4
-    d_ff: int = 512
-    dropout: float = 0.0  # on attention weights and sublayer outputs
-    init_std: float = 0.02  # std of every linear and embedding weight (as EncoderForMLM)
-    max_position_embeddings: int = 512  # rows of a learned table: rows past seq_len never train
-    eval_every: int = 500  # steps between evaluations (and at the end)
-    eval_tokens: int = 32768  # validation tokens evaluated (the first; a multiple of the longest length)
-    save_every: int = 500  # steps between checkpoints (and at the end)
-    rules: ClassVar[dict] = RunConfig.rules | {
-        'seq_len': '≥ 2',
-        'factors': ListOf('an integer ≥ 1'),
-        'grad_accum': '≥ 1',
-        'steps': '≥ 1',
-        'd_model': '≥ 1',
-        'n_layers': '≥ 1',
-        'n_heads': '≥ 1',
-        'd_ff': '≥ 1',
-        'dropout': 'in [0, 1)',
-        'init_std': '> 0',
-        'max_position_embeddings': '≥ 1',
-        'eval_every': '≥ 1',
-        'eval_tokens': '≥ 1',
-        'save_every': '≥ 1',
-        'data': "non-empty ('default', a local folder, or a hub dataset name)",
-    }
+    batch_size: int = option(32, 'blocks per process per micro-step', Range(ge=1))
+    pe: str = option('rope', 'position encoding (see `posenc_lit encodings`)')
+    pe_kwargs: dict = option({}, 'extra options of the encoding, a JSON object such as \'{"base": 500}\'')
+    data: str = option(
+        'default', "corpus: 'default' (embedded), a local folder, or a hub name[:config]", CORPUS
+    )
+    seq_len: int = option(64, 'training block length n in tokens ([BOS] included)', Range(ge=2))
+    factors: list = option(
+        [1, 2, 4, 8], 'evaluated at n·f tokens (lengths.json)', ListOf(Range(ge=1, integer=True)), flag=False
+    )
+    grad_accum: int = option(1, 'micro-steps per optimizer step', Range(ge=1))
+    steps: int = option(3000, 'optimizer steps', Range(ge=1))
+    d_model: int = option(128, 'model width D', Range(ge=1))
+    n_layers: int = option(2, 'decoder layers', Range(ge=1))
+    n_heads: int = option(4, 'heads h; the head width is D / h', Range(ge=1))
+    d_ff: int = option(512, 'feed-forward width', Range(ge=1))
+    dropout: float = option(0.0, 'dropout on attention weights and sublayer outputs', Range(ge=0, lt=1))
+    init_std: float = option(0.02, 'std of every linear and embedding weight (as EncoderForMLM)', Range(gt=0))
+    max_position_embeddings: int = option(
+        512, 'rows of a learned table (rows past seq_len never train)', Range(ge=1)
+    )
+    eval_every: int = option(500, 'steps between evaluations (and at the end)', Range(ge=1))
+    eval_tokens: int = option(
+        32768, 'validation tokens evaluated (cut to a multiple of the longest length)', Range(ge=1)
+    )
+    save_every: int = option(500, 'steps between checkpoints (and at the end)', Range(ge=1))
     kind: ClassVar[str] = 'a pretraining run'  # run_kind calls every config with a seq_len so
     run_files: ClassVar[tuple] = ('lengths.json',)  # written at the end (lm_lengths)
 
@@ -349,18 +344,14 @@ def lm_lengths(model: CausalLM, stream: torch.Tensor, cfg: LMConfig) -> dict:
 class CausalProbeConfig(ProbeConfig):
     "`ProbeConfig` (19a) with the causal tasks' settings; evaluated at 1×, 2×, 4×, 8× by default."
 
-    factors: tuple = (1, 2, 4, 8)
-    n_values: int = 257  # ≥ the longest length + 1 (offset, index, precede draw content without repeats)
-    count_max: int = 8  # counting: the largest count
-    n_copy: int = 8  # selective copy: data tokens to copy
-    p_ignore: float = 0.8  # flip-flop: probability of an ignore instruction
+    factors: tuple = option((1, 2, 4, 8), 'evaluation lengths as multiples of length', ListOf(COUNT))
+    n_values: int = option(257, 'content tokens; ≥ the longest length + 1 (drawn without repeats)', COUNT)
+    count_max: int = option(8, 'counting: the largest count', COUNT)
+    n_copy: int = option(8, 'selective copy: data tokens to copy', COUNT)
+    p_ignore: float = option(0.8, 'flip-flop: probability of an ignore instruction', Range(ge=0, lt=1))
 
     def __post_init__(self):
         super().__post_init__()
-        if not 0 <= self.p_ignore < 1:
-            raise ValueError(f'p_ignore must be in [0, 1); got {self.p_ignore}')
-        if self.count_max < 1 or self.n_copy < 1:
-            raise ValueError(f'count_max and n_copy must be ≥ 1; got {self.count_max}, {self.n_copy}')
         if self.length < 2 * self.n_copy + 3:
             raise ValueError(
                 f'length={self.length} must hold [BOS], {self.n_copy} data tokens, COPY and their copies '

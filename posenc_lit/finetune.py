@@ -29,41 +29,58 @@ __all__ = ['FINETUNE_PRESETS', 'FinetuneConfig', 'make_finetune_config', 'finetu
 class FinetuneConfig(RunConfig):
     "Everything a fine-tuning run depends on (and `RunConfig`'s options); saved as the run's `config.json`."
 
-    task: str = 'sentiment'  # see `posenc_lit tasks`
-    checkpoint: str = ''  # pretraining checkpoint folder (or its run directory)
-    # {split: local file} instead of the task's own source (hub tasks)
-    data_files: dict = field(default_factory=dict)
-    max_len: int | None = None  # None: no truncation (an example too long is refused); N: cut to N tokens
-    epochs: int = 2
-    lr: float = 5e-4
-    warmup: float = 0.1  # fraction of steps with linear warm-up
-    head_dropout: float = 0.1
-    eval_every: int = 0  # steps between evaluations on validation; 0: at the end of each epoch
-    max_train: int = 0  # use only N training examples, a fixed random subset (0: all)
-    max_answer_len: int = 30  # span tasks: longest answer, in tokens
-    add_relative: str = ''  # add this relative encoding, started at zero (add_relative); '' = none
-    add_relative_kwargs: dict = field(default_factory=dict)  # its options, e.g. {'k': 64}
-    extend_positions: str = ''  # rows past the pretraining length: 'copy', 'interpolate'; '' = kept
-    trained_len: int = 0  # the pretraining length for extend_positions; 0: the seq_len of the run
-    add_relative_lr: float = 0.0  # peak learning rate of the added relative parameters; 0: the same as `lr`
-    eval_lengths: list = field(default_factory=list)  # also score test cut to each of these lengths (tokens)
-    rules: ClassVar[dict] = RunConfig.rules | {
-        'max_len': 'an integer ≥ 4',
-        'epochs': '≥ 1',
-        'eval_every': '≥ 0',
-        'max_train': '≥ 0',
-        'max_answer_len': '≥ 1',
-        'trained_len': '≥ 0',
-        'head_dropout': 'in [0, 1)',
-        'add_relative_lr': '≥ 0',
-        'extend_positions': ('',) + EXTEND_METHODS,
-        'eval_lengths': ListOf('an integer ≥ 4', least=0),  # tokens, special tokens included
-    }
-    needs: ClassVar[dict] = {
-        'add_relative_lr': 'add_relative',
-        'add_relative_kwargs': 'add_relative',
-        'trained_len': 'extend_positions',
-    }
+    task: str = option('sentiment', 'task name (see `posenc_lit tasks`)')
+    checkpoint: str = option(
+        '', 'checkpoint/ folder of a `posenc_lit pretrain` run, or the run directory', parse=path_text
+    )
+    data_files: dict = option(
+        {}, '{split: local file} instead of the task\'s own source (--data-files)', flag=False
+    )
+    max_len: int | None = option(
+        None,
+        'truncate every example to this many tokens (default: none; an example longer than the encoding can '
+        'take is an error)',
+        Range(ge=4, integer=True),
+    )
+    epochs: int = option(2, 'passes over the training split', Range(ge=1))
+    lr: float = option(5e-4, 'peak learning rate', Range(gt=0))
+    warmup: float = option(0.1, 'fraction of the steps with linear warm-up', Range(ge=0, le=1))
+    head_dropout: float = option(0.1, 'dropout before the task head', Range(ge=0, lt=1))
+    eval_every: int = option(0, 'steps between evaluations on validation (0: each epoch)', Range(ge=0))
+    max_train: int = option(0, 'use only N training examples, a fixed random subset (0: all)', Range(ge=0))
+    max_answer_len: int = option(30, 'span tasks: longest answer, in tokens', Range(ge=1), flag=False)
+    seed: int = option(0, 'random seed (one run per --seeds entry)', Range(ge=0, lt=2**32), flag=False)
+    add_relative: str = option(
+        '',
+        'add this relative encoding (e.g. huang4), started at zero, to the pretrained one '
+        '(Huang et al. 2020, §4.3)',
+    )
+    add_relative_kwargs: dict = option(
+        {}, 'its options, a JSON object such as \'{"k": 64}\'', needs='add_relative'
+    )
+    extend_positions: str = option(
+        '',
+        'fill absolute position rows past the pretraining length: copy (Longformer) or interpolate',
+        OneOf(('',) + EXTEND_METHODS),
+    )
+    trained_len: int = option(
+        0,
+        "the pretraining length for --extend-positions (default: the seq_len of the checkpoint's run)",
+        Range(ge=0),
+        needs='extend_positions',
+    )
+    add_relative_lr: float = option(
+        0.0,
+        'peak learning rate of the added relative encoding (default, or 0: --lr)',
+        Range(ge=0),
+        needs='add_relative',
+    )
+    eval_lengths: list = option(
+        [],
+        'also score the test split cut to each of these lengths in tokens (downstream length generalization: '
+        'train with a short --max-len, score longer); a length the encoding cannot take is reported as n/a',
+        ListOf(Range(ge=4, integer=True), least=0),
+    )
     kind: ClassVar[str] = 'a fine-tuning run'
     seeds_files: ClassVar[tuple] = ('results.jsonl', 'summary.json')  # what the seeds' driver writes
 

@@ -20,17 +20,18 @@ from .model import CheckpointError, check_field_types, count_parameters
 
 # %% auto #0
 __all__ = ['SPLITS', 'MIXED_PRECISION', 'RUN_FILES', 'CHECKPOINTS', 'STATE_FILE', 'RunDirError', 'log_record',
-           'read_metrics', 'restart_metrics', 'param_groups', 'lr_factor', 'scheduler', 'RunConfig', 'ListOf',
-           'obeys', 'check_rules', 'make_config', 'config_from', 'SignalStop', 'any_process',
-           'check_creatable_dir', 'foreign_files', 'run_kind', 'read_config', 'check_own_files',
-           'checkpoint_record', 'foreign_checkpoint_files', 'check_checkpoint_files',
-           'check_folder_to_replace', 'check_replaceable', 'check_replaceable_runs', 'replace_run_dir',
-           'prepare_run_dir', 'clear_run_dir', 'read_trainer_state', 'check_checkpoint_digest',
-           'check_loop_state', 'save_checkpoint', 'load_resumed', 'load_checkpoint', 'NonFiniteLossError',
-           'Loop', 'fit', 'check_precision', 'check_one_batch', 'accelerator', 'optimizer', 'build_model',
-           'probe_step', 'begin_run', 'progress_bar', 'open_run', 'running', 'done_summary', 'stopped',
-           'fit_run', 'train_mean', 'run_costs', 'end_run', 'eval_sums', 'loss_accuracy', 'micro_batch',
-           'step_generator', 'Phase', 'phase_plan', 'PhaseRun', 'check_phase_state', 'fit_phases']
+           'read_metrics', 'restart_metrics', 'param_groups', 'lr_factor', 'scheduler', 'Range', 'OneOf',
+           'NonEmpty', 'ListOf', 'option', 'RunConfig', 'check_config', 'make_config', 'config_from',
+           'comma_list', 'path_text', 'SignalStop', 'any_process', 'check_creatable_dir', 'foreign_files',
+           'run_kind', 'read_config', 'check_own_files', 'checkpoint_record', 'foreign_checkpoint_files',
+           'check_checkpoint_files', 'check_folder_to_replace', 'check_replaceable', 'check_replaceable_runs',
+           'replace_run_dir', 'prepare_run_dir', 'clear_run_dir', 'read_trainer_state',
+           'check_checkpoint_digest', 'check_loop_state', 'save_checkpoint', 'load_resumed',
+           'load_checkpoint', 'NonFiniteLossError', 'Loop', 'fit', 'check_precision', 'check_one_batch',
+           'accelerator', 'optimizer', 'build_model', 'probe_step', 'begin_run', 'progress_bar', 'open_run',
+           'running', 'done_summary', 'stopped', 'fit_run', 'train_mean', 'run_costs', 'end_run', 'eval_sums',
+           'loss_accuracy', 'micro_batch', 'step_generator', 'Phase', 'phase_plan', 'PhaseRun',
+           'check_phase_state', 'fit_phases']
 
 # %% ../nbs/11a_loop.ipynb #c922c711
 class RunDirError(ValueError):
@@ -112,94 +113,113 @@ def scheduler(opt: torch.optim.Optimizer, steps: int, warmup: float, schedule: s
     return torch.optim.lr_scheduler.LambdaLR(opt, lr_factor(steps, warmup, schedule))
 
 # %% ../nbs/11a_loop.ipynb #627f561c
+@dataclass(frozen=True)
+class Range:
+    "A number ≥ `ge` or > `gt`, and ≤ `le` or < `lt` (None: no such bound); an integer if `integer`."
+
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+    integer: bool = False
+
+    def __call__(self, v) -> bool:
+        if not (is_int(v) if self.integer else is_real(v)):
+            return False
+        above = (self.ge is None or v >= self.ge) and (self.gt is None or v > self.gt)
+        return above and (self.le is None or v <= self.le) and (self.lt is None or v < self.lt)
+
+    def __str__(self) -> str:  # '≥ 1', '> 0', 'in [0, 2**32)', 'an integer ≥ 4'
+        num = lambda x: f'2**{x.bit_length() - 1}' if is_int(x) and x >= 2**16 and not x & (x - 1) else str(x)
+        lo = f'[{num(self.ge)}' if self.ge is not None else f'({num(self.gt)}'
+        hi = f'{num(self.le)}]' if self.le is not None else None if self.lt is None else f'{num(self.lt)})'
+        what = f'in {lo}, {hi}' if hi else f"{'≥' if lo[0] == '[' else '>'} {lo[1:]}"
+        return ('an integer ' if self.integer else '') + what
+
+
+@dataclass(frozen=True)
+class OneOf:
+    "One of `values`."
+
+    values: tuple
+    __call__ = lambda self, v: v in self.values
+    __str__ = lambda self: f'one of {self.values}'
+
+
+@dataclass(frozen=True)
+class NonEmpty:
+    "A string with a character that is not a space, or a non-empty list; `what` says what it may be."
+
+    what: str
+    __call__ = lambda self, v: bool(v.strip() if isinstance(v, str) else v)
+    __str__ = lambda self: f'non-empty ({self.what})'
+
+
+@dataclass(frozen=True)
+class ListOf:
+    "A list (or tuple) of distinct entries, each passing the check `each`; at least `least` of them."
+
+    each: Callable
+    least: int = 1
+
+    def __call__(self, v) -> bool:
+        if not (isinstance(v, (list, tuple)) and len(v) >= self.least and all(map(self.each, v))):
+            return False
+        return not any(x in v[:i] for i, x in enumerate(v))
+
+    def __str__(self) -> str:
+        least = f' (at least {self.least})' if self.least else ''
+        return f'a list of distinct entries{least}, each {self.each}'
+
+
+def option(default, help: str, check: Callable | None = None, **meta):
+    """A config field: `default` (a list or dict is copied for each config), `help` (also its CLI flag's),
+    `check` (a constraint above: `check_config`); `meta`: `needs='other'` (it only applies with option
+    `other`), `flag=False` (no CLI flag), `parse` (reads the flag's text; else the type does)."""
+    meta = dict(help=help, check=check, **meta)
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: copy.deepcopy(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+# %% ../nbs/11a_loop.ipynb #309f6d6f
 MIXED_PRECISION = ('no', 'bf16', 'fp16')  # 'bf16' on CPU or GPU, 'fp16' on a GPU only
 
 
 @dataclass(kw_only=True)
 class RunConfig:
-    """The options every kind of run has; `rules` gives the range or the choices of each option that has one,
-    `needs` the option each option only applies with (both checked by `check_rules`)."""
+    "The options every kind of run has, each with its help and its check (`option`)."
 
-    batch_size: int = 32  # examples per process per step
-    lr: float = 2e-3  # peak learning rate
-    warmup: float = 0.06  # fraction of steps with linear warm-up
-    weight_decay: float = 0.01
-    max_grad_norm: float = 1.0
-    log_every: int = 25  # steps between training-loss records
-    seed: int = 0
-    mixed_precision: str = 'no'  # one of `MIXED_PRECISION`
-    rules: ClassVar[dict] = {
-        'batch_size': '≥ 1',
-        'lr': '> 0',
-        'warmup': 'in [0, 1]',
-        'weight_decay': '≥ 0',
-        'max_grad_norm': '> 0',
-        'log_every': '≥ 1',
-        'seed': 'in [0, 2**32)',
-        'mixed_precision': MIXED_PRECISION,
-    }
-    needs: ClassVar[dict] = {}  # option: the option it only applies with (checked with the rules)
+    batch_size: int = option(32, 'examples per process per step', Range(ge=1))
+    lr: float = option(2e-3, 'peak learning rate', Range(gt=0))
+    warmup: float = option(0.06, 'fraction of the steps with linear warm-up', Range(ge=0, le=1))
+    weight_decay: float = option(
+        0.01, 'AdamW weight decay (none on biases and norms)', Range(ge=0), flag=False
+    )
+    max_grad_norm: float = option(1.0, 'gradients clipped to this global norm', Range(gt=0), flag=False)
+    log_every: int = option(25, 'steps between training-loss records', Range(ge=1))
+    seed: int = option(0, 'random seed', Range(ge=0, lt=2**32))
+    mixed_precision: str = option('no', "'bf16' on CPU or GPU, 'fp16' on a GPU only", OneOf(MIXED_PRECISION))
     kind: ClassVar[str] = 'a run'  # in messages: 'a pretraining run' (run_kind tells it from a config.json)
     run_files: ClassVar[tuple] = ()  # what such a run writes into its folder besides `RUN_FILES`
     # a folder of runs (seed<N>/ runs of this kind): what its driver writes beside them; None: no such folder
     seeds_files: ClassVar[tuple | None] = None
 
-# %% ../nbs/11a_loop.ipynb #309f6d6f
-def _bound(s: str) -> float:  # '0.5', '4', '2**32'
-    base, _, exp = s.partition('**')
-    return float(base) ** float(exp or 1)
-
-
-class ListOf(NamedTuple):
-    "The rule of a list option: distinct entries, each keeping `rule`; at least `least` of them."
-
-    rule: tuple | str
-    least: int = 1
-
-
-def obeys(v, rule) -> bool:
-    """Whether `v` keeps `rule`: a tuple of allowed values; a number '≥ a', '> a' or in an interval 'in [a, b)',
-    an integer if the rule begins 'an integer '; 'non-empty …' (a string or a list); or a `ListOf`."""
-    if isinstance(rule, ListOf):
-        entries = isinstance(v, (list, tuple)) and all(obeys(x, rule.rule) for x in v)
-        return entries and len(v) >= rule.least and not any(x in v[:i] for i, x in enumerate(v))
-    if isinstance(rule, tuple):
-        return v in rule
-    if rule.startswith('non-empty'):
-        return bool(v.strip() if isinstance(v, str) else v)
-    if rule.startswith('an integer '):
-        return is_int(v) and obeys(v, rule.removeprefix('an integer '))
-    if not is_real(v):
-        return False
-    if rule.startswith('in '):
-        lo, hi = map(_bound, rule[4:-1].split(', '))
-        return (lo <= v if rule[3] == '[' else lo < v) and (v <= hi if rule[-1] == ']' else v < hi)
-    op, x = rule.split(' ')
-    return v >= _bound(x) if op == '≥' else v > _bound(x)
-
-
-def _rule_text(rule) -> str:  # 'one of (...)', '≥ 1', 'a list of distinct entries (at least 1), each ...'
-    if isinstance(rule, ListOf):
-        least = f' (at least {rule.least})' if rule.least else ''
-        return f'a list of distinct entries{least}, each {_rule_text(rule.rule)}'
-    return f'one of {rule}' if isinstance(rule, tuple) else rule
-
-
-def check_rules(cfg):
-    """`ValueError` naming the first option of dataclass `cfg` that breaks its rule in `cfg.rules` (`None` keeps
-    the rule of an option whose type allows it), then the first option set without the option it `needs`."""
-    optional = {f.name for f in fields(cfg) if 'None' in str(f.type)}
-    for name, rule in cfg.rules.items():
-        v = getattr(cfg, name)
-        if not (v is None and name in optional or obeys(v, rule)):
-            what = ('None or ' if name in optional else '') + _rule_text(rule)
-            raise ValueError(f'{name} must be {what}; got {v!r}')
-    flag = lambda name: f"{name} (--{name.replace('_', '-')})"
-    for name, other in cfg.needs.items():
-        if getattr(cfg, name) and not getattr(cfg, other):
-            raise ValueError(f'{flag(name)} only applies with {flag(other)}; set both or neither')
-
 # %% ../nbs/11a_loop.ipynb #70706373
+def check_config(cfg):
+    """`ValueError` naming the first option of dataclass `cfg` whose value does not fit its type
+    (`check_field_types`), then the first that fails its `check` (`None` passes where the type allows
+    it), then the first one set without the option it `needs`."""
+    check_field_types(cfg)  # types first: `steps='10'` names the option, not a comparison deep inside
+    for f in fields(cfg):
+        v, check, optional = getattr(cfg, f.name), f.metadata.get('check'), 'None' in str(f.type)
+        if check is not None and not (v is None and optional or check(v)):
+            raise ValueError(f"{f.name} must be {'None or ' if optional else ''}{check}; got {v!r}")
+    flag = lambda name: f"{name} (--{name.replace('_', '-')})"
+    for f in fields(cfg):
+        if (other := f.metadata.get('needs')) and getattr(cfg, f.name) and not getattr(cfg, other):
+            raise ValueError(f'{flag(f.name)} only applies with {flag(other)}; set both or neither')
+
+
 def make_config(cls, presets: dict, preset: str, overrides: dict, what: str, keep_none: tuple = ()):
     "`cls` from `presets[preset]` and `overrides` (`None`: not given, except for `keep_none`), checked."
     if preset not in presets:
@@ -209,8 +229,7 @@ def make_config(cls, presets: dict, preset: str, overrides: dict, what: str, kee
         raise ValueError(f'unknown {what} option(s) {bad}; valid: {names}')
     given = {k: v for k, v in overrides.items() if v is not None or k in keep_none}
     cfg = cls(**{**presets[preset], **given})
-    check_field_types(cfg)  # types first: `steps='10'` names the option, not a comparison deep inside
-    check_rules(cfg)
+    check_config(cfg)
     return cfg
 
 
@@ -219,6 +238,21 @@ def config_from(cls, cfg, **given):
     `given`."""
     shared = {f.name: copy.deepcopy(getattr(cfg, f.name)) for f in fields(cls) if hasattr(cfg, f.name)}
     return cls(**(shared | given))
+
+
+def comma_list(s: str) -> list[str]:
+    "The entries of a comma-separated flag value ('28,56,28x56'); `ValueError` for an empty entry."
+    items = [x.strip() for x in s.split(',')]
+    if not all(items):
+        raise ValueError(f'must be a comma-separated list such as 28,56,28x56; got {s!r}')
+    return items
+
+
+def path_text(s: str) -> str:
+    "A path given as a flag's text; `ValueError` if it is empty."
+    if not s.strip():
+        raise ValueError('must not be empty (an empty path would be read as the current folder)')
+    return s
 
 # %% ../nbs/11a_loop.ipynb #b7e02acb
 class SignalStop:

@@ -15,7 +15,8 @@ import matplotlib.pyplot as plt
 from .core import list_encodings
 from .checks import PositionRangeError, is_int, is_real
 from .files import write_json
-from .model import ModelConfig, Encoder, EncoderForMLM, check_field_types
+from .model import ModelConfig, Encoder, EncoderForMLM
+from .loop import ListOf, Range, check_config, option
 from .attention import PositionEncoding
 from .absolute import LearnedEncoding, SinusoidalEncoding
 from .relative import RelativeVectors
@@ -26,43 +27,23 @@ from .rope import RoPE
 from .tupe import TUPE
 
 # %% auto #0
-__all__ = ['PAD', 'BOS', 'FIRST', 'PROBE_PRESETS', 'PROBES', 'SOLVABLE', 'ProbeConfig', 'make_probe_config',
-           'probe_seeds', 'offset_batch', 'index_batch', 'precede_batch', 'Probe', 'ProbeModel', 'probe_loss',
-           'probe_accuracy', 'train_probe', 'score_probe', 'run_probe', 'position_signal', 'reversal_bound',
-           'probe_theory', 'probe_lengths', 'new_probe_results', 'read_probe_results', 'run_probes',
-           'seed_records', 'probe_cell', 'probe_training', 'probe_rows', 'probe_rule', 'format_probe_table',
-           'plot_probes']
+__all__ = ['PAD', 'BOS', 'FIRST', 'COUNT', 'PROBE_PRESETS', 'PROBES', 'SOLVABLE', 'ProbeConfig',
+           'make_probe_config', 'probe_seeds', 'offset_batch', 'index_batch', 'precede_batch', 'Probe',
+           'ProbeModel', 'probe_loss', 'probe_accuracy', 'train_probe', 'score_probe', 'run_probe',
+           'position_signal', 'reversal_bound', 'probe_theory', 'probe_lengths', 'new_probe_results',
+           'read_probe_results', 'run_probes', 'seed_records', 'probe_cell', 'probe_training', 'probe_rows',
+           'probe_rule', 'format_probe_table', 'plot_probes']
 
 # %% ../nbs/19a_probes.ipynb #b3bd4b09
 PAD, BOS, FIRST = 0, 1, 2  # token ids: padding (never drawn), the start token, the first content id
 
 # %% ../nbs/19a_probes.ipynb #e1c16647
 def _check_probe_config(cfg):
-    check_field_types(cfg)
-    positive = ('length', 'n_values', 'offset', 'index', 'd_model', 'n_layers', 'n_heads', 'd_ff', 'steps')
-    for f in positive + ('window', 'patience', 'batch_size', 'eval_examples', 'n_seeds'):
-        if getattr(cfg, f) < 1:
-            raise ValueError(f'{f} must be an integer ≥ 1; got {getattr(cfg, f)}')
-    for f in ('min_steps', 'warmup'):
-        if getattr(cfg, f) < 0:
-            raise ValueError(f'{f} must be an integer ≥ 0; got {getattr(cfg, f)}')
-    f = cfg.factors
-    if not (isinstance(f, (tuple, list)) and f and all(is_int(x) and x >= 1 for x in f)):
-        raise ValueError(f'factors must be a non-empty list of integers ≥ 1; got {cfg.factors!r}')
-    if not (0 <= cfg.seed and cfg.seed + cfg.n_seeds <= 2**32):
+    "What no single option of `cfg` can say: its seeds, and lengths that fit the probes."
+    if cfg.seed + cfg.n_seeds > 2**32:
         raise ValueError(
             f'the seeds seed … seed + n_seeds - 1 must be in [0, 2**32); got {cfg.seed}, {cfg.n_seeds}'
         )
-    for f in ('lr', 'init_std'):
-        if not getattr(cfg, f) > 0:
-            raise ValueError(f'{f} must be > 0; got {getattr(cfg, f)}')
-    for f in ('weight_decay', 'stop_loss', 'min_delta'):
-        if getattr(cfg, f) < 0:
-            raise ValueError(f'{f} must be ≥ 0; got {getattr(cfg, f)}')
-    _check_probe_lengths(cfg)
-
-
-def _check_probe_lengths(cfg):
     if max(cfg.offset, cfg.index) + 2 > cfg.length:
         raise ValueError(
             f'offset={cfg.offset} and index={cfg.index} must leave content tokens to score in '
@@ -78,36 +59,45 @@ def _check_probe_lengths(cfg):
         )
 
 # %% ../nbs/19a_probes.ipynb #b75ce5bb
+COUNT = Range(ge=1, integer=True)  # a count: an integer ≥ 1
+
+
 @dataclass
 class ProbeConfig:
-    "Model, training and probe settings of `run_probes`; `ValueError` naming the first bad field."
+    """Model, training and probe settings of `run_probes`, each with its check (`loop.option`); `ValueError`
+    naming the first bad one."""
 
-    length: int = 32  # training length n (tokens, [BOS] included); scored at n·f, f in `factors`
-    factors: tuple = (1, 2, 4)  # evaluation lengths as multiples of `length`
-    n_values: int = 130  # content tokens; ≥ the longest evaluation length + 1 (drawn, no repeats)
-    offset: int = 2  # r of the offset probe: predict the token r places to the left
-    index: int = 24  # p of the index probe: the absolute position whose token is copied
-    bos: bool = True  # start every sequence with [BOS] (False: content tokens only, the direction test)
-    d_model: int = 64
-    n_layers: int = 2
-    n_heads: int = 4
-    d_ff: int = 128
-    init_std: float = 0.125  # std of every linear and embedding weight: 1/√D at D = 64 (BERT's 0.02 stalls)
-    steps: int = 3000  # the cap: optimizer steps per encoding, probe and seed at most
-    window: int = 100  # the stopping rule reads the mean training loss of windows of this many steps
-    stop_loss: float = 0.01  # solved: stop after a window whose mean is below this (nats)
-    min_delta: float = 0.02  # flat: from `min_steps` on, stop when a window's mean is less than this (nats)
-    patience: int = 5  # below the mean of the window `patience` windows before it
-    min_steps: int = 1000
-    batch_size: int = 64
-    lr: float = 3e-3  # AdamW, linear warm-up over `warmup` steps, then constant
-    warmup: int = 100
-    weight_decay: float = 0.01
-    eval_examples: int = 512  # fresh sequences per evaluation length
-    seed: int = 0  # the first seed: runs use seed, seed + 1, …, seed + n_seeds - 1
-    n_seeds: int = 1  # each seed: fresh weights and fresh data
+    length: int = option(32, 'training length n (tokens, [BOS] included); scored at n·f, f in factors', COUNT)
+    factors: tuple = option((1, 2, 4), 'evaluation lengths as multiples of length', ListOf(COUNT))
+    n_values: int = option(130, 'content tokens; ≥ the longest evaluation length + 1 (no repeats)', COUNT)
+    offset: int = option(2, 'r of the offset probe: predict the token r places to the left', COUNT)
+    index: int = option(24, 'p of the index probe: the absolute position whose token is copied', COUNT)
+    bos: bool = option(True, 'start every sequence with [BOS] (False: content only, the direction test)')
+    d_model: int = option(64, 'model width D', COUNT)
+    n_layers: int = option(2, 'encoder layers', COUNT)
+    n_heads: int = option(4, 'heads', COUNT)
+    d_ff: int = option(128, 'feed-forward width', COUNT)
+    init_std: float = option(0.125, "std of every weight: 1/√D at D = 64 (BERT's 0.02 stalls)", Range(gt=0))
+    steps: int = option(3000, 'the cap: optimizer steps per encoding, probe and seed at most', COUNT)
+    window: int = option(
+        100, 'the stopping rule reads mean training losses of windows of this many steps', COUNT
+    )
+    stop_loss: float = option(
+        0.01, 'solved: stop after a window whose mean is below this (nats)', Range(ge=0)
+    )
+    min_delta: float = option(0.02, 'flat: stop when a window is not this much (nats) lower…', Range(ge=0))
+    patience: int = option(5, '… than the window `patience` windows before it (from min_steps on)', COUNT)
+    min_steps: int = option(1000, 'steps before the flat rule applies', Range(ge=0, integer=True))
+    batch_size: int = option(64, 'sequences per step', COUNT)
+    lr: float = option(3e-3, 'AdamW, linear warm-up over warmup steps, then constant', Range(gt=0))
+    warmup: int = option(100, 'warm-up steps', Range(ge=0, integer=True))
+    weight_decay: float = option(0.01, 'AdamW weight decay', Range(ge=0))
+    eval_examples: int = option(512, 'fresh sequences per evaluation length', COUNT)
+    seed: int = option(0, 'the first seed: runs use seed, seed + 1, …, seed + n_seeds - 1', Range(ge=0))
+    n_seeds: int = option(1, 'seeds; each: fresh weights and fresh data', COUNT)
 
     def __post_init__(self):
+        check_config(self)
         _check_probe_config(self)
 
 # %% ../nbs/19a_probes.ipynb #d8d2c68f

@@ -19,40 +19,43 @@ from .data import *
 from .loop import *
 
 # %% auto #0
-__all__ = ['PRESETS', 'TrainConfig', 'model_config', 'make_train_config', 'eval_set', 'evaluate', 'pretrain']
+__all__ = ['CORPUS', 'PRESETS', 'TrainConfig', 'model_config', 'make_train_config', 'eval_set', 'evaluate',
+           'pretrain']
 
 # %% ../nbs/12_training.ipynb #6eb4edc2
+CORPUS = NonEmpty("'default', a local folder, or a hub dataset name")
+
+
 @dataclass(kw_only=True)
 class TrainConfig(RunConfig):
     "Everything a pretraining run depends on (and `RunConfig`'s options); saved as the run's `config.json`."
 
-    pe: str = 'learned'  # position encoding (see `posenc_lit encodings`)
-    pe_kwargs: dict = field(default_factory=dict)
-    data: str = 'default'  # corpus: 'default' (embedded), a local folder, or a hub dataset name
-    seq_len: int = 64  # tokens per block, [CLS] and [SEP] included
-    grad_accum: int = 1  # micro-steps per optimizer step
-    steps: int = 1000  # optimizer steps
-    mlm_probability: float = 0.15  # fraction of the tokens selected for the masked-token loss
-    d_model: int = 128  # D, the width of the model
-    n_layers: int = 2  # encoder layers
-    n_heads: int = 4  # h; the head width is D / h
-    d_ff: int = 512  # width of the feed-forward layers
-    dropout: float = 0.1  # on embeddings, attention weights and sublayer outputs
-    max_position_embeddings: int = 512  # rows of a learned position table
-    emd_steps: int = 0  # Enhanced Mask Decoder passes for the MLM head (DeBERTa: 2); 0 = off
-    eval_every: int = 250  # steps between evaluations (and at the end)
-    eval_blocks: int = 512  # validation blocks evaluated (a fixed subset; 0 or too many: all)
-    save_every: int = 500  # steps between checkpoints (and at the end)
-    rules: ClassVar[dict] = RunConfig.rules | {
-        'seq_len': '≥ 1',
-        'grad_accum': '≥ 1',
-        'steps': '≥ 1',
-        'eval_every': '≥ 1',
-        'save_every': '≥ 1',
-        'mlm_probability': 'in (0, 1)',
-        'eval_blocks': '≥ 0',
-        'data': "non-empty ('default', a local folder, or a hub dataset name)",
-    }
+    batch_size: int = option(32, 'blocks per process per micro-step', Range(ge=1))
+    pe: str = option('learned', 'position encoding (see `posenc_lit encodings`)')
+    pe_kwargs: dict = option({}, 'extra options of the encoding, a JSON object such as \'{"base": 500}\'')
+    data: str = option(
+        'default', "corpus: 'default' (embedded), a local folder, or a hub name[:config]", CORPUS
+    )
+    seq_len: int = option(64, 'tokens per block, [CLS] and [SEP] included', Range(ge=1))
+    grad_accum: int = option(1, 'micro-steps per optimizer step', Range(ge=1))
+    steps: int = option(1000, 'optimizer steps', Range(ge=1))
+    mlm_probability: float = option(
+        0.15, 'fraction of tokens in the masked-token loss', Range(gt=0, lt=1), flag=False
+    )
+    d_model: int = option(128, 'model width D')
+    n_layers: int = option(2, 'encoder layers')
+    n_heads: int = option(4, 'heads h; the head width is D / h')
+    d_ff: int = option(512, 'feed-forward width')
+    dropout: float = option(0.1, 'dropout on embeddings, attention weights and sublayer outputs')
+    max_position_embeddings: int = option(
+        512, "rows of a learned position table (huang4's default k is this - 1)"
+    )
+    emd_steps: int = option(
+        0, 'Enhanced Mask Decoder passes of the last layer for the MLM head (DeBERTa: 2; 0: off)'
+    )
+    eval_every: int = option(250, 'steps between evaluations (and at the end)', Range(ge=1))
+    eval_blocks: int = option(512, 'validation blocks evaluated, a fixed subset (0: all)', Range(ge=0))
+    save_every: int = option(500, 'steps between checkpoints (and at the end)', Range(ge=1))
     kind: ClassVar[str] = 'a pretraining run'
     # written by evaluate_run and the locality study
     run_files: ClassVar[tuple] = ('lengths.json', 'locality.json')

@@ -19,12 +19,14 @@ from .vit import ViT, ViTConfig, load_vit, save_vit
 from .vit import reinit_pos_embed_, resize_pos_embed_
 
 # %% auto #0
-__all__ = ['EVAL_MODES', 'VIT_PRESETS', 'MAX_PATCHES', 'VitTrainConfig', 'vit_config', 'make_vit_config',
-           'vit_no_decay', 'evaluate_images', 'model_for', 'evaluate_sizes', 'total_steps', 'train_vit']
+__all__ = ['EVAL_MODES', 'IMAGES', 'VIT_PRESETS', 'MAX_PATCHES', 'VitTrainConfig', 'vit_config',
+           'make_vit_config', 'vit_no_decay', 'evaluate_images', 'model_for', 'evaluate_sizes', 'total_steps',
+           'train_vit']
 
 # %% ../nbs/18_vit_train.ipynb #adb82fe5
 # interpolate the table on the fly (two methods), or re-initialise it
 EVAL_MODES = ('bicubic', 'bilinear', 'none')
+IMAGES = NonEmpty("'default', 'auto', 'fashion-mnist-full', 'mnist', a folder or a hub name")
 
 
 @dataclass(kw_only=True)
@@ -32,58 +34,74 @@ class VitTrainConfig(RunConfig):
     """Everything a ViT training run depends on (and `RunConfig`'s options; images from `load_images`); saved
     as the run's `config.json`."""
 
-    pe: str = 'learned'  # vision position encoding (see `list_encodings('image')`)
-    pe_kwargs: dict = field(default_factory=dict)
-    data: str = 'default'  # image source (load_images); 'auto': the full Fashion-MNIST if here
-    image_size: list = field(default_factory=lambda: [28, 28])  # training resolution [H, W]
-    patch_size: int = 4  # P: a P×P patch is one token
-    in_chans: int = 1  # channels of an image
-    d_model: int = 64  # D, the width of the model
-    n_layers: int = 4  # encoder layers
-    n_heads: int = 4  # h; the head width is D / h
-    d_ff: int = 128  # width of the MLP blocks
-    dropout: float = 0.0  # on embeddings, attention weights and sublayer outputs
-    pool: str = 'cls'  # 'cls' | 'gap'
-    stem: str = 'patch'  # 'patch' (a linear map per P×P patch) | 'hybrid' (a ResNet of stride P)
-    interpolate: str | None = 'bicubic'  # how a learned table is interpolated for another grid; None: never
-    batch_size: int = 128  # images per process per step
-    steps: int = 1000  # optimizer steps of the training phase
-    warmup: float = 0.05  # fraction of steps with linear warm-up
-    schedule: str = 'cosine'  # decay after warm-up, to 0: 'cosine' or 'linear'
-    weight_decay: float = 0.05
-    label_smoothing: float = 0.0  # of the cross-entropy targets
-    augment: bool = False  # random crops (padding 2) and horizontal flips
-    val_every: int = 10  # 1 in `val_every` training images of each class is validation (0: none)
-    eval_every: int = 250  # steps between validation evaluations (and at the end)
-    save_every: int = 250  # steps between checkpoints (and at the end)
-    # test resolutions [H, W]
-    eval_sizes: list = field(default_factory=lambda: [[28, 28], [56, 56], [28, 56]])
-    eval_modes: list = field(default_factory=lambda: list(EVAL_MODES))
-    finetune_res: list | None = None  # [H, W] for a short fine-tune after training; None: none
-    finetune_steps: int = 0
-    finetune_lr: float = 5e-4
-    finetune_init: list | None = None  # one fine-tune per entry from the trained model, its table 'bicubic',
-    # 'bilinear' or 'none' (re-initialised); None: one, with `interpolate`
-    finetune_eval_sizes: list | None = None  # test resolutions after a fine-tune; None: `eval_sizes`
-    rules: ClassVar[dict] = RunConfig.rules | {
-        'steps': '≥ 1',
-        'eval_every': '≥ 1',
-        'save_every': '≥ 1',
-        'finetune_steps': '≥ 0',
-        'val_every': '≥ 0',
-        'finetune_lr': '> 0',
-        'label_smoothing': 'in [0, 1)',
-        'schedule': ('cosine', 'linear'),
-        'data': "non-empty ('default', 'auto', 'fashion-mnist-full', 'mnist', a folder or a hub name)",
-        'eval_sizes': 'non-empty (e.g. [[28, 28]])',
-        'eval_modes': ListOf(EVAL_MODES),
-        'finetune_init': ListOf(EVAL_MODES),
-    }
-    needs: ClassVar[dict] = {
-        'finetune_res': 'finetune_steps',
-        'finetune_steps': 'finetune_res',
-        'finetune_init': 'finetune_res',
-    }
+    pe: str = option('learned', 'vision position encoding (listed by `posenc_lit vit --help`)')
+    pe_kwargs: dict = option({}, 'extra options of the encoding, a JSON object')
+    data: str = option(
+        'default',
+        "images: 'default' (embedded Fashion-MNIST subset), 'auto' (the full one if here), "
+        "'fashion-mnist-full', 'mnist', a folder or a hub name",
+        IMAGES,
+    )
+    image_size: list = option(
+        [28, 28], 'training resolution, N or HxW (default 28); images of another size are resized', parse=str
+    )
+    patch_size: int = option(4, 'patch size P: a P×P patch is one token (4: a 7×7 grid at 28×28)')
+    in_chans: int = option(1, 'image channels the model takes (the data are greyscale: 1)')
+    d_model: int = option(64, 'model width D')
+    n_layers: int = option(4, 'encoder layers')
+    n_heads: int = option(4, 'heads h; the head width is D / h')
+    d_ff: int = option(128, 'MLP width')
+    dropout: float = option(0.0, 'dropout on embeddings, attention weights and sublayer outputs')
+    pool: str = option('cls', "'cls' ([CLS] token) or 'gap' (mean of the patch tokens)")
+    stem: str = option('patch', "'patch' (a linear map per patch) or 'hybrid' (a small ResNet of stride P)")
+    interpolate: str | None = option(
+        'bicubic',
+        "how the model interpolates a learned table for another grid (default bicubic); 'none': never change "
+        'the grid',
+        OneOf(EVAL_MODES[:2]),
+    )
+    batch_size: int = option(128, 'images per process per step', Range(ge=1))
+    steps: int = option(1000, 'optimizer steps at the training resolution', Range(ge=1))
+    warmup: float = option(0.05, 'fraction of the steps with linear warm-up', Range(ge=0, le=1))
+    schedule: str = option('cosine', 'decay to 0 after warm-up', OneOf(('cosine', 'linear')))
+    weight_decay: float = option(
+        0.05, 'AdamW weight decay (none on positions, [CLS], biases, norms)', Range(ge=0)
+    )
+    label_smoothing: float = option(0.0, 'label smoothing of the cross-entropy', Range(ge=0, lt=1))
+    augment: bool = option(False, 'random crops (padding 2) and horizontal flips (quick: off, reference: on)')
+    val_every: int = option(10, '1 in N training images of each class is validation (0: none)', Range(ge=0))
+    eval_every: int = option(250, 'steps between validation evaluations (and at the end)', Range(ge=1))
+    save_every: int = option(250, 'steps between checkpoints (and at the end)', Range(ge=1))
+    eval_sizes: list = option(
+        [[28, 28], [56, 56], [28, 56]],
+        'test resolutions, e.g. 28,56,28x56 (HxW: height x width)',
+        NonEmpty('e.g. [[28, 28]]'),
+        parse=comma_list,
+    )
+    eval_modes: list = option(
+        list(EVAL_MODES),
+        'bicubic,bilinear (interpolate the table), none (re-initialise it); default all three',
+        ListOf(OneOf(EVAL_MODES)),
+        parse=comma_list,
+    )
+    finetune_res: list | None = option(
+        None, 'after training, fine-tune at this resolution (N or HxW)', needs='finetune_steps', parse=str
+    )
+    finetune_steps: int = option(
+        0, 'steps of the fine-tune at --finetune-res', Range(ge=0), needs='finetune_res'
+    )
+    finetune_lr: float = option(5e-4, 'peak learning rate of the fine-tune', Range(gt=0))
+    finetune_init: list | None = option(
+        None,
+        'several fine-tunes, each from the trained model with its table made another way: e.g. '
+        "bicubic,bilinear,none ('none': re-initialised); default one, with --interpolate",
+        ListOf(OneOf(EVAL_MODES)),
+        needs='finetune_res',
+        parse=comma_list,
+    )
+    finetune_eval_sizes: list | None = option(
+        None, 'test resolutions after the fine-tune (default --eval-sizes)', parse=comma_list
+    )
     kind: ClassVar[str] = 'a ViT training run'
     run_files: ClassVar[tuple] = ('trained_model',)
 
