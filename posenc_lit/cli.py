@@ -460,7 +460,8 @@ def _add_compare(sub):
             'the ViT grid'
         ),
         description=(
-            'For each registered language encoding: pretrain, evaluate at longer lengths, fine-tune on '
+            "For each language encoding of the preset (or --encodings): pretrain, evaluate at longer "
+            'lengths, fine-tune on '
             'each task with each seed (beside the majority and bag-of-words baselines); then train the '
             'ViT grid. One line per stage on stderr; at the end the results table on stdout, '
             'OUT/results.json (one record per encoding × task × seed) and OUT/figures/. Finished stages '
@@ -471,8 +472,8 @@ def _add_compare(sub):
         '--preset',
         default='quick',
         help='quick: the position probes of every encoding (read from the committed probe study, '
-        "results/probes/study), then every study entry as the study's model pretrained for a few "
-        'hundred steps and fine-tuned on the order task with one seed, no ViTs (about 15 minutes on '
+        "results/probes/study), then none, shaw, t5, rope and deberta as the study's model pretrained "
+        'for 1,500 steps and fine-tuned on the order task with one seed, no ViTs (about 15 minutes on '
         "2 idle cores; it prints what it can and cannot show, and the committed study's numbers); "
         'reference: the reference presets, three tasks × three seeds, lengths to 1024, every vision '
         'encoding (many hours; resumes) (default: quick)',
@@ -484,10 +485,10 @@ def _add_compare(sub):
         '--encodings',
         nargs='+',
         default=None,
-        help='language encodings (default: every registered one, see `posenc_lit encodings`; the list '
-        'replaces the default), and the ablations of posenc_lit.compare.ABLATIONS, run only when '
-        'named: tupe-a-tiecls (TUPE-A with [CLS] tied to the positions), deberta-noemd, '
-        'deberta-noc2p, deberta-nop2c (DeBERTa without its EMD, c2p or p2c)',
+        help="language encodings (default: the preset's, quick: none shaw t5 rope deberta; reference: "
+        'every registered one, see `posenc_lit encodings`; the list replaces the default), and the '
+        'ablations the encodings declare (posenc_lit.core.list_ablations), run only when named: '
+        + ', '.join(list_ablations()),
     )
     p.add_argument(
         '--tasks',
@@ -537,7 +538,8 @@ def _add_compare(sub):
 def cmd_compare(args) -> int:
     """Run `compare`; prints the results table. Everything is checked before anything runs. Status 128 + n
     after signal n."""
-    from posenc_lit.compare import compare, compare_plan, pretrained_runs, format_results
+    from posenc_lit.compare import compare, compare_plan, pretrained_runs
+    from posenc_lit.report import format_results
     from posenc_lit.probes import format_probe_table
 
     try:

@@ -27,7 +27,6 @@ from posenc_lit.probes import (
     seed_records,
 )
 from .compare_figures import save_figures
-from .report import format_results  # for posenc_lit.cli, which imports it from here
 
 # %% auto #0
 __all__ = ['QUICK_STEPS', 'QUICK_TRAIN', 'QUICK_ENTRIES', 'COMPARE_PRESETS', 'compare_plan',
