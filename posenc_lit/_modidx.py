@@ -306,10 +306,6 @@ d = {
                 'causal_lm.html#_check_lm_inputs',
                 'posenc_lit/causal_lm.py',
             ),
-            'posenc_lit.causal_lm._check_lm_mask': (
-                'causal_lm.html#_check_lm_mask',
-                'posenc_lit/causal_lm.py',
-            ),
             'posenc_lit.causal_lm._last_real': ('causal_lm.html#_last_real', 'posenc_lit/causal_lm.py'),
             'posenc_lit.causal_lm._lm_keys': ('causal_lm.html#_lm_keys', 'posenc_lit/causal_lm.py'),
             'posenc_lit.causal_lm.document_ids': ('causal_lm.html#document_ids', 'posenc_lit/causal_lm.py'),
@@ -326,6 +322,7 @@ d = {
                 'posenc_lit/checks.py',
             ),
             'posenc_lit.checks.check_positions': ('checks.html#check_positions', 'posenc_lit/checks.py'),
+            'posenc_lit.checks.check_sizes': ('checks.html#check_sizes', 'posenc_lit/checks.py'),
             'posenc_lit.checks.is_int': ('checks.html#is_int', 'posenc_lit/checks.py'),
             'posenc_lit.checks.is_int_tensor': ('checks.html#is_int_tensor', 'posenc_lit/checks.py'),
             'posenc_lit.checks.is_real': ('checks.html#is_real', 'posenc_lit/checks.py'),

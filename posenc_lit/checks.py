@@ -9,7 +9,8 @@ import torch
 
 # %% auto #0
 __all__ = ['POSITION_LIMIT', 'value_range', 'PositionRangeError', 'is_int', 'is_real', 'is_int_tensor',
-           'MemoryLimitError', 'memory_check', 'check_positions', 'check_position_limit', 'test_close_rel']
+           'MemoryLimitError', 'memory_check', 'check_positions', 'check_position_limit', 'test_close_rel',
+           'check_sizes']
 
 # %% ../nbs/00a_checks.ipynb #73316b72
 def value_range(t: torch.Tensor) -> tuple:  # any shape, non-empty, integer or float
@@ -139,3 +140,10 @@ def test_close_rel(
         torch.testing.assert_close(a.to(common), b.to(common), rtol=rtol, atol=atol)
     except AssertionError as e:
         raise AssertionError(f'{msg} {e}') from None
+
+# %% ../nbs/00a_checks.ipynb #f23231e1
+def check_sizes(**sizes):  # name=value: counts and sizes, e.g. n_heads=4, d_model=64
+    "`ValueError` naming the first of `sizes` that is not an integer ≥ 1 (`True` and `2.0` are not)."
+    for name, v in sizes.items():
+        if not is_int(v) or v < 1:
+            raise ValueError(f'{name} must be an integer ≥ 1; got {v!r}')
