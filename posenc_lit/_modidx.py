@@ -317,6 +317,8 @@ d = {
                 'posenc_lit/checks.py',
             ),
             'posenc_lit.checks._is_oom': ('checks.html#_is_oom', 'posenc_lit/checks.py'),
+            'posenc_lit.checks.check_finite': ('checks.html#check_finite', 'posenc_lit/checks.py'),
+            'posenc_lit.checks.check_flags': ('checks.html#check_flags', 'posenc_lit/checks.py'),
             'posenc_lit.checks.check_position_limit': (
                 'checks.html#check_position_limit',
                 'posenc_lit/checks.py',
@@ -528,7 +530,6 @@ d = {
             'posenc_lit.cope.CoPE.prepare': ('cope.html#cope.prepare', 'posenc_lit/cope.py'),
             'posenc_lit.cope.CoPE.score_terms': ('cope.html#cope.score_terms', 'posenc_lit/cope.py'),
             'posenc_lit.cope.CoPEContext': ('cope.html#copecontext', 'posenc_lit/cope.py'),
-            'posenc_lit.cope._check_cope': ('cope.html#_check_cope', 'posenc_lit/cope.py'),
             'posenc_lit.cope._check_cope_prepare': ('cope.html#_check_cope_prepare', 'posenc_lit/cope.py'),
             'posenc_lit.cope._signed_cope': ('cope.html#_signed_cope', 'posenc_lit/cope.py'),
             'posenc_lit.cope.cope_gates': ('cope.html#cope_gates', 'posenc_lit/cope.py'),
