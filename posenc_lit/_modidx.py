@@ -1676,6 +1676,7 @@ d = {
             'posenc_lit.vit._check_grid': ('vit.html#_check_grid', 'posenc_lit/vit.py'),
             'posenc_lit.vit._check_mode': ('vit.html#_check_mode', 'posenc_lit/vit.py'),
             'posenc_lit.vit._check_pixels': ('vit.html#_check_pixels', 'posenc_lit/vit.py'),
+            'posenc_lit.vit._check_stride': ('vit.html#_check_stride', 'posenc_lit/vit.py'),
             'posenc_lit.vit._check_vit_config': ('vit.html#_check_vit_config', 'posenc_lit/vit.py'),
             'posenc_lit.vit._desc': ('vit.html#_desc', 'posenc_lit/vit.py'),
             'posenc_lit.vit._gn': ('vit.html#_gn', 'posenc_lit/vit.py'),
