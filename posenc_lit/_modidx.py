@@ -882,7 +882,6 @@ d = {
             'posenc_lit.fire.FIRE.score_terms': ('fire.html#fire.score_terms', 'posenc_lit/fire.py'),
             'posenc_lit.fire.FIRE.threshold': ('fire.html#fire.threshold', 'posenc_lit/fire.py'),
             'posenc_lit.fire.FireContext': ('fire.html#firecontext', 'posenc_lit/fire.py'),
-            'posenc_lit.fire._check_fire_args': ('fire.html#_check_fire_args', 'posenc_lit/fire.py'),
             'posenc_lit.fire._fire': ('fire.html#_fire', 'posenc_lit/fire.py'),
             'posenc_lit.fire.fire_bias': ('fire.html#fire_bias', 'posenc_lit/fire.py'),
             'posenc_lit.fire.fire_inputs': ('fire.html#fire_inputs', 'posenc_lit/fire.py'),
@@ -1389,10 +1388,6 @@ d = {
             ),
             'posenc_lit.rope_mixed.RoPEMixedContext': (
                 'rope_mixed.html#ropemixedcontext',
-                'posenc_lit/rope_mixed.py',
-            ),
-            'posenc_lit.rope_mixed._check_rope_mixed': (
-                'rope_mixed.html#_check_rope_mixed',
                 'posenc_lit/rope_mixed.py',
             ),
             'posenc_lit.rope_mixed._rope_mixed': ('rope_mixed.html#_rope_mixed', 'posenc_lit/rope_mixed.py'),
