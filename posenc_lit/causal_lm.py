@@ -129,12 +129,12 @@ class CausalLM(nn.Module):
         # default: from the mask, after the cache
         position_ids: torch.Tensor | None = None,
     ) -> dict:
-        """`{'logits': (b, n, V)}`, and with a cache `'cache'`: the cache extended by the inputs, which continue
-        the text it holds. A real token whose position is not one more than the last real token's begins a
-        document that attends only itself. `ValueError` for malformed inputs (as `Encoder.forward`) and for a
-        cache of another model, depth or batch, or one already continued (the cache's `fork` method continues
-        one text in several ways); `PositionRangeError` for positions outside a learned table or of size ≥
-        2**62. The inputs are checked here, once (see Input checks)."""
+        """`{'logits': (b, n, V)}`, and with a cache `'cache'`: the cache extended by the inputs, which
+        continue the text it holds. A real token whose position is not one more than the last real token's
+        begins a document that attends only itself. `ValueError` for malformed inputs (as `Encoder.forward`)
+        and for a cache of another model, depth or batch, or one already continued (the cache's `fork` method
+        continues one text in several ways); `PositionRangeError` for positions outside a learned table or of
+        size ≥ 2**62. The inputs are checked here, once (see Input checks)."""
         input_ids, position_ids = _check_lm_inputs(self, input_ids, attention_mask, position_ids, cache)
         m, q_pos, k_pos = _lm_keys(input_ids, attention_mask, position_ids, cache)  # (b, j), (b, n), (b, j)
         d = document_ids(k_pos, m)  # (b, j)
