@@ -89,7 +89,7 @@ class ALiBi(PositionEncoding):
         bidirectional: bool = True,
     ):
         super().__init__()
-        check_ints(n_heads=n_heads)
+        check_sizes(n_heads=n_heads)
         check_flags(bidirectional=bidirectional)
         self.n_heads, self.bidirectional = n_heads, bidirectional
 

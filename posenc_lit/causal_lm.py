@@ -8,7 +8,6 @@ import weakref
 from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
-from fastcore.basics import patch
 from .checks import *
 from .attention import *
 from .model import _check_ids, _check_inputs, _desc, mask_positions
@@ -73,108 +72,6 @@ class DecoderLayer(nn.Module):
         x = x + self.attn(self.attn_ln(x), mask=mask, pe=pe, ctx=ctx, causal=True, cache=cache, fast=fast)
         return x + self.ffn(self.ffn_ln(x))  # (b, i, D)
 
-# %% ../nbs/10a_causal_lm.ipynb #56778273
-class CausalLM(nn.Module):
-    """A small decoder-only language model whose position signal comes from `pe`; `forward` returns logits
-    `(b, n, V)` and, given a cache, the cache extended by the inputs."""
-
-    def __init__(
-        self,
-        vocab_size: int,
-        d_model: int,
-        n_heads: int,
-        n_layers: int,
-        d_ff: int,
-        pe: PositionEncoding | None = None,
-        dropout: float = 0.0,
-    ):
-        super().__init__()
-        for name, v in (
-            ('vocab_size', vocab_size),
-            ('d_model', d_model),
-            ('n_heads', n_heads),
-            ('n_layers', n_layers),
-            ('d_ff', d_ff),
-        ):
-            if not is_int(v) or v < 1:
-                raise ValueError(f'{name} must be an integer ≥ 1; got {v!r}')
-        self.pe = PositionEncoding() if pe is None else pe
-        self.word = nn.Embedding(vocab_size, d_model)
-        self.layers = nn.ModuleList(DecoderLayer(d_model, n_heads, d_ff, l, dropout) for l in range(n_layers))
-        self.ln = nn.LayerNorm(d_model)
-
-    def new_cache(self) -> LMCache:
-        "An empty cache for `forward` of this model."
-        return LMCache([KVCache() for _ in self.layers], model=weakref.ref(self))
-
-# %% ../nbs/10a_causal_lm.ipynb #fafa31a3
-def _check_lm_cache(lm, cache, b: int, device):
-    "`ValueError` unless `cache` is an `LMCache` of model `lm` for a batch of `b` rows that may be continued."
-    if not isinstance(cache, LMCache):
-        raise ValueError(
-            f'cache must be an LMCache from new_cache() of this model; got {type(cache).__name__}'
-        )
-    if cache.model is None or cache.model() is not lm:
-        raise ValueError(
-            'cache belongs to another model (a cache holds the keys and values one model computed): use '
-            'new_cache() of the model you call'
-        )
-    if len(cache.layers) != len(lm.layers) or not all(isinstance(c, KVCache) for c in cache.layers):
-        raise ValueError(
-            f'cache has {len(cache.layers)} layers but the model has {len(lm.layers)}: use new_cache() of '
-            'the model you call'
-        )
-    if cache.spent is not None:
-        raise ValueError(cache.spent)
-    if len(cache) and cache.mask.shape[0] != b:
-        raise ValueError(
-            f'cache holds a batch of {cache.mask.shape[0]} rows but input_ids has {b}: a cache continues the '
-            'batch it was filled with; use a new_cache() for another batch'
-        )
-    if len(cache) and (cache.pos is None or cache.pos.shape != cache.mask.shape):
-        raise ValueError(
-            'cache holds no position for each cached key: use new_cache() and the caches its calls return'
-        )
-    if len(cache) and cache.mask.device != device:
-        raise ValueError(f'cache is on device {cache.mask.device} but input_ids is on {device}')
-
-
-def _check_lm_mask(input_ids, m, cache) -> None:
-    """`ValueError` unless `m` is a bool or 0/1 mask `(b, n)`, or `(b, len(cache) + n)` whose cached part
-    repeats the cache's mask."""
-    (b, n), P = input_ids.shape, 0 if cache is None else len(cache)
-    wide = bool(P) and isinstance(m, torch.Tensor) and m.shape == (b, P + n)  # covers the cache
-    if P and isinstance(m, torch.Tensor) and not wide and m.shape != (b, n):
-        raise ValueError(
-            f'attention_mask must have shape (b, n) = {(b, n)} (the new tokens) or (b, len(cache) + n) = '
-            f'{(b, P + n)} (the cached tokens and the new ones); got {_desc(m)}'
-        )
-    _check_inputs(input_ids.new_zeros(b, P + n) if wide else input_ids, m, None)  # kind, shape, values
-    if not wide or is_tracing():
-        return
-    same = (m[:, :P].bool() == cache.mask).all(-1)  # (b,)
-    if not bool(same.all()):
-        raise ValueError(
-            f'the first len(cache)={P} columns of attention_mask must repeat the mask the cached tokens were '
-            f'given (row {int((~same).int().argmax())} differs): a cached key keeps its position and padding'
-        )
-
-
-def _check_lm_inputs(lm, input_ids, attention_mask, position_ids, cache) -> tuple:
-    """`(input_ids, position_ids)` as int64, checked as `Encoder.forward` checks them (and `attention_mask`,
-    `cache`)."""
-    input_ids, position_ids = _check_inputs(input_ids, None, position_ids)[:2]
-    dev = lm.word.weight.device
-    if input_ids.device != dev:
-        raise ValueError(f'input_ids are on device {input_ids.device} but the model is on {dev}: move one')
-    _check_ids(input_ids, lm.word.num_embeddings, 'input_ids', 'vocab_size')
-    if cache is not None:
-        _check_lm_cache(lm, cache, input_ids.shape[0], input_ids.device)
-    _check_lm_mask(input_ids, attention_mask, cache)
-    if position_ids is not None and not is_tracing():
-        check_position_limit(position_ids)  # |p| < 2**62: distances j - i fit in int64
-    return input_ids, position_ids
-
 # %% ../nbs/10a_causal_lm.ipynb #fa5c7c80
 def _lm_keys(input_ids, attention_mask, position_ids, cache) -> tuple:
     "The keys' mask and positions `(b, j)`, cached keys first, and the new tokens' positions `(b, n)`."
@@ -192,47 +89,126 @@ def _lm_keys(input_ids, attention_mask, position_ids, cache) -> tuple:
         return new, q_pos, q_pos
     return torch.cat([cache.mask, new], 1), q_pos, torch.cat([cache.pos, q_pos], 1)
 
+# %% ../nbs/10a_causal_lm.ipynb #56778273
+class CausalLM(nn.Module):
+    """A small decoder-only language model whose position signal comes from `pe`; `forward` returns logits
+    `(b, n, V)` and, given a cache, the cache extended by the inputs."""
 
-@patch
-def forward(
-    self: CausalLM,
-    input_ids: torch.Tensor,  # `(b, n)` token ids: the whole text, or the next tokens after the cache
-    # `(b, n)`, or `(b, len(cache) + n)` with the cached tokens; bool or 0/1, False/0 = padding (left: first)
-    attention_mask: torch.Tensor | None = None,
-    # from `new_cache()`, or the cache the last call returned; left as it is (the extension is returned)
-    cache: LMCache | None = None,
-    fast: bool = True,
-    # `(b, n)`, `(1, n)` or `(n,)`: the new tokens' 0-based positions (packed documents restart at 0);
-    # default: from the mask, after the cache
-    position_ids: torch.Tensor | None = None,
-) -> dict:
-    """`{'logits': (b, n, V)}`, and with a cache `'cache'`: the cache extended by the inputs, which continue
-    the text it holds. A real token whose position is not one more than the last real token's begins a
-    document that attends only itself. `ValueError` for malformed inputs (as `Encoder.forward`) and for a
-    cache of another model, depth or batch, or one already continued (the cache's `fork` method continues one
-    text in several ways); `PositionRangeError` for positions outside a learned table or of size ≥ 2**62."""
-    input_ids, position_ids = _check_lm_inputs(self, input_ids, attention_mask, position_ids, cache)
-    m, q_pos, k_pos = _lm_keys(input_ids, attention_mask, position_ids, cache)  # (b, j), (b, n), (b, j)
-    d = document_ids(k_pos, m)  # (b, j)
-    d_q = d[:, d.shape[1] - input_ids.shape[1] :]  # (b, n): the new tokens' documents
-    same_document = d_q[:, None, :, None] == d[:, None, None, :]  # (b, 1, n, j)
-    mask = m[:, None, None, :] & same_document  # real keys of the query's document (attend adds causality)
-    ctx = self.pe.prepare(q_pos, k_pos, key_mask=m, causal=True)  # once per forward, for all layers
-    x = self.word(input_ids) * self.pe.word_scale  # (b, n, D)
-    p = self.pe.embed(q_pos)
-    if p is not None:
-        x = x + p.to(x.dtype)
-    # a copy extended by the layers: a call that fails leaves `cache` as it was
-    new = None if cache is None else cache.fork()
-    for l, layer in enumerate(self.layers):
-        x = layer(x, mask, self.pe, ctx, None if new is None else new.layers[l], fast)
-    logits = self.ln(x) @ self.word.weight.T  # (b, n, V)
-    if cache is None:  # tensors only: a traced or exported model returns this dict
-        return {'logits': logits}
-    new.mask, new.pos = m, k_pos
-    cache.spent = (
-        'this cache was continued by an earlier call, which returned the extended cache: pass that one '
-        "(out['cache']) to continue the text, or call cache.fork() before each call to continue the same "
-        'text in several ways'
-    )
-    return {'logits': logits, 'cache': new}
+    def __init__(
+        self,
+        vocab_size: int,
+        d_model: int,
+        n_heads: int,
+        n_layers: int,
+        d_ff: int,
+        pe: PositionEncoding | None = None,
+        dropout: float = 0.0,
+    ):
+        super().__init__()
+        check_sizes(vocab_size=vocab_size, d_model=d_model, n_heads=n_heads, n_layers=n_layers, d_ff=d_ff)
+        self.pe = PositionEncoding() if pe is None else pe
+        self.word = nn.Embedding(vocab_size, d_model)
+        self.layers = nn.ModuleList(DecoderLayer(d_model, n_heads, d_ff, l, dropout) for l in range(n_layers))
+        self.ln = nn.LayerNorm(d_model)
+
+    def new_cache(self) -> LMCache:
+        "An empty cache for `forward` of this model."
+        return LMCache([KVCache() for _ in self.layers], model=weakref.ref(self))
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # `(b, n)` token ids: the whole text, or the next tokens after the cache
+        # `(b, n)`, or `(b, len(cache) + n)` with the cached tokens; bool or 0/1, False/0 = padding
+        # (left padding: first)
+        attention_mask: torch.Tensor | None = None,
+        # from `new_cache()`, or the cache the last call returned; left as it is (the extension is
+        # returned)
+        cache: LMCache | None = None,
+        fast: bool = True,
+        # `(b, n)`, `(1, n)` or `(n,)`: the new tokens' 0-based positions (packed documents restart at 0);
+        # default: from the mask, after the cache
+        position_ids: torch.Tensor | None = None,
+    ) -> dict:
+        """`{'logits': (b, n, V)}`, and with a cache `'cache'`: the cache extended by the inputs, which
+        continue the text it holds. A real token whose position is not one more than the last real token's
+        begins a document that attends only itself. `ValueError` for malformed inputs (as `Encoder.forward`)
+        and for a cache of another model, depth or batch, or one already continued (the cache's `fork` method
+        continues one text in several ways); `PositionRangeError` for positions outside a learned table or of
+        size ≥ 2**62. The inputs are checked here, once (see Input checks)."""
+        input_ids, position_ids = _check_lm_inputs(self, input_ids, attention_mask, position_ids, cache)
+        m, q_pos, k_pos = _lm_keys(input_ids, attention_mask, position_ids, cache)  # (b, j), (b, n), (b, j)
+        d = document_ids(k_pos, m)  # (b, j)
+        d_q = d[:, d.shape[1] - input_ids.shape[1] :]  # (b, n): the new tokens' documents
+        same_document = d_q[:, None, :, None] == d[:, None, None, :]  # (b, 1, n, j)
+        mask = (
+            m[:, None, None, :] & same_document
+        )  # real keys of the query's document (attend adds causality)
+        ctx = self.pe.prepare(q_pos, k_pos, key_mask=m, causal=True)  # once per forward, for all layers
+        x = self.word(input_ids) * self.pe.word_scale  # (b, n, D)
+        p = self.pe.embed(q_pos)
+        if p is not None:
+            x = x + p.to(x.dtype)
+        # a copy extended by the layers: a call that fails leaves `cache` as it was
+        new = None if cache is None else cache.fork()
+        for l, layer in enumerate(self.layers):
+            x = layer(x, mask, self.pe, ctx, None if new is None else new.layers[l], fast)
+        logits = self.ln(x) @ self.word.weight.T  # (b, n, V)
+        if cache is None:  # tensors only: a traced or exported model returns this dict
+            return {'logits': logits}
+        new.mask, new.pos = m, k_pos
+        cache.spent = (
+            'this cache was continued by an earlier call, which returned the extended cache: pass that one '
+            "(out['cache']) to continue the text, or call cache.fork() before each call to continue the same "
+            'text in several ways'
+        )
+        return {'logits': logits, 'cache': new}
+
+# %% ../nbs/10a_causal_lm.ipynb #fafa31a3
+def _check_lm_cache(lm, cache, b: int, device):
+    "`ValueError` unless `cache` is an `LMCache` of `lm`, for `b` rows on `device`, that may be continued."
+    if not isinstance(cache, LMCache):
+        raise ValueError(
+            f'cache must be an LMCache from new_cache() of the model; got {type(cache).__name__}'
+        )
+    if cache.model is None or cache.model() is not lm:
+        raise ValueError('cache belongs to another model (its keys and values): use new_cache() of this one')
+    if len(cache.layers) != len(lm.layers) or not all(isinstance(c, KVCache) for c in cache.layers):
+        raise ValueError(f'cache has {len(cache.layers)} layers but the model has {len(lm.layers)}')
+    if cache.spent is not None:
+        raise ValueError(cache.spent)
+    if len(cache) and cache.mask.shape[0] != b:
+        raise ValueError(f'cache holds a batch of {cache.mask.shape[0]} rows but input_ids has {b}')
+    if len(cache) and (cache.pos is None or cache.pos.shape != cache.mask.shape):
+        raise ValueError('cache holds no position for each cached key: use the caches that calls return')
+    if len(cache) and cache.mask.device != device:
+        raise ValueError(f'cache is on device {cache.mask.device} but input_ids is on {device}')
+
+
+def _check_lm_inputs(lm, input_ids, m, position_ids, cache) -> tuple:
+    """`(input_ids, position_ids)` as int64, checked as `Encoder.forward` checks them, with the mask `m`
+    (`(b, n)` or `(b, len(cache) + n)`) and `cache`."""
+    input_ids, position_ids = _check_inputs(input_ids, None, position_ids)[:2]
+    (b, n), P = input_ids.shape, 0 if cache is None else len(cache)
+    wide = bool(P) and isinstance(m, torch.Tensor) and m.shape == (b, P + n)  # covers the cache
+    if P and isinstance(m, torch.Tensor) and not wide and m.shape != (b, n):
+        raise ValueError(
+            f'attention_mask must have shape (b, n) = {(b, n)} (the new tokens) or (b, len(cache) + n) = '
+            f'{(b, P + n)} (the cached tokens and the new ones); got {_desc(m)}'
+        )
+    _check_inputs(input_ids, m[:, P:] if wide else m, None)  # the mask's kind, shape, values and device
+    if input_ids.device != lm.word.weight.device:
+        raise ValueError(
+            f'input_ids are on device {input_ids.device} but the model is on {lm.word.weight.device}'
+        )
+    _check_ids(input_ids, lm.word.num_embeddings, 'input_ids', 'vocab_size')
+    if cache is not None:
+        _check_lm_cache(lm, cache, b, input_ids.device)
+    if position_ids is not None and not is_tracing():
+        check_position_limit(position_ids)  # |p| < 2**62: distances j - i fit in int64
+    same = None if not wide or is_tracing() else (m[:, :P] == cache.mask.to(m.dtype)).all(-1)  # (b,)
+    if same is not None and not bool(same.all()):
+        raise ValueError(
+            f'the first len(cache)={P} columns of attention_mask must repeat the mask the cached tokens were '
+            f'given (row {int((~same).int().argmax())} differs): a cached key keeps its position and padding'
+        )
+    return input_ids, position_ids

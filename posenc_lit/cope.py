@@ -8,13 +8,12 @@ import math
 import torch
 import torch.nn as nn
 from dataclasses import dataclass
-from fastcore.basics import patch
 from .core import *
 from .checks import *
 from .attention import *
 
 # %% auto #0
-__all__ = ['cope_gates', 'cope_positions', 'cope_interpolate', 'CoPE', 'CoPEContext']
+__all__ = ['cope_gates', 'cope_positions', 'cope_interpolate', 'CoPEContext', 'CoPE']
 
 # %% ../nbs/08b_cope.ipynb #79fdef2d
 def cope_gates(
@@ -65,6 +64,14 @@ def cope_interpolate(
     z_hi = z.gather(-1, p.ceil().nan_to_num(0.0).long() + row0)
     return z_hi * w + z_lo * (1 - w)
 
+# %% ../nbs/08b_cope.ipynb #5ae91a7f
+@dataclass(eq=False)
+class CoPEContext(Context):
+    "Context of `CoPE`: what its positions depend on besides q and k."
+
+    key_mask: torch.Tensor | None  # `(b|1, j)` bool, True = a real key (None: all count)
+    causal: bool  # True: each query counts only the keys up to itself
+
 # %% ../nbs/08b_cope.ipynb #d13a3463
 class CoPE(PositionEncoding):
     """CoPE (Golovneva et al. 2024, eq. 3-6): gated counts of the keys between query and key as positions,
@@ -73,7 +80,7 @@ class CoPE(PositionEncoding):
     `False`: the paper's causal form, whose `prepare` refuses `causal=False`. `ValueError` for bad
     arguments (see Input checks)."""
 
-    kind = 'score'
+    kind, context_type = 'score', CoPEContext
 
     def __init__(
         self,
@@ -85,91 +92,49 @@ class CoPE(PositionEncoding):
         init_std: float = 0.0,  # 0: zero tables, as in the authors' code
     ):
         super().__init__()
-        _check_cope(d_head, n_layers, npos_max, bidirectional, init_std)
-        self.d_head, self.n_layers, self.npos_max, self.bidirectional = (
-            d_head,
-            n_layers,
-            npos_max,
-            bidirectional,
-        )
+        check_sizes(d_head=d_head, n_layers=n_layers)
+        check_sizes(2, npos_max=npos_max)
+        check_flags(bidirectional=bidirectional)
+        check_finite(0, init_std=init_std)
+        self.d_head, self.n_layers, self.npos_max = d_head, n_layers, npos_max
+        self.bidirectional = bidirectional
         rows = 2 * npos_max - 1 if bidirectional else npos_max
         self.e = nn.ParameterList(nn.Parameter(torch.randn(rows, d_head) * init_std) for _ in range(n_layers))
 
-# %% ../nbs/08b_cope.ipynb #5ae91a7f
-@dataclass(eq=False)
-class CoPEContext(Context):
-    "Context of `CoPE`: what its positions depend on besides q and k."
+    def prepare(
+        self, q_pos, k_pos, *, key_mask: torch.Tensor | None = None, causal: bool = False
+    ) -> CoPEContext:  # integer positions `(b|1, i)`, `(b|1, j)` (or 1-D); their values are not read
+        "Per-forward context: the key mask and the direction; the positions themselves are each layer's own."
+        _check_cope_prepare(self, q_pos, k_pos, key_mask, causal)
+        return CoPEContext(q_pos, k_pos, key_mask, causal, pe=self)
 
-    key_mask: torch.Tensor | None  # `(b|1, j)` bool, True = a real key (None: all count)
-    causal: bool  # True: each query counts only the keys up to itself
-
-
-CoPE.context_type = CoPEContext  # what its `prepare` returns
-
-
-@patch
-def prepare(
-    self: CoPE, q_pos, k_pos, *, key_mask: torch.Tensor | None = None, causal: bool = False
-) -> CoPEContext:  # integer positions `(b|1, i)`, `(b|1, j)` (or 1-D); their values are not read
-    "Per-forward context: the key mask and the direction; the positions themselves are each layer's own."
-    _check_cope_prepare(self, q_pos, k_pos, key_mask, causal)
-    return CoPEContext(q_pos, k_pos, key_mask, causal, pe=self)
-
-# %% ../nbs/08b_cope.ipynb #04bf5543
-@patch
-def score_terms(self: CoPE, q, k, ctx: CoPEContext, layer: int | LayerRef | None = None):
-    "CoPE's logit $q_i\\cdot e[p_{ij}]$, `[(b, h, i, j)]`, with layer `layer`'s table (eq. 3-6)."
-    if q.shape[-1] != self.d_head:
-        raise ValueError(f'CoPE was built for d_head={self.d_head}; got q of shape {tuple(q.shape)}')
-    if ctx.key_mask is not None and ctx.key_mask.shape[0] not in (1, q.shape[0]):
-        raise ValueError(
-            f'the context was prepared with a key_mask of {ctx.key_mask.shape[0]} rows but q has a batch of '
-            f'{q.shape[0]} (shape {tuple(q.shape)}): prepare it with key_mask (b, j) of this batch'
-        )
-    e = self.e[layer_index(layer, self.n_layers, 'CoPE')].to(q.dtype)  # (R, d)
-    g = cope_gates(q, k, int(q.shape[-1]) ** -0.5, ctx.key_mask)  # eq. 3: (b, h, i, j)
-    p = cope_positions(g, signed=self.bidirectional and not ctx.causal)  # eq. 4
-    top = self.npos_max - 1
-    p = p.clamp(-top, top)  # counts past p_max read the last row
-    z = q @ e.t()  # (b, h, i, R): q_i·e[r] for every row
-    return [cope_interpolate(z, p, top if self.bidirectional else 0)]  # eq. 5-6
+    def score_terms(self, q, k, ctx: CoPEContext, layer: int | LayerRef | None = None):
+        "CoPE's logit $q_i\\cdot e[p_{ij}]$, `[(b, h, i, j)]`, with layer `layer`'s table (eq. 3-6)."
+        if q.shape[-1] != self.d_head:  # a reader's own attention module: name the width, not the matmul
+            raise ValueError(f'CoPE was built for d_head={self.d_head}; got q of shape {tuple(q.shape)}')
+        e = self.e[layer_index(layer, self.n_layers, 'CoPE')].to(q.dtype)  # (R, d)
+        g = cope_gates(q, k, int(q.shape[-1]) ** -0.5, ctx.key_mask)  # eq. 3: (b, h, i, j)
+        p = cope_positions(g, signed=self.bidirectional and not ctx.causal)  # eq. 4
+        top = self.npos_max - 1
+        p = p.clamp(-top, top)  # counts past p_max read the last row
+        z = q @ e.t()  # (b, h, i, R): q_i·e[r] for every row
+        return [cope_interpolate(z, p, top if self.bidirectional else 0)]  # eq. 5-6
 
 # %% ../nbs/08b_cope.ipynb #0bf2101f
 #| code-fold: true
-def _check_cope(d_head, n_layers, npos_max, bidirectional, init_std):
-    for name, v, lo in (('d_head', d_head, 1), ('n_layers', n_layers, 1), ('npos_max', npos_max, 2)):
-        if not is_int(v) or v < lo:
-            raise ValueError(f'{name} must be an integer ≥ {lo}; got {v!r}')
-    if not isinstance(bidirectional, bool):
-        raise ValueError(f'bidirectional must be true or false; got {bidirectional!r}')
-    if not is_real(init_std) or not 0 <= init_std < math.inf:
-        raise ValueError(f'init_std must be a finite number ≥ 0; got {init_std!r}')
-
-
 def _check_cope_prepare(pe, q_pos, k_pos, key_mask, causal):
-    if not isinstance(causal, bool):
-        raise ValueError(f'causal must be true or false; got {causal!r}')
-    if not pe.bidirectional and not causal:
-        raise ValueError(
-            "CoPE(bidirectional=False) is the paper's causal form: it counts only keys up to the query, so "
-            'prepare it with causal=True (CausalLM does); for an encoder use bidirectional=True (signed '
-            'counts)'
-        )
+    "`prepare`'s checks: the direction; integer positions, no more queries than keys; a `(b, j)` bool mask."
+    check_flags(causal=causal)
+    if not (pe.bidirectional or causal):
+        raise ValueError("CoPE(bidirectional=False) is the paper's causal form: prepare it with causal=True")
     if is_tracing():
         return
     rel_pos(q_pos[..., :1], k_pos[..., :1])  # integer tensors (n,) or (b, n): its TypeError names them
     n_q, n_k = q_pos.shape[-1], k_pos.shape[-1]
-    if n_q > n_k:
-        raise ValueError(
-            f'CoPE counts the keys between a query and a key, so the queries must be the last of the keys '
-            f'(self-attention, or new tokens after a cache); got {n_q} queries for {n_k} keys'
-        )
-    if key_mask is not None and not (
-        isinstance(key_mask, torch.Tensor)
-        and key_mask.dtype == torch.bool
-        and key_mask.ndim == 2
-        and key_mask.shape[-1] == n_k
-    ):
+    if n_q > n_k:  # the queries are the last keys (self-attention, or new tokens after a cache)
+        raise ValueError(f'CoPE counts keys up to each query: got {n_q} queries for {n_k} keys')
+    ok = isinstance(key_mask, torch.Tensor) and key_mask.dtype == torch.bool and key_mask.ndim == 2
+    if key_mask is not None and not (ok and key_mask.shape[1] == n_k):
         got = f'{key_mask.dtype} {tuple(key_mask.shape)}' if isinstance(key_mask, torch.Tensor) else key_mask
         raise ValueError(f'key_mask must be a bool tensor (b, j) with j = {n_k} keys, True = real; got {got}')
 
@@ -183,10 +148,8 @@ def _check_cope_prepare(pe, q_pos, k_pos, key_mask, causal):
     family='modern',
 )
 def _signed_cope(cfg):
-    if cfg.pe_kwargs.get('bidirectional') is False:
+    if cfg.pe_kwargs.get('bidirectional') is False:  # the encoder's context is not causal: refuse it now
         raise ValueError(
-            "cope runs CoPE's signed form in the encoder; bidirectional=false is the paper's causal "
-            'form, which needs causal attention: build CoPE(d_head, n_layers, bidirectional=False) for a '
-            'CausalLM'
+            "cope is signed CoPE: bidirectional=false, the paper's causal form, needs a CausalLM"
         )
     return CoPE(cfg.d_model // cfg.n_heads, cfg.n_layers, **cfg.pe_kwargs)

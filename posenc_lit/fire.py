@@ -8,7 +8,6 @@ import math
 import torch
 import torch.nn as nn
 from dataclasses import dataclass
-from fastcore.basics import patch
 from .core import *
 from .checks import *
 from .attention import *
@@ -41,19 +40,6 @@ def fire_inputs(
     den = fire_psi(torch.maximum(i, L), c) + eps  # (b|1, i): ψ(max(L, i)) + ε
     return fire_psi((-rel).to(c.dtype), c) / den[..., None]  # (b|1, i, j)
 
-# %% ../nbs/08a_fire.ipynb #c1dc0261
-def _check_fire_args(n_heads, n_layers, share_layers, mlp_width, init_c, init_L, eps):
-    for name, v in (('n_heads', n_heads), ('n_layers', n_layers), ('mlp_width', mlp_width)):
-        if not is_int(v) or v < 1:
-            raise ValueError(f'{name} must be an integer ≥ 1; got {v!r}')
-    if not isinstance(share_layers, bool):
-        raise ValueError(f'share_layers must be true or false; got {share_layers!r}')
-    for name, v in (('init_c', init_c), ('init_L', init_L)):
-        if not is_real(v) or not 0 < v < math.inf:
-            raise ValueError(f'{name} must be a finite number > 0; got {v!r}')
-    if not is_real(eps) or not 0 < eps < 1:
-        raise ValueError(f'eps must be a number in (0, 1) (it keeps ψ(max(L, i)) from 0); got {eps!r}')
-
 # %% ../nbs/08a_fire.ipynb #75b9d359
 def fire_mlp(
     n_heads: int,
@@ -81,7 +67,8 @@ class FireContext(Context):
 class FIRE(PositionEncoding):
     """FIRE (Li et al. 2024, §3): per head, the bias $f_\\theta(\\psi(i-j)/\\psi(\\max\\{L, i\\}))$ of a
     small MLP, $c$ and the threshold $L$ learned; one MLP per layer, or one shared (FIRE-S). Keys after
-    the query get the odd extension $\\psi(i - j) = -\\psi(j - i)$ (bidirectional; the paper is causal)."""
+    the query get the odd extension $\\psi(i - j) = -\\psi(j - i)$ (bidirectional; the paper is causal).
+    `ValueError` for bad options (see Input checks)."""
 
     kind, context_type = 'score', FireContext
     relative_only = False  # ψ(max(L, i)) reads the query's position: past L a common shift changes the bias
@@ -97,7 +84,11 @@ class FIRE(PositionEncoding):
         eps: float = 1e-6,  # added to the normalizer ψ(max(L, i))
     ):
         super().__init__()
-        _check_fire_args(n_heads, n_layers, share_layers, mlp_width, init_c, init_L, eps)
+        check_sizes(n_heads=n_heads, n_layers=n_layers, mlp_width=mlp_width)
+        check_flags(share_layers=share_layers)
+        check_finite(0, above=True, init_c=init_c, init_L=init_L)
+        if not is_real(eps) or not 0 < eps < 1:
+            raise ValueError(f'eps must be a number in (0, 1) (it keeps ψ(max(L, i)) from 0); got {eps!r}')
         self.n_heads, self.n_layers, self.share_layers, self.eps = n_heads, n_layers, share_layers, eps
         n = 1 if share_layers else n_layers
         self.mlps = nn.ModuleList(fire_mlp(n_heads, mlp_width) for _ in range(n))
@@ -108,34 +99,27 @@ class FIRE(PositionEncoding):
     def threshold(self) -> torch.Tensor:  # `(n,)`: L of each MLP, tokens
         return (self.L_scale * self.init_L).abs()
 
-# %% ../nbs/08a_fire.ipynb #8ade9cd0
-@patch
-def prepare(
-    self: FIRE, q_pos, k_pos, *, key_mask: torch.Tensor | None = None, causal: bool = False
-) -> FireContext:  # integer positions `(b|1, i)`, `(b|1, j)` (or 1-D)
-    "Every MLP's bias `(b|1, h, i, j)`, once per forward (one formula for causal and bidirectional attention)"
-    L = self.threshold()  # (n,)
-    x = [fire_inputs(q_pos, k_pos, self.c[t], L[t], self.eps) for t in range(len(self.mlps))]
-    return FireContext(q_pos, k_pos, tuple(fire_bias(f, xt) for f, xt in zip(self.mlps, x)), pe=self)
+    def prepare(
+        self, q_pos, k_pos, *, key_mask: torch.Tensor | None = None, causal: bool = False
+    ) -> FireContext:  # integer positions `(b|1, i)`, `(b|1, j)` (or 1-D)
+        "Every MLP's bias `(b|1, h, i, j)`, once per forward (one formula, causal or bidirectional)"
+        L = self.threshold()  # (n,)
+        x = [fire_inputs(q_pos, k_pos, self.c[t], L[t], self.eps) for t in range(len(self.mlps))]
+        return FireContext(q_pos, k_pos, tuple(fire_bias(f, xt) for f, xt in zip(self.mlps, x)), pe=self)
 
+    def score_terms(self, q, k, ctx: FireContext, layer: int | LayerRef | None = None):
+        "This layer's bias, `[(b|1, h, i, j)]`; `ValueError` for another number of heads or no layer index."
+        if q.shape[1] != self.n_heads:  # a reader's own attention module: name the head count
+            raise ValueError(f'FIRE was built for {self.n_heads} heads; got q of shape {tuple(q.shape)}')
+        # shared: one MLP for every layer, whose index is still checked against n_layers
+        n = 1 if self.share_layers and as_layer(layer).idx is None else self.n_layers
+        l = layer_index(layer, n, 'FIRE', 'MLPs')
+        return [ctx.fire_bias[0 if self.share_layers else l]]
 
-@patch
-def score_terms(self: FIRE, q, k, ctx: FireContext, layer: int | LayerRef | None = None):
-    "This layer's bias, `[(b|1, h, i, j)]`; `ValueError` if q has another number of heads or no layer index."
-    if q.shape[1] != self.n_heads:
-        raise ValueError(f'FIRE was built for {self.n_heads} heads; got q of shape {tuple(q.shape)}')
-    # shared: one MLP for every layer, whose index is still checked against n_layers
-    n = 1 if self.share_layers and as_layer(layer).idx is None else self.n_layers
-    l = layer_index(layer, n, 'FIRE', 'MLPs')
-    return [ctx.fire_bias[0 if self.share_layers else l]]
-
-
-@patch
-def score_mods(self: FIRE, q, k, ctx: FireContext, layer: int | LayerRef | None = None):
-    "The fused path (01b_fused) reads this layer's bias `(b|1, h, i, j)` entry by entry: made once per forward, L²."
-    (bias,) = self.score_terms(q, k, ctx, layer)
-    return [dense_mod(bias, (*q.shape[:3], k.shape[2]))]
-
+    def score_mods(self, q, k, ctx: FireContext, layer: int | LayerRef | None = None):
+        "The fused path (01b_fused) reads this layer's bias `(b|1, h, i, j)` entry by entry."
+        (bias,) = self.score_terms(q, k, ctx, layer)
+        return [dense_mod(bias, (*q.shape[:3], k.shape[2]))]
 
 # %% ../nbs/08a_fire.ipynb #1b5c5a6d
 @register_encoding(

@@ -12,7 +12,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 from safetensors.torch import save_file
 from tokenizers import Tokenizer
-from fastcore.basics import patch
 from .checks import *
 from .files import atomic_write, write_json
 from .model import *
@@ -37,21 +36,16 @@ def find_checkpoint(path) -> Path:
     """The pretraining checkpoint folder: `path`, or `path/checkpoint` for a run directory; `CheckpointError`
     if it is not one."""
     p = Path(path).expanduser()
-    if not p.exists():
-        raise CheckpointError(
-            f'{p}: no such folder; pass the checkpoint/ folder of a `posenc_lit pretrain` run, or '
-            'the run directory'
-        )
     if not p.is_dir():
-        raise CheckpointError(f'{p} is a file; pass the checkpoint/ folder of a `posenc_lit pretrain` run')
+        raise CheckpointError(
+            f"{p}: {'a file' if p.exists() else 'no such folder'}; pass the checkpoint/ folder of a "
+            '`posenc_lit pretrain` run, or the run directory'
+        )
     if (p / 'checkpoint').is_dir() and not (p / 'model.safetensors').exists():
         p = p / 'checkpoint'
     if (p / 'task.json').is_file():
         task = json.loads((p / 'task.json').read_text()).get('task')
-        raise CheckpointError(
-            f'{p} is a fine-tuning checkpoint (task {task}), not a pretraining one: pass the '
-            'checkpoint/ of a `posenc_lit pretrain` run'
-        )
+        raise CheckpointError(f'{p} is a fine-tuning checkpoint (task {task}), not a pretraining one')
     missing = [f for f in PRETRAIN_FILES if not (p / f).is_file()]
     if missing:
         raise CheckpointError(
@@ -96,11 +90,8 @@ def add_relative(
     cfg = dataclasses.replace(encoder.cfg, add_relative=name, add_relative_kwargs=dict(kwargs))
     new = Encoder(cfg)
     added = new.pe.members[1]
-    if not any(True for _ in added.parameters()):
-        raise ValueError(
-            f'{name!r} has no learned parameters: it cannot start at zero, so adding it would change the '
-            'pretrained model; use one with learned relative parameters (huang4, shaw, t5)'
-        )
+    if not any(True for _ in added.parameters()):  # it could not start at zero: it would change the model
+        raise ValueError(f'{name!r} has no learned parameters: add one that has (huang4, shaw, t5)')
     sd = {('pe.members.0.' + k[3:] if k.startswith('pe.') else k): v for k, v in encoder.state_dict().items()}
     missing, unexpected = new.load_state_dict(sd, strict=False)
     assert not unexpected and all(k.startswith('pe.members.1.') for k in missing), (missing, unexpected)
@@ -187,23 +178,12 @@ class EncoderForTask(nn.Module):
         if kind == 'classification' and not (is_int(n_labels) and n_labels >= 2):
             raise ValueError(f'n_labels must be an integer ≥ 2 for classification; got {n_labels!r}')
         if kind == 'paired' and not (is_int(n_labels) and n_labels == 2):
-            raise ValueError(
-                'n_labels must be 2 for a paired task (the second / the first text is '
-                f'the better one); got {n_labels!r}'
-            )
-        if special is not None and not (
-            isinstance(special, (tuple, list))
-            and len(special) == 3
-            and all(is_int(t) and t >= 0 for t in special)
-        ):
-            raise ValueError(
-                'special must be the (cls, sep, pad) token ids, three integers ≥ 0; ' f'got {special!r}'
-            )
-        if kind == 'paired' and special is None:
-            raise ValueError(
-                "a 'paired' model cuts each pair at its first [SEP]: pass special=(cls, sep, "
-                "pad), the tokenizer's [CLS], [SEP] and [PAD] ids (`_special(tok)`)"
-            )
+            raise ValueError(f'n_labels must be 2 for a paired task (which text wins); got {n_labels!r}')
+        if kind == 'paired' and special is None:  # it cuts each pair at its first [SEP]
+            raise ValueError("a 'paired' model cuts pairs at [SEP]: pass special=(cls, sep, pad)")
+        ok = special is None or isinstance(special, (tuple, list)) and len(special) == 3
+        if not (ok and all(is_int(t) and t >= 0 for t in special or ())):
+            raise ValueError(f'special must be (cls, sep, pad): three token ids ≥ 0; got {special!r}')
         self.encoder, self.kind, self.n_labels = encoder, kind, n_labels
         self.special = None if special is None else tuple(int(t) for t in special)
         D = encoder.cfg.d_model
@@ -215,87 +195,86 @@ class EncoderForTask(nn.Module):
         nn.init.normal_(self.head.proj.weight, std=encoder.cfg.initializer_range)
         nn.init.zeros_(self.head.proj.bias)
 
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # `(b, n)` token ids
+        attention_mask: torch.Tensor | None = None,  # `(b, n)` bool, True = real token
+        # `(b,)` class ids (long) or targets (float); span: `(b, 2)` start, end token
+        labels: torch.Tensor | None = None,
+        # span: `(b, n)` bool, True where an answer may start or end
+        context_mask: torch.Tensor | None = None,
+    ) -> dict:
+        """Logits of the task head and, given `labels`, the loss: cross-entropy, squared error, or the mean of
+        the start and end cross-entropies."""
+        if self.kind == 'paired':
+            _check_inputs(input_ids, attention_mask, None)  # the kinds of tensor, before the cut
+            if labels is not None:
+                _check_labels(self, labels, *input_ids.shape)  # see Input checks
+            ids, mask = split_pairs(
+                input_ids, attention_mask, *self.special
+            )  # (2b, w): x halves, then y halves
+            h = self.encoder(ids, attention_mask=mask)['hidden_states']  # (2b, w, D)
+            s_x, s_y = self.head(h).squeeze(-1).chunk(2)  # (b,) each: s(x), s(y)
+            logits = torch.stack([s_y, s_x], -1)  # (b, 2): class 1 iff s(x) > s(y)
+            return {
+                'logits': logits,
+                'loss': None if labels is None else F.cross_entropy(logits.float(), labels),
+            }
+        # (b, n, D); the encoder checks the inputs
+        h = self.encoder(input_ids, attention_mask=attention_mask)['hidden_states']
+        if labels is not None:
+            _check_labels(self, labels, *h.shape[:2], context_mask)
+        if self.kind == 'span':
+            start, end = self.head(h)  # (b, n) each
+            if context_mask is not None:
+                low = torch.finfo(start.dtype).min
+                start, end = start.masked_fill(~context_mask, low), end.masked_fill(~context_mask, low)
+            loss = (
+                None
+                if labels is None
+                else (
+                    F.cross_entropy(start.float(), labels[:, 0]) + F.cross_entropy(end.float(), labels[:, 1])
+                )
+                / 2
+            )
+            return {'logits': (start, end), 'loss': loss}
+        logits = self.head(h)  # (b, K)
+        if self.kind == 'regression':
+            logits = logits.squeeze(-1)  # (b,)
+            return {
+                'logits': logits,
+                'loss': None if labels is None else F.mse_loss(logits.float(), labels.float()),
+            }
+        return {'logits': logits, 'loss': None if labels is None else F.cross_entropy(logits.float(), labels)}
+
 # %% ../nbs/15a_heads.ipynb #ae4892a8
+#| code-fold: true
 def _check_labels(m: EncoderForTask, labels, b: int, n: int, context_mask: torch.Tensor | None = None):
     """`ValueError` unless `labels` fit the head: `(b,)` class ids in `[0, n_labels)`, `(b,)` targets, or
     `(b, 2)` token indices in the paragraph."""
-    want = {
-        'classification': f'(b,) = ({b},) integer class ids in [0, {m.n_labels})',
-        'regression': f'(b,) = ({b},) float targets',
-        'span': f'(b, 2) = ({b}, 2) integer (start, end) token indices in [0, {n}), inside context_mask',
-        'paired': f'(b,) = ({b},) integer class ids in [0, 2) (1: the first text is the better)',
-    }[m.kind]
-    ok = (
-        isinstance(labels, torch.Tensor)
-        and labels.shape == ((b, 2) if m.kind == 'span' else (b,))
-        and labels.dtype != torch.bool
-    )
-    if ok and m.kind == 'regression':
-        ok = not labels.dtype.is_complex
-    elif ok:
-        hi = m.n_labels if m.kind in ('classification', 'paired') else n
-        ok = is_int_tensor(labels) and (
-            labels.numel() == 0 or (int(labels.min()) >= 0 and int(labels.max()) < hi)
+    span, t = m.kind == 'span', labels
+    ok = isinstance(t, torch.Tensor) and t.shape == ((b, 2) if span else (b,)) and t.dtype != torch.bool
+    if m.kind == 'regression':
+        ok = ok and not t.dtype.is_complex
+    else:  # integer ids in range (one host read), and spans inside the paragraph
+        hi = n if span else m.n_labels
+        ok = ok and is_int_tensor(t) and (t.numel() == 0 or int(t.min()) >= 0 and int(t.max()) < hi)
+        ok = ok and not (
+            span and context_mask is not None and t.numel() and not context_mask.gather(1, t.long()).all()
         )
-        if ok and m.kind == 'span' and context_mask is not None and labels.numel():
-            ok = bool(context_mask.gather(1, labels.long()).all())
     if not ok:
+        want = {
+            'classification': f'(b,) = ({b},) integer class ids in [0, {m.n_labels})',
+            'regression': f'(b,) = ({b},) float targets',
+            'span': f'(b, 2) = ({b}, 2) integer (start, end) token indices in [0, {n}), inside context_mask',
+            'paired': f'(b,) = ({b},) integer class ids in [0, 2) (1: the first text is the better)',
+        }[m.kind]
         got = (
-            f'{labels.dtype} tensor of shape {tuple(labels.shape)}'
-            if isinstance(labels, torch.Tensor)
-            else type(labels).__name__
+            f'{t.dtype} tensor of shape {tuple(t.shape)} with values {t.flatten()[:8].tolist()}'
+            if isinstance(t, torch.Tensor)
+            else type(t).__name__
         )
-        raise ValueError(
-            f'labels of a {m.kind} head must be {want}; got {got}'
-            + (f' with values {labels.flatten()[:8].tolist()}' if isinstance(labels, torch.Tensor) else '')
-        )
-
-
-@patch
-def forward(
-    self: EncoderForTask,
-    input_ids: torch.Tensor,  # `(b, n)` token ids
-    attention_mask: torch.Tensor | None = None,  # `(b, n)` bool, True = real token
-    # `(b,)` class ids (long) or targets (float); span: `(b, 2)` start, end token
-    labels: torch.Tensor | None = None,
-    # span: `(b, n)` bool, True where an answer may start or end
-    context_mask: torch.Tensor | None = None,
-) -> dict:
-    """Logits of the task head and, given `labels`, the loss: cross-entropy, squared error, or the mean of the
-    start and end cross-entropies."""
-    if self.kind == 'paired':
-        _check_inputs(input_ids, attention_mask, None)  # the kinds of tensor, before the cut
-        if labels is not None:
-            _check_labels(self, labels, *input_ids.shape)
-        ids, mask = split_pairs(input_ids, attention_mask, *self.special)  # (2b, w): x halves, then y halves
-        h = self.encoder(ids, attention_mask=mask)['hidden_states']  # (2b, w, D)
-        s_x, s_y = self.head(h).squeeze(-1).chunk(2)  # (b,) each: s(x), s(y)
-        logits = torch.stack([s_y, s_x], -1)  # (b, 2): class 1 iff s(x) > s(y)
-        return {'logits': logits, 'loss': None if labels is None else F.cross_entropy(logits.float(), labels)}
-    # (b, n, D); the encoder checks the inputs
-    h = self.encoder(input_ids, attention_mask=attention_mask)['hidden_states']
-    if labels is not None:
-        _check_labels(self, labels, *h.shape[:2], context_mask)
-    if self.kind == 'span':
-        start, end = self.head(h)  # (b, n) each
-        if context_mask is not None:
-            low = torch.finfo(start.dtype).min
-            start, end = start.masked_fill(~context_mask, low), end.masked_fill(~context_mask, low)
-        loss = (
-            None
-            if labels is None
-            else (F.cross_entropy(start.float(), labels[:, 0]) + F.cross_entropy(end.float(), labels[:, 1]))
-            / 2
-        )
-        return {'logits': (start, end), 'loss': loss}
-    logits = self.head(h)  # (b, K)
-    if self.kind == 'regression':
-        logits = logits.squeeze(-1)  # (b,)
-        return {
-            'logits': logits,
-            'loss': None if labels is None else F.mse_loss(logits.float(), labels.float()),
-        }
-    return {'logits': logits, 'loss': None if labels is None else F.cross_entropy(logits.float(), labels)}
+        raise ValueError(f'labels of a {m.kind} head must be {want}; got {got}')
 
 # %% ../nbs/15a_heads.ipynb #34af1b68
 def best_spans(
@@ -441,15 +420,10 @@ def extend_positions(
         raise ValueError(f'method must be one of {EXTEND_METHODS}; got {method!r}')
     tables = encoder.pe.position_tables()  # {name: (max_len, D) parameter}
     if not tables:
-        raise ValueError(
-            f'pe={encoder.cfg.pe!r} has no absolute position table to extend: it runs at any length as it is'
-        )
+        raise ValueError(f'pe={encoder.cfg.pe!r} has no absolute position table to extend (any length runs)')
     max_len = encoder.pe.max_len
     if not (
-        isinstance(trained_len, int)
-        and isinstance(new_len, int)
-        and 2 <= trained_len <= max_len
-        and new_len > trained_len
+        is_int(trained_len) and is_int(new_len) and 2 <= trained_len <= max_len and new_len > trained_len
     ):
         raise ValueError(
             f'need 2 ≤ trained_len ≤ {max_len} (the table) and new_len > trained_len; got '

@@ -272,7 +272,7 @@ def _check_relative_vectors(d_head, n_layers, k, flags, init_std):
         raise ValueError(
             f'the clipping distance k must be an integer ≥ 1 (the table holds 2k+1 rows); got {k!r}'
         )
-    check_ints(d_head=d_head, n_layers=n_layers)
+    check_sizes(d_head=d_head, n_layers=n_layers)
     check_flags(**flags)
     if not (flags['query_term'] or flags['key_term'] or flags['values']):
         raise ValueError('enable at least one of query_term, key_term, values')

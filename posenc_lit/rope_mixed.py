@@ -8,7 +8,6 @@ import math
 from dataclasses import dataclass
 import torch
 import torch.nn as nn
-from fastcore.basics import patch
 from .core import *
 from .checks import *
 from .attention import *
@@ -16,26 +15,7 @@ from .rope import apply_rope, _check_pairing
 from .vit import VisionEncoding, VisionContext, grid_positions
 
 # %% auto #0
-__all__ = ['mixed_frequencies', 'mixed_angles', 'RoPEMixed', 'RoPEMixedContext']
-
-# %% ../nbs/09a_rope_mixed.ipynb #0fefb344
-def _check_rope_mixed(d_head, n_heads, n_layers, base, rotate):
-    "`ValueError` naming the first bad option of a RoPE-Mixed encoding (see `RoPEMixed`)."
-    for name, v in (('d_head', d_head), ('n_heads', n_heads), ('n_layers', n_layers)):
-        if not is_int(v) or v < 1:
-            raise ValueError(f'{name} must be an integer ≥ 1; got {v!r}')
-    if d_head % 4:
-        raise ValueError(
-            'rope-mixed turns d/2 pairs, d/4 in each of two directions: the head dimension '
-            f'd_model/n_heads must be a multiple of 4; got {d_head}'
-        )
-    if not (is_real(base) and math.isfinite(base) and base > 1):
-        raise ValueError(
-            'base must be a finite number > 1 (the magnitudes base^(-4s/d); the authors use 10 for '
-            f'RoPE-Mixed, 100 for RoPE-Axial); got {base!r}'
-        )
-    if not isinstance(rotate, bool):
-        raise ValueError(f'rotate must be True or False; got {rotate!r}')
+__all__ = ['mixed_frequencies', 'mixed_angles', 'RoPEMixedContext', 'RoPEMixed']
 
 # %% ../nbs/09a_rope_mixed.ipynb #864b3a4f
 def mixed_frequencies(
@@ -48,8 +28,7 @@ def mixed_frequencies(
     generator: torch.Generator | None = None,  # draws α (None: torch's global generator)
 ) -> tuple:  # (θˣ, θʸ), each `(L, h, d/2)` float32, radians per patch
     """RoPE-Mixed's initial frequencies: pair t < d/4 along α, pair t ≥ d/4 along α + π/2, magnitudes
-    $b^{-4s/d}$ (naver-ai/rope-vit `init_random_2d_freqs`); `ValueError` for bad options."""
-    _check_rope_mixed(d_head, n_heads, n_layers, base, rotate)
+    $b^{-4s/d}$ (naver-ai/rope-vit `init_random_2d_freqs`); the options are `RoPEMixed`'s, checked there."""
     mag = base ** -(torch.arange(0, d_head, 4, dtype=torch.float32) / d_head)  # (d/4,): μ_s
     shape = (n_layers, n_heads, 1)
     alpha = torch.rand(shape, generator=generator) * (2 * math.pi) if rotate else torch.zeros(shape)
@@ -67,12 +46,21 @@ def mixed_angles(
     col, row = (rc[:, a, None].to(theta_x.dtype) for a in (1, 0))  # (n, 1) each
     return col * theta_x[..., None, :] + row * theta_y[..., None, :]  # (…, n, d/2)
 
+# %% ../nbs/09a_rope_mixed.ipynb #a12e9f59
+@dataclass(eq=False)
+class RoPEMixedContext(VisionContext):
+    "Context of `RoPEMixed`: the cosines and sines of every layer's angles, made once per forward."
+
+    cos: torch.Tensor  # `(L, h, n, d/2)`, float32 (float64 for a float64 model)
+    sin: torch.Tensor  # `(L, h, n, d/2)`
+
 # %% ../nbs/09a_rope_mixed.ipynb #af0f3b42
 class RoPEMixed(VisionEncoding):
     """RoPE-Mixed (Heo et al. 2024): each layer's q and k turned pair by pair by $x\theta^x_t + y\theta^y_t$,
-    θ learned per layer and head; prefix tokens at (0, 0) unrotated; any grid."""
+    θ learned per layer and head; prefix tokens at (0, 0) unrotated; any grid. `ValueError` for bad options
+    (see Input checks)."""
 
-    kind = 'qk'
+    kind, context_type, needs_grid = 'qk', RoPEMixedContext, 'rope-mixed'
 
     def __init__(
         self,
@@ -86,61 +74,44 @@ class RoPEMixed(VisionEncoding):
         rotate: bool = True,  # random initial directions (False: the axes)
     ):
         super().__init__(num_prefix_tokens)
+        check_sizes(d_head=d_head, n_heads=n_heads, n_layers=n_layers)
+        if d_head % 4:  # d/2 pairs, d/4 in each of two directions
+            raise ValueError(f'rope-mixed: d_model/n_heads must be a multiple of 4; got {d_head}')
+        check_finite(1, above=True, base=base)  # the magnitudes base^(-4s/d): the authors use 10 (100 axial)
+        check_flags(rotate=rotate)
         _check_pairing(pairing)
         theta_x, theta_y = mixed_frequencies(d_head, n_heads, n_layers, base, rotate)
         self.theta_x, self.theta_y = nn.Parameter(theta_x), nn.Parameter(theta_y)  # (L, h, d/2) each
         self.d_head, self.n_heads, self.n_layers, self.pairing = d_head, n_heads, n_layers, pairing
 
-# %% ../nbs/09a_rope_mixed.ipynb #a12e9f59
-@dataclass(eq=False)
-class RoPEMixedContext(VisionContext):
-    "Context of `RoPEMixed`: the cosines and sines of every layer's angles, made once per forward."
+    def prepare(
+        self,
+        q_pos: torch.Tensor,
+        k_pos: torch.Tensor,  # `(b|1, n)` token indices (the angles come from the grid)
+        *,
+        key_mask: torch.Tensor | None = None,  # the contract's; every image token is real
+        causal: bool = False,  # the contract's; the ViT is bidirectional
+        grid: tuple | None = None,  # the patch grid (gh, gw); required
+    ) -> RoPEMixedContext:
+        "Context with `cos`, `sin` `(L, h, n, d/2)` of the grid's angles; `ValueError` without `grid`."
+        c = VisionEncoding.prepare(self, q_pos, k_pos, grid=grid)  # the grid is checked there (needs_grid)
+        acc = torch.promote_types(self.theta_x.dtype, torch.float32)  # never below float32
+        angles = mixed_angles(c.rc, self.theta_x.to(acc), self.theta_y.to(acc))  # (L, h, n, d/2)
+        return RoPEMixedContext(q_pos, k_pos, c.grid, c.rc, angles.cos(), angles.sin(), pe=self)
 
-    cos: torch.Tensor  # `(L, h, n, d/2)`, float32 (float64 for a float64 model)
-    sin: torch.Tensor  # `(L, h, n, d/2)`
-
-
-RoPEMixed.context_type = RoPEMixedContext  # what its `prepare` returns
-
-
-@patch
-def prepare(
-    self: RoPEMixed,
-    q_pos: torch.Tensor,
-    k_pos: torch.Tensor,  # `(b|1, n)` token indices (the angles come from the grid)
-    *,
-    key_mask: torch.Tensor | None = None,  # the contract's; every image token is real
-    causal: bool = False,  # the contract's; the ViT is bidirectional
-    grid: tuple | None = None,  # the patch grid (gh, gw); required
-) -> RoPEMixedContext:
-    "Context with `cos`, `sin` `(L, h, n, d/2)` of the grid's angles; `ValueError` without `grid`."
-    if grid is None:
-        raise ValueError(
-            'rope-mixed needs the token grid: make the context with pe.prepare(pos, pos, grid=(gh, gw))'
-        )
-    c = VisionEncoding.prepare(self, q_pos, k_pos, grid=grid)
-    acc = torch.promote_types(self.theta_x.dtype, torch.float32)  # never below float32
-    angles = mixed_angles(c.rc, self.theta_x.to(acc), self.theta_y.to(acc))  # (L, h, n, d/2)
-    return RoPEMixedContext(q_pos, k_pos, c.grid, c.rc, angles.cos(), angles.sin(), pe=self)
-
-# %% ../nbs/09a_rope_mixed.ipynb #89858576
-@patch
-def transform_qk(
-    self: RoPEMixed,
-    q: torch.Tensor,  # `(b, h, n, d)`
-    k: torch.Tensor,  # `(b, h, n, d)`
-    ctx: RoPEMixedContext,
-    layer: int | LayerRef | None = None,  # the layer whose frequencies turn q and k (required if L > 1)
-):
-    "Rotated `(q, k)`, same shapes and dtype; `ValueError` for another head count or dimension, or no layer."
-    if q.shape[1] != self.n_heads or q.shape[-1] != self.d_head:
-        raise ValueError(
-            f'rope-mixed was built for {self.n_heads} heads of dimension {self.d_head}; got q of shape '
-            f'{tuple(q.shape)} (b, h, n, d)'
-        )
-    l = layer_index(layer, self.n_layers, 'RoPEMixed', 'frequencies')
-    cos, sin = ctx.cos[l], ctx.sin[l]  # (h, n, d/2): broadcast over the batch
-    return apply_rope(q, cos, sin, self.pairing), apply_rope(k, cos, sin, self.pairing)
+    def transform_qk(
+        self,
+        q: torch.Tensor,  # `(b, h, n, d)`
+        k: torch.Tensor,  # `(b, h, n, d)`
+        ctx: RoPEMixedContext,
+        layer: int | LayerRef | None = None,  # the layer whose frequencies turn q and k (required if L > 1)
+    ):
+        "Rotated `(q, k)`, same shapes and dtype; `ValueError` for another head dimension, or no layer index."
+        if q.shape[-1] != self.d_head:  # a reader's own attention module: name the width
+            raise ValueError(f'rope-mixed was built for d_head={self.d_head}; got q {tuple(q.shape)}')
+        l = layer_index(layer, self.n_layers, 'RoPEMixed', 'frequencies')
+        cos, sin = ctx.cos[l], ctx.sin[l]  # (h, n, d/2): broadcast over the batch
+        return apply_rope(q, cos, sin, self.pairing), apply_rope(k, cos, sin, self.pairing)
 
 # %% ../nbs/09a_rope_mixed.ipynb #a554c813
 @register_encoding(

@@ -115,7 +115,7 @@ class T5RelativeBias(PositionEncoding):
 #| code-fold: true
 def _check_t5(n_heads, num_buckets, max_distance, bidirectional, scale_content, init_std):
     check_flags(bidirectional=bidirectional, scale_content=scale_content)
-    check_ints(4 if bidirectional else 2, num_buckets=num_buckets)
+    check_sizes(4 if bidirectional else 2, num_buckets=num_buckets)
     if bidirectional and num_buckets % 2:
         raise ValueError(
             f'bidirectional buckets come in two halves: num_buckets must be even; got {num_buckets}'
@@ -126,7 +126,7 @@ def _check_t5(n_heads, num_buckets, max_distance, bidirectional, scale_content, 
             f'max_distance={max_distance!r} must be larger than the exact range ({max_exact} tokens with '
             f'num_buckets={num_buckets}) and finite: else the log buckets would be empty'
         )
-    check_ints(n_heads=n_heads)
+    check_sizes(n_heads=n_heads)
     check_finite(init_std=init_std)
 
 # %% ../nbs/04_t5.ipynb #eba81ecc

@@ -127,7 +127,7 @@ class TUPE(PositionEncoding):
 # %% ../nbs/05_tupe.ipynb #a515c1c0
 #| code-fold: true
 def _check_tupe(d_model, n_heads, max_len, flags, init_std):
-    check_ints(n_heads=n_heads, max_len=max_len)
+    check_sizes(n_heads=n_heads, max_len=max_len)
     check_finite(init_std=init_std)
     check_flags(**flags)
     if d_model % n_heads:

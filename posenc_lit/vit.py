@@ -13,12 +13,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 import matplotlib.pyplot as plt
 from safetensors.torch import save_file, load_file
-from fastcore.basics import patch
 from .core import *
 from .checks import *
 from .attention import *
 from .absolute import sinusoidal_table
-from .rope import rope_inv_freq, rope_cos_sin, apply_rope, PAIRINGS, _theta
+from .rope import rope_inv_freq, rope_cos_sin, apply_rope, PAIRINGS, _theta, _check_pairing
 from .model import EncoderLayer, CheckpointError, save_model, load_weights, check_field_types
 from .model import _config_to_json, _config_from_dict, _check_built, _pe_kwargs_error
 
@@ -28,6 +27,29 @@ __all__ = ['INTERPOLATIONS', 'POOLS', 'STEMS', 'PatchEmbed', 'grid_positions', '
            'apply_rope_2d', 'RoPE2d', 'RelBias2dContext', 'RelBias2d', 'ResBlock', 'HybridStem', 'ViTConfig',
            'ViTLayer', 'ViT', 'resize_pos_embed_', 'reinit_pos_embed_', 'save_vit', 'load_vit',
            'plot_pos_similarity']
+
+# %% ../nbs/09_vit.ipynb #869f6fe8
+#| code-fold: true
+INTERPOLATIONS = ('bicubic', 'bilinear')
+
+
+def _desc(t):
+    return (
+        f'{t.dtype} tensor of shape {tuple(t.shape)}'
+        if isinstance(t, torch.Tensor)
+        else f'{type(t).__name__} {t!r:.40}'
+    )
+
+
+def _check_grid(grid, name):  # the grid as a tuple
+    if not (isinstance(grid, (tuple, list)) and len(grid) == 2 and all(is_int(g) and g > 0 for g in grid)):
+        raise ValueError(f'{name} must be a (rows, cols) pair of positive integers (patches); got {grid!r}')
+    return tuple(grid)
+
+
+def _check_mode(mode, name='mode'):
+    if mode not in INTERPOLATIONS:
+        raise ValueError(f'{name} must be one of {INTERPOLATIONS}; got {mode!r}')
 
 # %% ../nbs/09_vit.ipynb #3b9fc98e
 class PatchEmbed(nn.Conv2d):
@@ -51,31 +73,6 @@ def grid_positions(
     rc = torch.stack([i // gw, i % gw], -1)  # (N, 2)
     return torch.cat([rc.new_zeros(num_prefix_tokens, 2), rc])  # (n, 2)
 
-# %% ../nbs/09_vit.ipynb #869f6fe8
-INTERPOLATIONS = ('bicubic', 'bilinear')
-
-
-def _desc(t):
-    return (
-        f'{t.dtype} tensor of shape {tuple(t.shape)}'
-        if isinstance(t, torch.Tensor)
-        else f'{type(t).__name__} {t!r:.40}'
-    )
-
-
-def _check_grid(grid, name):
-    if not (isinstance(grid, (tuple, list)) and len(grid) == 2 and all(is_int(g) and g > 0 for g in grid)):
-        raise ValueError(
-            f'{name} must be a (rows, cols) pair of positive integers (patches per column, per row); '
-            f'got {grid!r}'
-        )
-    return tuple(grid)
-
-
-def _check_mode(mode, name='mode'):
-    if mode not in INTERPOLATIONS:
-        raise ValueError(f'{name} must be one of {INTERPOLATIONS}; got {mode!r}')
-
 # %% ../nbs/09_vit.ipynb #d919b2aa
 def interpolate_pos_embed(
     # `(n, D)` or `(1, n, D)` float: prefix rows, then gh·gw patch rows in reading order
@@ -87,33 +84,20 @@ def interpolate_pos_embed(
     antialias: bool = False,  # low-pass filter when shrinking (timm's default; Hugging Face: off)
 ) -> torch.Tensor:  # `(n', D)` or `(1, n', D)`, n' = num_prefix_tokens + gh'·gw', dtype of pos_embed
     """The table resampled to `new_grid` by 2D interpolation of the patch rows (ViT §3.2); prefix rows
-    unchanged. `ValueError` for bad shapes or mode."""
-    old_grid, new_grid = _check_grid(old_grid, 'old_grid'), _check_grid(new_grid, 'new_grid')
+    unchanged. `ValueError` for a mode not in `INTERPOLATIONS` or a table without `num_prefix_tokens + gh·gw`
+    rows; the grids are the callers' (checked where they enter: the config, the pixels, `resize_`)."""
     _check_mode(mode)
-    if not isinstance(antialias, bool):
-        raise ValueError(f'antialias must be True or False; got {antialias!r}')
-    if not is_int(num_prefix_tokens) or num_prefix_tokens < 0:
-        raise ValueError(f'num_prefix_tokens must be an integer ≥ 0; got {num_prefix_tokens!r}')
-    t = pos_embed
-    if (
-        not isinstance(t, torch.Tensor)
-        or not t.dtype.is_floating_point
-        or t.ndim not in (2, 3)
-        or (t.ndim == 3 and t.shape[0] != 1)
-    ):
-        raise ValueError(f'pos_embed must be a float tensor of shape (n, D) or (1, n, D); got {_desc(t)}')
+    t, (gh, gw) = pos_embed, old_grid
     n, D = t.shape[-2:]
-    if n != num_prefix_tokens + old_grid[0] * old_grid[1]:
+    if n != num_prefix_tokens + gh * gw:
         raise ValueError(
-            f'pos_embed has {n} rows but num_prefix_tokens={num_prefix_tokens} + old_grid '
-            f'{old_grid[0]}×{old_grid[1]} = {num_prefix_tokens + old_grid[0] * old_grid[1]}: check the '
-            'grid and the number of prefix tokens'
+            f'pos_embed has {n} rows but num_prefix_tokens={num_prefix_tokens} + old_grid {gh}×{gw}'
         )
     t = t.reshape(n, D)
     acc = torch.promote_types(t.dtype, torch.float32)
     img = t[num_prefix_tokens:].to(acc).T.reshape(1, D, *old_grid)  # (1, D, gh, gw)
     # (1, D, gh', gw')
-    img = F.interpolate(img, size=new_grid, mode=mode, align_corners=False, antialias=antialias)
+    img = F.interpolate(img, size=tuple(new_grid), mode=mode, align_corners=False, antialias=antialias)
     # (n', D)
     out = torch.cat([t[:num_prefix_tokens], img.reshape(D, -1).T.to(t.dtype)])
     return out if pos_embed.ndim == 2 else out[None]
@@ -135,6 +119,9 @@ class VisionEncoding(PositionEncoding):
 
     table_grid = None  # the grid of a learned table; None: no table, every grid works as it is
     context_type = VisionContext
+    needs_grid = (
+        None  # the name of an encoding whose `prepare` needs the grid (for the message); None: it does not
+    )
 
     def __init__(self, num_prefix_tokens: int = 1):
         super().__init__()
@@ -159,7 +146,11 @@ class VisionEncoding(PositionEncoding):
         grid: tuple | None = None,  # the patch grid (gh, gw)
     ) -> VisionContext:
         """Context shared by all layers: the token indices, `grid` and `rc`, the `(n, 2)` (row, col) of each
-        token."""
+        token. `ValueError` without `grid` for an encoding that `needs_grid`."""
+        if grid is None and self.needs_grid:
+            raise ValueError(
+                f'{self.needs_grid} needs the token grid: use pe.prepare(pos, pos, grid=(gh, gw))'
+            )
         rc = None if grid is None else grid_positions(grid, self.num_prefix_tokens, q_pos.device)
         return VisionContext(q_pos, k_pos, grid, rc, pe=self)
 
@@ -180,8 +171,7 @@ class LearnedPosEmbed(VisionEncoding):
 
     def __init__(self, d_model: int, grid: tuple, num_prefix_tokens: int = 1, init_std: float = 0.02):
         super().__init__(num_prefix_tokens)
-        if not is_real(init_std) or not init_std >= 0:
-            raise ValueError(f'init_std (a standard deviation) must be a number ≥ 0; got {init_std!r}')
+        check_finite(0, init_std=init_std)
         self.init_std, self.table_grid = init_std, _check_grid(grid, 'grid')
         # (1, n, D)
         self.weight = nn.Parameter(torch.randn(1, num_prefix_tokens + grid[0] * grid[1], d_model) * init_std)
@@ -190,42 +180,33 @@ class LearnedPosEmbed(VisionEncoding):
         return {'weight': self.weight}  # (1, n, D): one row per token
 
     def embed_grid(self, grid: tuple, mode: str | None = None, antialias: bool = False):
-        """The table for `grid`: as it is for `table_grid`, else interpolated with `mode`; `ValueError` if
-        that is None."""
+        """The table for `grid`: as it is for `table_grid`, else interpolated with `mode` (`ValueError` if
+        that is None: the ViT refuses such images with a fuller message first)."""
         if tuple(grid) == self.table_grid:
             return self.weight
-        if mode is None:
-            raise ValueError(
-                f'the position table is for a {self.table_grid[0]}×{self.table_grid[1]} grid, not '
-                f"{grid[0]}×{grid[1]}, and no interpolation mode was given: pass mode='bicubic' or "
-                "'bilinear'"
-            )
         return interpolate_pos_embed(
             self.weight, self.table_grid, grid, self.num_prefix_tokens, mode, antialias
         )
 
-# %% ../nbs/09_vit.ipynb #c0f7878c
-@patch
-def resize_(self: LearnedPosEmbed, grid, mode='bicubic', antialias=False):
-    """Replace the table by its interpolation to `grid` (a new `nn.Parameter`: make the optimizer afterwards);
-    returns `self`."""
-    with torch.no_grad():
-        w = interpolate_pos_embed(self.weight, self.table_grid, grid, self.num_prefix_tokens, mode, antialias)
-    self.weight, self.table_grid = nn.Parameter(w, requires_grad=self.weight.requires_grad), tuple(grid)
-    return self
+    def resize_(self, grid, mode='bicubic', antialias=False):
+        """Replace the table by its interpolation to `grid` (a new `nn.Parameter`: make the optimizer
+        afterwards); returns `self`."""
+        grid = _check_grid(grid, 'grid')
+        with torch.no_grad():
+            w = interpolate_pos_embed(
+                self.weight, self.table_grid, grid, self.num_prefix_tokens, mode, antialias
+            )
+        self.weight, self.table_grid = nn.Parameter(w, requires_grad=self.weight.requires_grad), grid
+        return self
 
-
-@patch
-def reinit_(self: LearnedPosEmbed, grid):
-    """Replace the table by a fresh normal(`init_std`) one for `grid`, prefix rows included (the
-    no-interpolation baseline); returns `self`."""
-    grid, w = _check_grid(grid, 'grid'), self.weight
-    new = (
-        torch.randn(1, self.num_prefix_tokens + grid[0] * grid[1], w.shape[-1], device=w.device)
-        * self.init_std
-    )
-    self.weight, self.table_grid = nn.Parameter(new.to(w.dtype), requires_grad=w.requires_grad), grid
-    return self
+    def reinit_(self, grid):
+        """Replace the table by a fresh normal(`init_std`) one for `grid`, prefix rows included (the
+        no-interpolation baseline); returns `self`."""
+        grid, w = _check_grid(grid, 'grid'), self.weight
+        n = self.num_prefix_tokens + grid[0] * grid[1]
+        new = torch.randn(1, n, w.shape[-1], device=w.device) * self.init_std
+        self.weight, self.table_grid = nn.Parameter(new.to(w.dtype), requires_grad=w.requires_grad), grid
+        return self
 
 # %% ../nbs/09_vit.ipynb #6ebd7da4
 class Learned2d(VisionEncoding):
@@ -238,8 +219,7 @@ class Learned2d(VisionEncoding):
         super().__init__(num_prefix_tokens)
         if d_model % 2:
             raise ValueError(
-                'learned2d gives D/2 channels to the column and D/2 to the row: d_model must be '
-                f'even; got {d_model}'
+                f'learned2d needs an even d_model (D/2 for the column, D/2 for the row); got {d_model}'
             )
         self.init_std, self.d_model = init_std, d_model
         self.reinit_(grid)
@@ -247,58 +227,41 @@ class Learned2d(VisionEncoding):
     def reinit_(self, grid):
         "Fresh normal(`init_std`) tables for `grid`, prefix rows included; returns `self`."
         self.table_grid, p, std = _check_grid(grid, 'grid'), self.num_prefix_tokens, self.init_std
-        # (p, D)
-        self.prefix = nn.Parameter(torch.randn(p, self.d_model) * std) if p else None
-        # (gh, D/2): Y-axis
-        self.rows = nn.Parameter(torch.randn(grid[0], self.d_model // 2) * std)
-        # (gw, D/2): X-axis
-        self.cols = nn.Parameter(torch.randn(grid[1], self.d_model // 2) * std)
+        self.prefix = nn.Parameter(torch.randn(p, self.d_model) * std) if p else None  # (p, D)
+        self.rows = nn.Parameter(torch.randn(grid[0], self.d_model // 2) * std)  # (gh, D/2): Y-axis
+        self.cols = nn.Parameter(torch.randn(grid[1], self.d_model // 2) * std)  # (gw, D/2): X-axis
         return self
 
     def position_tables(self):
         return {'rows': self.rows, 'cols': self.cols}  # row r of the grid, column c
 
-# %% ../nbs/09_vit.ipynb #b16a5009
-@patch
-def axis_tables(self: Learned2d, grid: tuple, mode: str | None = None, antialias: bool = False):
-    """`(rows (gh', D/2), cols (gw', D/2))` for `grid`, each axis interpolated along its length when it
-    differs."""
-    if tuple(grid) == self.table_grid:
-        return self.rows, self.cols
-    if mode is None:
-        raise ValueError(
-            f'the position tables are for a {self.table_grid[0]}×{self.table_grid[1]} grid, not '
-            f"{grid[0]}×{grid[1]}, and no interpolation mode was given: pass mode='bicubic' or 'bilinear'"
+    def axis_tables(self, grid: tuple, mode: str | None = None, antialias: bool = False):
+        """`(rows (gh', D/2), cols (gw', D/2))` for `grid`, each axis interpolated along its length when it
+        differs (`ValueError` if `mode` is None)."""
+        if tuple(grid) == self.table_grid:
+            return self.rows, self.cols
+        (gh, gw), (nh, nw) = self.table_grid, grid
+        return (
+            interpolate_pos_embed(self.rows, (gh, 1), (nh, 1), 0, mode, antialias),
+            interpolate_pos_embed(self.cols, (1, gw), (1, nw), 0, mode, antialias),
         )
-    (gh, gw), (nh, nw) = self.table_grid, grid
-    return (
-        interpolate_pos_embed(self.rows, (gh, 1), (nh, 1), 0, mode, antialias),
-        interpolate_pos_embed(self.cols, (1, gw), (1, nw), 0, mode, antialias),
-    )
 
+    def embed_grid(self, grid: tuple, mode: str | None = None, antialias: bool = False):
+        "`(1, n, D)`: the prefix rows, then `[cols[c] | rows[r]]` for each patch."
+        rows, cols = self.axis_tables(grid, mode, antialias)
+        rc = grid_positions(grid, 0, rows.device)  # (N, 2)
+        patches = torch.cat([cols[rc[:, 1]], rows[rc[:, 0]]], -1)  # (N, D)
+        return (patches if self.prefix is None else torch.cat([self.prefix, patches]))[None]  # (1, n, D)
 
-@patch
-def embed_grid(self: Learned2d, grid: tuple, mode: str | None = None, antialias: bool = False):
-    "`(1, n, D)`: the prefix rows, then `[cols[c] | rows[r]]` for each patch."
-    rows, cols = self.axis_tables(grid, mode, antialias)
-    rc = grid_positions(grid, 0, rows.device)  # (N, 2)
-    patches = torch.cat([cols[rc[:, 1]], rows[rc[:, 0]]], -1)  # (N, D)
-    # (1, n, D)
-    return (patches if self.prefix is None else torch.cat([self.prefix, patches]))[None]
-
-
-@patch
-def resize_(self: Learned2d, grid, mode='bicubic', antialias=False):
-    "Replace both axis tables by their interpolation to `grid`; returns `self`."
-    with torch.no_grad():
-        rows, cols = self.axis_tables(_check_grid(grid, 'grid'), mode, antialias)
-    grad = self.rows.requires_grad
-    self.rows, self.cols, self.table_grid = (
-        nn.Parameter(rows.clone(), grad),
-        nn.Parameter(cols.clone(), grad),
-        tuple(grid),
-    )
-    return self
+    def resize_(self, grid, mode='bicubic', antialias=False):
+        "Replace both axis tables by their interpolation to `grid`; returns `self`."
+        grid = _check_grid(grid, 'grid')
+        with torch.no_grad():
+            rows, cols = self.axis_tables(grid, mode, antialias)
+        grad = self.rows.requires_grad
+        self.rows, self.cols = nn.Parameter(rows.clone(), grad), nn.Parameter(cols.clone(), grad)
+        self.table_grid = grid
+        return self
 
 # %% ../nbs/09_vit.ipynb #00718988
 def sincos_2d_table(
@@ -308,11 +271,7 @@ def sincos_2d_table(
     base: float = 10000.0,
 ) -> torch.Tensor:  # `(n, D)` float32
     """MAE's 2D sin-cos table: `[sincos(col) | sincos(row)]` per patch, each Vaswani's §3.5 at width D/2
-    (`[sin | cos]`); zeros for prefix tokens."""
-    if d_model % 4:
-        raise ValueError(
-            f'sincos2d needs d_model divisible by 4 (sin and cos of the row and of the column); got {d_model}'
-        )
+    (`[sin | cos]`); zeros for prefix tokens. `SinCos2d` checks `d_model`."""
     rc = grid_positions(grid, 0)  # (N, 2)
     emb = torch.cat(
         [
@@ -332,9 +291,12 @@ class SinCos2d(VisionEncoding):
 
     def __init__(self, d_model: int, num_prefix_tokens: int = 1, base: float = 10000.0):
         super().__init__(num_prefix_tokens)
+        if not is_int(d_model) or d_model < 4 or d_model % 4:
+            raise ValueError(
+                f'sincos2d needs d_model divisible by 4 (sin, cos of row and column); got {d_model}'
+            )
         self.d_model, self.base = d_model, base
-        # a bad d_model fails here, not in the first forward
-        sincos_2d_table((1, 1), d_model, 0, base)
+        sincos_2d_table((1, 1), d_model, 0, base)  # a bad base fails here, not in the first forward
 
     def embed_grid(self, grid: tuple, mode: str | None = None, antialias: bool = False):
         # (1, n, D)
@@ -348,19 +310,7 @@ def apply_rope_2d(
     pairing: str = 'half',  # pairing within each half, see `posenc_lit.rope.PAIRINGS`
 ) -> torch.Tensor:  # x rotated: dims `[0, d/2)` by the column, `[d/2, d)` by the row
     """Axial 2D RoPE (RoPE-ViT): the first half of the dimensions rotated by column·θ, the second half by
-    row·θ; `ValueError` if d ≠ 4·len(θ)."""
-    if not (
-        isinstance(x, torch.Tensor)
-        and isinstance(inv_freq, torch.Tensor)
-        and x.ndim >= 1
-        and inv_freq.ndim == 1
-        and x.shape[-1] == 4 * len(inv_freq)
-    ):
-        raise ValueError(
-            f'2D RoPE rotates d = 4·len(inv_freq) dimensions (two axes, pairs); got x of shape '
-            f'{tuple(getattr(x, "shape", ()))} and inv_freq of shape '
-            f'{tuple(getattr(inv_freq, "shape", ()))}: use rope_inv_freq(d // 2, base)'
-        )
+    row·θ; d = 4·len(θ) (checked by `RoPE2d`)."""
     h = x.shape[-1] // 2
     cos_c, sin_c = rope_cos_sin(rc[:, 1], inv_freq)  # (n, d/4) each
     cos_r, sin_r = rope_cos_sin(rc[:, 0], inv_freq)
@@ -373,27 +323,23 @@ class RoPE2d(VisionEncoding):
     """Axial 2D rotary embedding on every layer's q and k (RoPE-ViT); prefix tokens at (0, 0) are not rotated;
     any grid."""
 
-    kind = 'qk'
+    kind, needs_grid = 'qk', 'rope2d'
 
     def __init__(self, d_head: int, num_prefix_tokens: int = 1, base: float = 100.0, pairing: str = 'half'):
         super().__init__(num_prefix_tokens)
         if not is_int(d_head) or d_head < 4 or d_head % 4:
             raise ValueError(
-                f'rope2d rotates pairs of dimensions in a column half and a row half: the head dimension '
-                f'd_model/n_heads must be a multiple of 4; got {d_head}'
+                f'rope2d: the head dimension d_model/n_heads must be a multiple of 4; got {d_head}'
             )
-        if pairing not in PAIRINGS:
-            raise ValueError(f'pairing must be one of {list(PAIRINGS)}; got {pairing!r}')
+        _check_pairing(pairing)
         self.d_head, self.base, self.pairing = d_head, base, pairing
         rope_inv_freq(d_head // 2, base)  # a bad base fails here
 
     def transform_qk(
         self, q, k, ctx, layer: int | LayerRef | None = None
     ):  # q `(b, h, i, d)`, k `(b, h, j, d)`
-        if ctx.rc is None:
-            raise ValueError(
-                'rope2d needs the token grid: make the context with pe.prepare(pos, pos, grid=(gh, gw))'
-            )
+        if q.shape[-1] != self.d_head:  # a reader's own attention module: name the width
+            raise ValueError(f'rope2d was built for d_head={self.d_head}; got q of shape {tuple(q.shape)}')
         # θ checked when built (a check here would read the GPU's result in every layer)
         inv_freq = _theta(self.d_head // 2, self.base, q.device).to(
             torch.promote_types(q.dtype, torch.float32)
@@ -414,15 +360,12 @@ class RelBias2d(VisionEncoding):
     """Learned bias per head and clipped 2D offset added to the logits, shared by all layers (Swin, BEiT);
     prefix tokens have their own."""
 
-    kind = 'score'
-    context_type = RelBias2dContext
+    kind, context_type, needs_grid = 'score', RelBias2dContext, 'rel2d'
 
     def __init__(self, n_heads: int, max_distance: int, num_prefix_tokens: int = 1):
         super().__init__(num_prefix_tokens)
-        if not is_int(n_heads) or n_heads < 1:
-            raise ValueError(f'n_heads must be an integer ≥ 1; got {n_heads!r}')
-        if not is_int(max_distance) or max_distance < 0:
-            raise ValueError(f'max_distance must be an integer ≥ 0; got {max_distance!r}')
+        check_sizes(n_heads=n_heads)
+        check_sizes(0, max_distance=max_distance)
         self.k = max_distance
         # (h, 2k+1, 2k+1)
         self.table = nn.Parameter(torch.zeros(n_heads, 2 * max_distance + 1, 2 * max_distance + 1))
@@ -452,10 +395,6 @@ class RelBias2d(VisionEncoding):
         causal: bool = False,
         grid: tuple | None = None,
     ):
-        if grid is None:
-            raise ValueError(
-                'rel2d needs the token grid: make the context with pe.prepare(pos, pos, grid=(gh, gw))'
-            )
         c = super().prepare(q_pos, k_pos, grid=grid)
         return RelBias2dContext(q_pos, k_pos, c.grid, c.rc, self.bias(grid), pe=self)
 
@@ -545,6 +484,11 @@ def _none(cfg):
     return VisionEncoding(cfg.num_prefix_tokens, **cfg.pe_kwargs)
 
 # %% ../nbs/09_vit.ipynb #be2ddf93
+def _check_stride(stride, name='its stride'):  # the hybrid stem's and ViTConfig's rule
+    if not is_int(stride) or stride < 1 or stride & (stride - 1):
+        raise ValueError(f'the hybrid stem halves the image: {name} must be 1, 2, 4, 8, …; got {stride!r}')
+
+
 def _gn(c):
     return nn.GroupNorm(math.gcd(8, c), c)
 
@@ -574,10 +518,7 @@ class HybridStem(nn.Module):
 
     def __init__(self, in_chans: int, d_model: int, stride: int = 4, width: int = 32):
         super().__init__()
-        if not is_int(stride) or stride < 1 or stride & (stride - 1):
-            raise ValueError(
-                f'the hybrid stem halves the image: its stride must be 1, 2, 4, 8, …; got {stride!r}'
-            )
+        _check_stride(stride)
         n_half = stride.bit_length() - 1
         self.root = nn.Sequential(
             nn.Conv2d(in_chans, width, 3, 2 if n_half else 1, 1, bias=False), _gn(width), nn.ReLU()
@@ -618,8 +559,10 @@ class ViTConfig:
     antialias: bool = False  # antialias that interpolation when the grid shrinks
     stem_width: int = 32  # channels of the hybrid stem
 
+    to_json, from_dict = _config_to_json, classmethod(_config_from_dict)  # as ModelConfig's
+
     def __post_init__(self):
-        _check_vit_config(self)  # below
+        _check_vit_config(self)  # see Input checks
 
     @property
     def grid(self) -> tuple:
@@ -628,74 +571,6 @@ class ViTConfig:
     @property
     def num_prefix_tokens(self) -> int:
         return int(self.pool == 'cls')
-
-# %% ../nbs/09_vit.ipynb #929dfeb8
-def _multiples(n, p):
-    return ' or '.join(str(m) for m in (n // p * p, n // p * p + p) if m > 0)
-
-
-def _check_vit_config(self):
-    """`ValueError` naming the first bad field of `ViTConfig` `self` and the valid values; an int `image_size`
-    is made square."""
-    s = self.image_size
-    if is_int(s):
-        s = (s, s)
-    if not (isinstance(s, (tuple, list)) and len(s) == 2 and all(is_int(v) and v > 0 for v in s)):
-        raise ValueError(
-            f'image_size must be a positive integer or an (H, W) pair of them; got {self.image_size!r}'
-        )
-    self.image_size = tuple(s)
-    for f in ('patch_size', 'in_chans', 'n_classes', 'd_model', 'n_layers', 'n_heads', 'd_ff', 'stem_width'):
-        if not is_int(getattr(self, f)) or getattr(self, f) < 1:
-            raise ValueError(f'{f} must be a positive integer; got {getattr(self, f)!r}')
-    check_field_types(self)
-    if not 0 <= self.dropout < 1:
-        raise ValueError(f'dropout must be in [0, 1); got {self.dropout}')
-    if self.d_model % self.n_heads:
-        raise ValueError(f'd_model={self.d_model} must be divisible by n_heads={self.n_heads}')
-    for f, valid in (('pool', POOLS), ('stem', STEMS), ('interpolate', (*INTERPOLATIONS, None))):
-        if getattr(self, f) not in valid:
-            raise ValueError(f'{f} must be one of {valid}; got {getattr(self, f)!r}')
-    if self.stem == 'hybrid' and self.patch_size & (self.patch_size - 1):
-        raise ValueError(
-            "stem='hybrid' halves the image: patch_size (its total stride) must be 1, 2, 4, 8, …; "
-            f"got {self.patch_size}"
-        )
-    for side, v in zip(('height', 'width'), self.image_size):
-        if v % self.patch_size:
-            raise ValueError(
-                f'image_size {self.image_size}: the {side} {v} is not a multiple of '
-                f'patch_size={self.patch_size}; use {_multiples(v, self.patch_size)}'
-            )
-    spec = get_encoding(self.pe, 'image')
-    try:
-        with (
-            memory_check(
-                (
-                    f'the position encoding {self.pe!r} of a {self.grid[0]}×{self.grid[1]} patch grid '
-                    f'with d_model={self.d_model}'
-                ),
-                'use a smaller d_model or image_size, or a larger patch_size',
-            ),
-            torch.random.fork_rng(devices=[]),
-        ):
-            enc = spec.factory(self)
-    except TypeError as e:
-        taken = re.search(r"multiple values for argument '(\w+)'", str(e))  # an argument the model passes
-        if taken:
-            raise ValueError(
-                f'pe_kwargs cannot set {taken[1]!r}: pe={self.pe!r} takes it from the model (d_model='
-                f'{self.d_model}, n_heads={self.n_heads}, n_layers={self.n_layers}, pool={self.pool!r})'
-            ) from None
-        err = _pe_kwargs_error(spec, self, e)
-        if err is None:
-            raise
-        raise err from None
-    _check_built(spec, enc)
-
-
-ViTConfig.to_json = _config_to_json
-ViTConfig.from_dict = classmethod(_config_from_dict)
 
 # %% ../nbs/09_vit.ipynb #55fc6643
 class ViTLayer(EncoderLayer):
@@ -743,29 +618,110 @@ class ViT(nn.Module):
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
 
+    def features(self, pixel_values: torch.Tensor, output_attentions: bool = False) -> dict:
+        """`hidden_states` `(b, n, D)` after the final LN, `pooled` `(b, D)`, `attentions` (a list of `(b, h,
+        n, n)`, manual path) or None, `grid`."""
+        grid = _check_pixels(self, pixel_values)  # the forward is the boundary: see Input checks
+        # (b, N, D), patches in reading order
+        x = self.stem(pixel_values).flatten(2).transpose(1, 2)
+        if self.cls_token is not None:
+            x = torch.cat([self.cls_token.expand(len(x), -1, -1), x], 1)  # (b, n, D)
+        p = self.pe.embed_grid(grid, self.cfg.interpolate, self.cfg.antialias)  # (1, n, D) or None
+        x = self.drop(x if p is None else x + p.to(device=x.device, dtype=x.dtype))  # eq. 1
+        pos = default_positions(x.shape[1], x.device)
+        # once per forward, for all layers
+        ctx = self.pe.prepare(pos, pos, grid=grid)
+        attentions = []
+        for layer in self.layers:
+            x, probs = layer(x, None, self.pe, ctx, return_probs=output_attentions)
+            attentions.append(probs)
+        x = self.norm(x)  # eq. 4's LN
+        pooled = x[:, 0] if self.cls_token is not None else x.mean(1)  # (b, D)
+        return {
+            'hidden_states': x,
+            'pooled': pooled,
+            'attentions': attentions if output_attentions else None,
+            'grid': grid,
+        }
+
+    def forward(
+        self,
+        pixel_values: torch.Tensor,  # `(b, C, H, W)` float, model's dtype; H, W multiples of the patch size
+    ) -> torch.Tensor:  # logits `(b, n_classes)`
+        """Class logits; other image sizes than `cfg.image_size` interpolate a learned table with
+        `cfg.interpolate`."""
+        return self.head(self.features(pixel_values)['pooled'])
+
+# %% ../nbs/09_vit.ipynb #929dfeb8
+#| code-fold: true
+def _multiples(n, p):
+    return ' or '.join(str(m) for m in (n // p * p, n // p * p + p) if m > 0)
+
+
+def _check_vit_config(self):
+    """`ValueError` naming the first bad field of `ViTConfig` `self` and the valid values; an int `image_size`
+    is made square."""
+    s = (self.image_size,) * 2 if is_int(self.image_size) else self.image_size
+    if not (isinstance(s, (tuple, list)) and len(s) == 2 and all(is_int(v) and v > 0 for v in s)):
+        raise ValueError(f'image_size must be a positive integer or an (H, W) pair of them; got {s!r}')
+    self.image_size = tuple(s)
+    sizes = ('patch_size', 'in_chans', 'n_classes', 'd_model', 'n_layers', 'n_heads', 'd_ff', 'stem_width')
+    check_sizes(**{f: getattr(self, f) for f in sizes})
+    check_field_types(self)
+    if not 0 <= self.dropout < 1:
+        raise ValueError(f'dropout must be in [0, 1); got {self.dropout}')
+    if self.d_model % self.n_heads:
+        raise ValueError(f'd_model={self.d_model} must be divisible by n_heads={self.n_heads}')
+    for f, valid in (('pool', POOLS), ('stem', STEMS), ('interpolate', (*INTERPOLATIONS, None))):
+        if getattr(self, f) not in valid:
+            raise ValueError(f'{f} must be one of {valid}; got {getattr(self, f)!r}')
+    if self.stem == 'hybrid':
+        _check_stride(self.patch_size, "patch_size (the stride of stem='hybrid')")
+    for side, v in zip(('height', 'width'), self.image_size):
+        if v % self.patch_size:
+            raise ValueError(
+                f'image_size {self.image_size}: the {side} {v} is not a multiple of '
+                f'patch_size={self.patch_size}; use {_multiples(v, self.patch_size)}'
+            )
+    spec = get_encoding(self.pe, 'image')
+    what = f'the position encoding {self.pe!r} of a {self.grid[0]}×{self.grid[1]} patch grid with '
+    what += f'd_model={self.d_model}'
+    try:
+        with (
+            memory_check(what, 'use a smaller d_model or image_size, or a larger patch_size'),
+            torch.random.fork_rng(devices=[]),
+        ):
+            enc = spec.factory(self)
+    except TypeError as e:
+        taken = re.search(r"multiple values for argument '(\w+)'", str(e))  # an argument the model passes
+        err = (
+            _pe_kwargs_error(spec, self, e)
+            if taken is None
+            else ValueError(
+                f'pe_kwargs cannot set {taken[1]!r}: pe={self.pe!r} takes it from the model (d_model='
+                f'{self.d_model}, n_heads={self.n_heads}, n_layers={self.n_layers}, pool={self.pool!r})'
+            )
+        )
+        if err is None:
+            raise
+        raise err from None
+    _check_built(spec, enc)
+
 # %% ../nbs/09_vit.ipynb #ae082486
+#| code-fold: true
 def _check_pixels(model, x):
     "The patch grid of `x`, or a `ValueError` saying what is wrong with it and what to do."
-    cfg, s = model.cfg, model.stem.reduction
+    cfg, s, w = model.cfg, model.stem.reduction, model.head.weight
     if not isinstance(x, torch.Tensor) or x.ndim != 4:
-        hint = (
-            ' (one image? add the batch dimension: x[None])'
-            if isinstance(x, torch.Tensor) and x.ndim == 3
-            else ''
-        )
+        hint = ' (one image? add the batch dimension: x[None])' if getattr(x, 'ndim', 0) == 3 else ''
         raise ValueError(f'pixel_values must be a float tensor of shape (b, C, H, W); got {_desc(x)}{hint}')
-    w = model.head.weight
     if not x.dtype.is_floating_point:
         raise ValueError(
             f'pixel_values must be floating point; got {x.dtype} (convert images first, e.g. x.float() / 255)'
         )
-    if x.dtype != w.dtype:
+    if x.dtype != w.dtype or x.device != w.device:
         raise ValueError(
-            f'pixel_values are {x.dtype} but the model is {w.dtype}: convert one, e.g. x.to({w.dtype})'
-        )
-    if x.device != w.device:
-        raise ValueError(
-            f'pixel_values are on {x.device} but the model is on {w.device}: move one to the other'
+            f'pixel_values are {x.dtype} on {x.device} but the model is {w.dtype} on {w.device}: convert one'
         )
     if x.shape[1] != cfg.in_chans:
         raise ValueError(
@@ -775,59 +731,18 @@ def _check_pixels(model, x):
     for side, v in zip(('height', 'width'), x.shape[2:]):
         if v % s or not v:
             raise ValueError(
-                f'image {side} {v} is not a multiple of the patch size {s}: use {_multiples(v, s)} '
-                'pixels (resize, crop or pad)'
+                f'image {side} {v} is not a multiple of the patch size {s}: use {_multiples(v, s)} pixels '
+                '(resize, crop or pad)'
             )
     grid, tg = (x.shape[2] // s, x.shape[3] // s), model.pe.table_grid
     if tg is not None and grid != tg and cfg.interpolate is None:
         raise ValueError(
-            f'{x.shape[2]}×{x.shape[3]} images give a {grid[0]}×{grid[1]} patch grid, but the '
-            f'position table is for {tg[0]}×{tg[1]} '
-            f"({tg[0] * s}×{tg[1] * s} pixels) and interpolate=None: set "
-            "ViTConfig(interpolate='bicubic') or 'bilinear' to "
-            'interpolate on the fly, or resize the table once with resize_pos_embed_(model, '
-            f'({x.shape[2]}, {x.shape[3]})) '
-            f'(interpolate_pos_embed for a bare table)'
+            f'{x.shape[2]}×{x.shape[3]} images give a {grid[0]}×{grid[1]} patch grid, but the position '
+            f"table is for {tg[0]}×{tg[1]} and interpolate=None: set ViTConfig(interpolate='bicubic') or "
+            f"'bilinear', or resize the table once with "
+            f'resize_pos_embed_(model, ({x.shape[2]}, {x.shape[3]}))'
         )
     return grid
-
-# %% ../nbs/09_vit.ipynb #def1ac82
-@patch
-def features(self: ViT, pixel_values: torch.Tensor, output_attentions: bool = False) -> dict:
-    """`hidden_states` `(b, n, D)` after the final LN, `pooled` `(b, D)`, `attentions` (a list of `(b, h, n,
-    n)`, manual path) or None, `grid`."""
-    grid = _check_pixels(self, pixel_values)
-    # (b, N, D), patches in reading order
-    x = self.stem(pixel_values).flatten(2).transpose(1, 2)
-    if self.cls_token is not None:
-        x = torch.cat([self.cls_token.expand(len(x), -1, -1), x], 1)  # (b, n, D)
-    p = self.pe.embed_grid(grid, self.cfg.interpolate, self.cfg.antialias)  # (1, n, D) or None
-    x = self.drop(x if p is None else x + p.to(device=x.device, dtype=x.dtype))  # eq. 1
-    pos = default_positions(x.shape[1], x.device)
-    # once per forward, for all layers
-    ctx = self.pe.prepare(pos, pos, grid=grid)
-    attentions = []
-    for layer in self.layers:
-        x, probs = layer(x, None, self.pe, ctx, return_probs=output_attentions)
-        attentions.append(probs)
-    x = self.norm(x)  # eq. 4's LN
-    pooled = x[:, 0] if self.cls_token is not None else x.mean(1)  # (b, D)
-    return {
-        'hidden_states': x,
-        'pooled': pooled,
-        'attentions': attentions if output_attentions else None,
-        'grid': grid,
-    }
-
-
-@patch
-def forward(
-    self: ViT,
-    pixel_values: torch.Tensor,  # `(b, C, H, W)` float, model's dtype; H, W multiples of the patch size
-) -> torch.Tensor:  # logits `(b, n_classes)`
-    """Class logits; other image sizes than `cfg.image_size` interpolate a learned table with
-    `cfg.interpolate`."""
-    return self.head(self.features(pixel_values)['pooled'])
 
 # %% ../nbs/09_vit.ipynb #ced24dd4
 def resize_pos_embed_(
@@ -881,8 +796,8 @@ def plot_pos_similarity(
     t = t.reshape(-1, t.shape[-1])[num_prefix_tokens:]  # (N, D)
     if len(t) != gh * gw:
         raise ValueError(
-            f'pos_embed has {len(t)} patch rows after {num_prefix_tokens} prefix rows; grid '
-            f'{gh}×{gw} needs {gh * gw}'
+            f'pos_embed has {len(t)} patch rows after {num_prefix_tokens} prefix rows; '
+            f'grid {gh}×{gw} needs {gh * gw}'
         )
     t = F.normalize(t, dim=-1)
     sim = (t @ t.T).reshape(gh, gw, gh, gw)  # [r, c] -> (gh, gw) map
