@@ -679,6 +679,84 @@ d = {
                 'posenc_lit/deberta.py',
             ),
         },
+        'posenc_lit.deberta_model': {
+            'posenc_lit.deberta_model.ConvLayer': (
+                'deberta_model.html#convlayer',
+                'posenc_lit/deberta_model.py',
+            ),
+            'posenc_lit.deberta_model.ConvLayer.__init__': (
+                'deberta_model.html#convlayer.__init__',
+                'posenc_lit/deberta_model.py',
+            ),
+            'posenc_lit.deberta_model.ConvLayer.forward': (
+                'deberta_model.html#convlayer.forward',
+                'posenc_lit/deberta_model.py',
+            ),
+            'posenc_lit.deberta_model.DebertaEncoder': (
+                'deberta_model.html#debertaencoder',
+                'posenc_lit/deberta_model.py',
+            ),
+            'posenc_lit.deberta_model.DebertaEncoder.__init__': (
+                'deberta_model.html#debertaencoder.__init__',
+                'posenc_lit/deberta_model.py',
+            ),
+            'posenc_lit.deberta_model.DebertaEncoder.after_layer': (
+                'deberta_model.html#debertaencoder.after_layer',
+                'posenc_lit/deberta_model.py',
+            ),
+            'posenc_lit.deberta_model.DebertaEncoder.check_config': (
+                'deberta_model.html#debertaencoder.check_config',
+                'posenc_lit/deberta_model.py',
+            ),
+            'posenc_lit.deberta_model.DebertaEncoder.wants': (
+                'deberta_model.html#debertaencoder.wants',
+                'posenc_lit/deberta_model.py',
+            ),
+            'posenc_lit.deberta_model.DebertaForMLM': (
+                'deberta_model.html#debertaformlm',
+                'posenc_lit/deberta_model.py',
+            ),
+            'posenc_lit.deberta_model.DebertaForMLM.add_parts': (
+                'deberta_model.html#debertaformlm.add_parts',
+                'posenc_lit/deberta_model.py',
+            ),
+            'posenc_lit.deberta_model.DebertaForMLM.check_config': (
+                'deberta_model.html#debertaformlm.check_config',
+                'posenc_lit/deberta_model.py',
+            ),
+            'posenc_lit.deberta_model.DebertaForMLM.encode': (
+                'deberta_model.html#debertaformlm.encode',
+                'posenc_lit/deberta_model.py',
+            ),
+            'posenc_lit.deberta_model.DebertaForMLM.wants': (
+                'deberta_model.html#debertaformlm.wants',
+                'posenc_lit/deberta_model.py',
+            ),
+            'posenc_lit.deberta_model.EnhancedMaskDecoder': (
+                'deberta_model.html#enhancedmaskdecoder',
+                'posenc_lit/deberta_model.py',
+            ),
+            'posenc_lit.deberta_model.EnhancedMaskDecoder.__init__': (
+                'deberta_model.html#enhancedmaskdecoder.__init__',
+                'posenc_lit/deberta_model.py',
+            ),
+            'posenc_lit.deberta_model.EnhancedMaskDecoder.forward': (
+                'deberta_model.html#enhancedmaskdecoder.forward',
+                'posenc_lit/deberta_model.py',
+            ),
+            'posenc_lit.deberta_model._check_conv': (
+                'deberta_model.html#_check_conv',
+                'posenc_lit/deberta_model.py',
+            ),
+            'posenc_lit.deberta_model._check_emd': (
+                'deberta_model.html#_check_emd',
+                'posenc_lit/deberta_model.py',
+            ),
+            'posenc_lit.deberta_model._check_emd_call': (
+                'deberta_model.html#_check_emd_call',
+                'posenc_lit/deberta_model.py',
+            ),
+        },
         'posenc_lit.decoder_study': {
             'posenc_lit.decoder_study.CausalProbeConfig': (
                 'decoder_study.html#causalprobeconfig',
@@ -1116,15 +1194,13 @@ d = {
         },
         'posenc_lit.model': {
             'posenc_lit.model.CheckpointError': ('model.html#checkpointerror', 'posenc_lit/model.py'),
-            'posenc_lit.model.ConvLayer': ('model.html#convlayer', 'posenc_lit/model.py'),
-            'posenc_lit.model.ConvLayer.__init__': ('model.html#convlayer.__init__', 'posenc_lit/model.py'),
-            'posenc_lit.model.ConvLayer.forward': ('model.html#convlayer.forward', 'posenc_lit/model.py'),
             'posenc_lit.model.Embeddings': ('model.html#embeddings', 'posenc_lit/model.py'),
             'posenc_lit.model.Embeddings.__init__': ('model.html#embeddings.__init__', 'posenc_lit/model.py'),
             'posenc_lit.model.Embeddings.forward': ('model.html#embeddings.forward', 'posenc_lit/model.py'),
             'posenc_lit.model.Embeddings.parts': ('model.html#embeddings.parts', 'posenc_lit/model.py'),
             'posenc_lit.model.Encoder': ('model.html#encoder', 'posenc_lit/model.py'),
             'posenc_lit.model.Encoder.__init__': ('model.html#encoder.__init__', 'posenc_lit/model.py'),
+            'posenc_lit.model.Encoder.after_layer': ('model.html#encoder.after_layer', 'posenc_lit/model.py'),
             'posenc_lit.model.Encoder.forward': ('model.html#encoder.forward', 'posenc_lit/model.py'),
             'posenc_lit.model.Encoder.positions': ('model.html#encoder.positions', 'posenc_lit/model.py'),
             'posenc_lit.model.EncoderForMLM': ('model.html#encoderformlm', 'posenc_lit/model.py'),
@@ -1134,6 +1210,14 @@ d = {
             ),
             'posenc_lit.model.EncoderForMLM._init_weights': (
                 'model.html#encoderformlm._init_weights',
+                'posenc_lit/model.py',
+            ),
+            'posenc_lit.model.EncoderForMLM.add_parts': (
+                'model.html#encoderformlm.add_parts',
+                'posenc_lit/model.py',
+            ),
+            'posenc_lit.model.EncoderForMLM.encode': (
+                'model.html#encoderformlm.encode',
                 'posenc_lit/model.py',
             ),
             'posenc_lit.model.EncoderForMLM.forward': (
@@ -1153,20 +1237,22 @@ d = {
                 'model.html#encoderlayer.forward',
                 'posenc_lit/model.py',
             ),
-            'posenc_lit.model.EnhancedMaskDecoder': ('model.html#enhancedmaskdecoder', 'posenc_lit/model.py'),
-            'posenc_lit.model.EnhancedMaskDecoder.__init__': (
-                'model.html#enhancedmaskdecoder.__init__',
-                'posenc_lit/model.py',
-            ),
-            'posenc_lit.model.EnhancedMaskDecoder.forward': (
-                'model.html#enhancedmaskdecoder.forward',
-                'posenc_lit/model.py',
-            ),
             'posenc_lit.model.ModelConfig': ('model.html#modelconfig', 'posenc_lit/model.py'),
             'posenc_lit.model.ModelConfig.__post_init__': (
                 'model.html#modelconfig.__post_init__',
                 'posenc_lit/model.py',
             ),
+            'posenc_lit.model._ByConfig': ('model.html#_byconfig', 'posenc_lit/model.py'),
+            'posenc_lit.model._ByConfig.__init_subclass__': (
+                'model.html#_byconfig.__init_subclass__',
+                'posenc_lit/model.py',
+            ),
+            'posenc_lit.model._ByConfig.__new__': ('model.html#_byconfig.__new__', 'posenc_lit/model.py'),
+            'posenc_lit.model._ByConfig.check_config': (
+                'model.html#_byconfig.check_config',
+                'posenc_lit/model.py',
+            ),
+            'posenc_lit.model._ByConfig.wants': ('model.html#_byconfig.wants', 'posenc_lit/model.py'),
             'posenc_lit.model._check_built': ('model.html#_check_built', 'posenc_lit/model.py'),
             'posenc_lit.model._check_ids': ('model.html#_check_ids', 'posenc_lit/model.py'),
             'posenc_lit.model._check_inputs': ('model.html#_check_inputs', 'posenc_lit/model.py'),

@@ -327,3 +327,7 @@ def _deberta(cfg):
         **cfg.pe_kwargs,
     }
     return DebertaRelative(cfg.d_model, cfg.n_heads, cfg.n_layers, **kw)
+
+# %% ../nbs/06_deberta.ipynb #d6b00001
+# DeBERTa's parts outside attention (06a_deberta_model): `Encoder(cfg)`, `EncoderForMLM(cfg)` build them when asked
+from . import deberta_model

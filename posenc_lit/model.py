@@ -11,7 +11,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from safetensors.torch import save_file, load_file
-from fastcore.basics import patch
 from .core import *
 from .checks import *
 from .files import atomic_write
@@ -19,10 +18,10 @@ from .attention import *
 from .absolute import four_terms
 
 # %% auto #0
-__all__ = ['check_field_types', 'ModelConfig', 'Embeddings', 'EncoderLayer', 'ConvLayer', 'build_encoding',
-           'mask_positions', 'Encoder', 'EnhancedMaskDecoder', 'EncoderForMLM', 'padding_invariance_error',
-           'CheckpointError', 'check_weight_dtypes', 'check_state_dict', 'read_weights', 'save_model',
-           'load_config', 'load_weights', 'load_model', 'four_term_scores', 'count_parameters']
+__all__ = ['check_field_types', 'ModelConfig', 'Embeddings', 'EncoderLayer', 'build_encoding',
+           'mask_positions', 'Encoder', 'EncoderForMLM', 'padding_invariance_error', 'CheckpointError',
+           'check_weight_dtypes', 'check_state_dict', 'read_weights', 'save_model', 'load_config',
+           'load_weights', 'load_model', 'four_term_scores', 'count_parameters']
 
 # %% ../nbs/10_model.ipynb #14ec465d
 _KINDS = {
@@ -139,8 +138,28 @@ def _relative_names(cfg) -> list[str]:
     return [n for n, spec in list_encodings().items() if spec.kind in ('score', 'qk') and relative(n, spec)]
 
 
-# DeBERTa-v2's conv_act values: transformers' default, xlarge's
-_CONV_ACTS = {'tanh': torch.tanh, 'gelu': F.gelu}
+class _ByConfig:
+    """`Cls(cfg)` builds the subclass of `Cls` whose `wants(cfg)` is true (the one defined last, if several), else
+    `Cls`: a model family's parts outside attention (DeBERTa's, 06a_deberta_model) come with the config that asks
+    for them."""
+
+    classes: list = []  # every class built this way: ModelConfig runs their `check_config`
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        _ByConfig.classes.append(cls)
+
+    @classmethod
+    def wants(cls, cfg) -> bool:  # a subclass: whether `cfg` asks for its parts
+        return False
+
+    @classmethod
+    def check_config(cls, cfg) -> None:  # a subclass: `ValueError` for the options of its parts in `cfg`
+        pass
+
+    def __new__(cls, cfg=None, *args, **kwargs):  # no cfg when unpickled or copied: `cls` itself
+        subs = [s for s in reversed(cls.__subclasses__()) if cfg is not None and s.wants(cfg)]
+        return super().__new__(subs[0] if subs else cls)
 
 
 @dataclass
@@ -162,7 +181,7 @@ class ModelConfig:
     pad_token_id: int = 0
     initializer_range: float = 0.02
     fast_attention: bool = True  # SDPA path; False: the manual path
-    # Enhanced Mask Decoder passes of the last layer for the MLM head (DeBERTa: 2); 0 = off
+    # DeBERTa's Enhanced Mask Decoder passes of the last layer for the MLM head (2); 0 = off (06a_deberta_model)
     emd_steps: int = 0
     # a second, relative encoding on top of `pe` (Huang et al. 2020, §4.3 drop-in); '' = none
     add_relative: str = ''
@@ -197,23 +216,6 @@ class ModelConfig:
         for f in ('dropout', 'attn_dropout'):
             if not 0 <= getattr(self, f) < 1:
                 raise ValueError(f'{f} must be in [0, 1); got {getattr(self, f)}')
-        if self.emd_steps < 0:
-            raise ValueError(
-                'emd_steps must be an integer ≥ 0 (0: no Enhanced Mask Decoder; DeBERTa uses 2); '
-                f'got {self.emd_steps!r}'
-            )
-        k = self.conv_kernel_size
-        if k < 0 or k % 2 == 0 and k > 0:
-            raise ValueError(
-                f'conv_kernel_size must be 0 (no convolution) or odd, which keeps the length n '
-                f'(DeBERTa-v2 xlarge: 3); got {k}'
-            )
-        if self.conv_groups < 1 or self.d_model % self.conv_groups:
-            raise ValueError(
-                f'conv_groups must be a positive divisor of d_model={self.d_model}; got {self.conv_groups}'
-            )
-        if self.conv_act not in _CONV_ACTS:
-            raise ValueError(f'conv_act must be one of {list(_CONV_ACTS)}; got {self.conv_act!r}')
         spec = get_encoding(self.pe)  # unknown names fail here, listing the valid ones
         # so do options the encoding does not accept (built once, RNG left untouched)
         try:
@@ -233,6 +235,10 @@ class ModelConfig:
                 raise
             raise err from None
         _check_built(spec, enc)
+        for (
+            cls
+        ) in _ByConfig.classes:  # the options of a model family's own parts (DeBERTa's: 06a_deberta_model)
+            cls.check_config(self)
         if self.add_relative:
             if not isinstance(self.add_relative_kwargs, dict):
                 raise ValueError(f'add_relative_kwargs must be a dict; got {self.add_relative_kwargs!r}')
@@ -330,31 +336,6 @@ class EncoderLayer(nn.Module):
         x = self.attn_ln(x + self.drop(a))  # (b, n, D)
         x = self.ffn_ln(x + self.drop(self.ffn(x)))  # (b, n, D)
         return x, probs
-
-# %% ../nbs/10_model.ipynb #540bef6c
-class ConvLayer(nn.Module):
-    """DeBERTa-v2's convolution beside the first layer: `m · LN(h + σ(m · conv(m · e)))`, `(b, n, D)`
-    (equation above)."""
-
-    def __init__(self, cfg: ModelConfig):  # `conv_kernel_size` (odd), `conv_groups`, `conv_act` of `cfg`
-        super().__init__()
-        k = cfg.conv_kernel_size
-        self.conv = nn.Conv1d(cfg.d_model, cfg.d_model, k, padding=k // 2, groups=cfg.conv_groups)  # keeps n
-        self.act = _CONV_ACTS[cfg.conv_act]
-        self.ln = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
-        self.drop = nn.Dropout(cfg.dropout)
-
-    def forward(
-        self,
-        e: torch.Tensor,  # `(b, n, D)` the embeddings: the first layer's input E
-        h: torch.Tensor,  # `(b, n, D)` the first layer's output H¹
-        # `(b, n, 1)` 1 = real token, 0 = padding, in e's dtype; None: all real
-        real: torch.Tensor | None = None,
-    ) -> torch.Tensor:  # `(b, n, D)` H̃¹, zero at padding
-        m = 1.0 if real is None else real
-        # (b, n, D): padding neither read nor written
-        c = self.conv((e * m).transpose(1, 2)).transpose(1, 2) * m
-        return self.ln(h + self.act(self.drop(c))) * m  # (b, n, D)
 
 # %% ../nbs/10_model.ipynb #19328af6
 def _desc(t):
@@ -467,7 +448,20 @@ def _check_loaded_weights(module, state_dict, prefix, *args):  # a `load_state_d
     )
 
 
-class Encoder(nn.Module):
+# a forward pass too large for memory: a clear error (an outer check, e.g. a training step's, speaks first)
+def _forward_memory_check(input_ids):
+    # malformed inputs are named later
+    shape = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else ()
+    device = input_ids.device.type if isinstance(input_ids, torch.Tensor) else 'cpu'
+    return memory_check(
+        f'a forward pass over a (b, n) = {shape} batch of token ids',
+        'use shorter sequences or fewer of them per batch',
+        device,
+    )
+
+
+# %% ../nbs/10_model.ipynb #c1d2e3f4
+class Encoder(_ByConfig, nn.Module):
     """BERT-style encoder; `forward` returns `{'hidden_states': (b, n, D), 'attentions': [(b, h, n, n)] or
     None}`."""
 
@@ -477,8 +471,6 @@ class Encoder(nn.Module):
         self.pe = build_encoding(cfg)
         self.embeddings = Embeddings(cfg)
         self.layers = nn.ModuleList(EncoderLayer(cfg, l) for l in range(cfg.n_layers))
-        # DeBERTa-v2 xlarge: beside the first layer
-        self.conv = ConvLayer(cfg) if cfg.conv_kernel_size else None
         self.register_load_state_dict_pre_hook(_check_loaded_weights)  # every load checked, by any caller
 
     def positions(
@@ -496,99 +488,63 @@ class Encoder(nn.Module):
             pos = default_positions(input_ids.shape[1], input_ids.device)
         return pos[None] if pos.ndim == 1 else pos  # (b|1, n)
 
-# %% ../nbs/10_model.ipynb #ed7b4c2b
-from fastcore.basics import patch
+    def after_layer(self, l: int, x, e, attention_mask):
+        "The states `x` `(b, n, D)` after layer `l`, as the next layer reads them (`e`: the embeddings)."
+        return x
 
-# %% ../nbs/10_model.ipynb #465adb03
-# a forward pass too large for memory: a clear error (an outer check, e.g. a training step's, speaks first)
-def _forward_memory_check(input_ids):
-    # malformed inputs are named later
-    shape = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else ()
-    device = input_ids.device.type if isinstance(input_ids, torch.Tensor) else 'cpu'
-    return memory_check(
-        f'a forward pass over a (b, n) = {shape} batch of token ids',
-        'use shorter sequences or fewer of them per batch',
-        device,
-    )
-
-
-@patch
-def forward(
-    self: Encoder,
-    input_ids: torch.Tensor,  # token ids `(b, n)`, integer
-    attention_mask: torch.Tensor | None = None,  # `(b, n)`, bool or 0/1; True/1 = real token
-    # `(b, n)`, `(1, n)` or `(n,)`, 0-based; default `mask_positions(attention_mask)`, or `0 … n-1`
-    position_ids: torch.Tensor | None = None,
-    # `(b, n)` segment ids; all 0 (ignored) if `type_vocab_size=0`
-    token_type_ids: torch.Tensor | None = None,
-    output_attentions: bool = False,  # also return each layer's probabilities (manual path)
-    n_layers: int | None = None,  # run only the first `n_layers` layers (the Enhanced Mask Decoder)
-):
-    """Encode `input_ids`; `ValueError` for malformed inputs, `PositionRangeError` for positions outside a
-    learned table or of size ≥ 2**62, `MemoryLimitError` if the pass does not fit in memory. Also returns
-    `pos`, `mask`, `ctx`.
-    """
-    input_ids, position_ids, token_type_ids = _check_inputs(
-        input_ids, attention_mask, position_ids, token_type_ids
-    )
-    dev = self.embeddings.word.weight.device
-    if input_ids.device != dev:
-        raise ValueError(
-            f'input_ids are on device {input_ids.device} but the model is on {dev}: move one to the other'
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # token ids `(b, n)`, integer
+        attention_mask: torch.Tensor | None = None,  # `(b, n)`, bool or 0/1; True/1 = real token
+        # `(b, n)`, `(1, n)` or `(n,)`, 0-based; default `mask_positions(attention_mask)`, or `0 … n-1`
+        position_ids: torch.Tensor | None = None,
+        # `(b, n)` segment ids; all 0 (ignored) if `type_vocab_size=0`
+        token_type_ids: torch.Tensor | None = None,
+        output_attentions: bool = False,  # also return each layer's probabilities (manual path)
+        n_layers: int | None = None,  # run only the first `n_layers` layers (e.g. under a decoder on top)
+    ):
+        """Encode `input_ids`; `ValueError` for malformed inputs, `PositionRangeError` for positions outside a
+        learned table or of size ≥ 2**62, `MemoryLimitError` if the pass does not fit in memory. Also returns
+        `pos`, `mask`, `ctx`.
+        """
+        input_ids, position_ids, token_type_ids = _check_inputs(
+            input_ids, attention_mask, position_ids, token_type_ids
         )
-    _check_ids(input_ids, self.cfg.vocab_size, 'input_ids', 'vocab_size')
-    token_type_ids = _segment_ids(token_type_ids, self.cfg.type_vocab_size)
-    if n_layers is not None and (not is_int(n_layers) or not 0 <= n_layers <= len(self.layers)):
-        raise ValueError(
-            f'n_layers must be an integer in 0..{len(self.layers)} (the layers to run); got {n_layers!r}'
-        )
-    # value checks read tensors: not in a traced or exported graph
-    if position_ids is not None and not is_tracing():
-        # |p| < 2**62: the distances j - i of every encoding fit in int64
-        check_position_limit(position_ids)
-    with _forward_memory_check(input_ids):
-        pos = self.positions(input_ids, position_ids, attention_mask)  # (b|1, n)
-        mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]  # (b, 1, 1, j)
-        # once per forward, shared by all layers; key_mask (b, j): the real tokens
-        ctx = self.pe.prepare(pos, pos, key_mask=None if mask is None else mask[:, 0, 0])
-        x = self.embeddings(input_ids, pos, self.pe, token_type_ids)  # (b, n, D)
-        # read by the convolution
-        e = x
-        attentions = [] if output_attentions else None
-        for l, layer in enumerate(self.layers[:n_layers]):
-            x, probs = layer(x, mask, self.pe, ctx, return_probs=output_attentions)
-            if l == 0 and self.conv is not None:
-                # (b, n, 1)
-                real = None if attention_mask is None else attention_mask.bool()[:, :, None].to(x.dtype)
-                x = self.conv(e, x, real)  # (b, n, D)
-            if output_attentions:
-                attentions.append(probs)
-    return {'hidden_states': x, 'attentions': attentions, 'pos': pos, 'mask': mask, 'ctx': ctx}
+        dev = self.embeddings.word.weight.device
+        if input_ids.device != dev:
+            raise ValueError(
+                f'input_ids are on device {input_ids.device} but the model is on {dev}: move one to the other'
+            )
+        _check_ids(input_ids, self.cfg.vocab_size, 'input_ids', 'vocab_size')
+        token_type_ids = _segment_ids(token_type_ids, self.cfg.type_vocab_size)
+        if n_layers is not None and (not is_int(n_layers) or not 0 <= n_layers <= len(self.layers)):
+            raise ValueError(
+                f'n_layers must be an integer in 0..{len(self.layers)} (the layers to run); got {n_layers!r}'
+            )
+        # value checks read tensors: not in a traced or exported graph
+        if position_ids is not None and not is_tracing():
+            # |p| < 2**62: the distances j - i of every encoding fit in int64
+            check_position_limit(position_ids)
+        with _forward_memory_check(input_ids):
+            pos = self.positions(input_ids, position_ids, attention_mask)  # (b|1, n)
+            mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]  # (b, 1, 1, j)
+            # once per forward, shared by all layers; key_mask (b, j): the real tokens
+            ctx = self.pe.prepare(pos, pos, key_mask=None if mask is None else mask[:, 0, 0])
+            x = e = self.embeddings(input_ids, pos, self.pe, token_type_ids)  # (b, n, D)
+            attentions = [] if output_attentions else None
+            for l, layer in enumerate(self.layers[:n_layers]):
+                x, probs = layer(x, mask, self.pe, ctx, return_probs=output_attentions)
+                x = self.after_layer(l, x, e, attention_mask)  # (b, n, D)
+                if output_attentions:
+                    attentions.append(probs)
+        return {'hidden_states': x, 'attentions': attentions, 'pos': pos, 'mask': mask, 'ctx': ctx}
 
-# %% ../nbs/10_model.ipynb #ef84e02f
-class EnhancedMaskDecoder(nn.Module):
-    """DeBERTa's Enhanced Mask Decoder (He et al. 2021, §3.3; the reference code's `EnhancedMaskDecoder`): the
-    last layer re-run with queries H + z."""
-
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.steps, self.max_len = cfg.emd_steps, cfg.max_position_embeddings
-        self.pos = nn.Embedding(cfg.max_position_embeddings, cfg.d_model)  # z: absolute positions
-
-    def forward(self, layer: EncoderLayer, h, pos, mask, pe, ctx):  # h: (b, n, D), the last layer's input
-        "`(b, n, D)` states for the MLM head; `PositionRangeError` for positions outside the table."
-        check_positions(
-            pos, self.max_len, "the Enhanced Mask Decoder's absolute position table", ', or emd_steps=0'
-        )
-        q = h + self.pos(pos).to(h.dtype)  # (b, n, D): queries H + z
-        for _ in range(self.steps):
-            q = layer(q, mask, pe, ctx, kv=h)[0]  # keys and values: H
-        return q
 
 # %% ../nbs/10_model.ipynb #fc05c170
-class EncoderForMLM(nn.Module):
+class EncoderForMLM(_ByConfig, nn.Module):
     """`Encoder` + MLM head; returns `loss` (mean cross-entropy over positions with `labels != -100`) and
-    `logits`."""
+    `logits`. A model family adds a part on top of the encoder by overriding `add_parts` and `encode`
+    (DeBERTa's Enhanced Mask Decoder, 06a_deberta_model)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -597,9 +553,12 @@ class EncoderForMLM(nn.Module):
             nn.Linear(cfg.d_model, cfg.d_model), nn.GELU(), nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         )
         self.decoder_bias = nn.Parameter(torch.zeros(cfg.vocab_size))
-        self.emd = EnhancedMaskDecoder(cfg) if cfg.emd_steps else None
+        self.add_parts(cfg)
         self.apply(self._init_weights)
         self.register_load_state_dict_pre_hook(_check_loaded_weights)
+
+    def add_parts(self, cfg: ModelConfig):
+        "Modules of a model family on top of the encoder, made before the weights are initialized: none here."
 
     def _init_weights(self, m):
         if isinstance(m, (nn.Linear, nn.Embedding)):
@@ -615,50 +574,40 @@ class EncoderForMLM(nn.Module):
     def logits(self, h):  # (..., D) -> (..., V)
         return self.head(h) @ self.encoder.embeddings.word.weight.T + self.decoder_bias
 
-# %% ../nbs/10_model.ipynb #b3f734d9
-@patch
-def forward(
-    self: EncoderForMLM,
-    input_ids: torch.Tensor,  # `(b, n)` token ids (with [MASK]s)
-    labels: torch.Tensor | None = None,  # `(b, n)` original ids at masked positions, −100 elsewhere
-    **kw,  # `attention_mask`, `position_ids`, … as for Encoder
-):
-    """Dict with `hidden_states`, `attentions`, `logits` (`(b, n, V)`, or `(m, V)` at the m masked positions
-    when `labels` are given) and `loss`."""
-    if self.emd is not None and 'n_layers' in kw:
-        raise ValueError('n_layers cannot be set: the Enhanced Mask Decoder runs the last layer')
-    with _forward_memory_check(input_ids):
-        if self.emd is None:
-            out = self.encoder(input_ids, **kw)
-        else:  # the encoder without its last layer, then the decoder
-            out = self.encoder(input_ids, n_layers=self.cfg.n_layers - 1, **kw)
-            out['hidden_states'] = self.emd(
-                self.encoder.layers[-1],
-                out['hidden_states'],
-                out['pos'],
-                out['mask'],
-                self.encoder.pe,
-                out['ctx'],
+    def encode(self, input_ids, **kw) -> dict:
+        "The encoder's output, its `hidden_states` `(b, n, D)` the states the MLM head reads."
+        return self.encoder(input_ids, **kw)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # `(b, n)` token ids (with [MASK]s)
+        labels: torch.Tensor | None = None,  # `(b, n)` original ids at masked positions, −100 elsewhere
+        **kw,  # `attention_mask`, `position_ids`, … as for Encoder
+    ):
+        """Dict with `hidden_states`, `attentions`, `logits` (`(b, n, V)`, or `(m, V)` at the m masked positions
+        when `labels` are given) and `loss`."""
+        with _forward_memory_check(input_ids):
+            out = self.encode(input_ids, **kw)
+        h = out['hidden_states']
+        if labels is None:
+            return {**out, 'logits': self.logits(h), 'loss': None}
+        if not is_int_tensor(labels) or labels.shape != input_ids.shape:
+            raise ValueError(
+                f'labels must be an integer tensor with the shape of input_ids {tuple(input_ids.shape)}; '
+                f'got {_desc(labels)}'
             )
-    h = out['hidden_states']
-    if labels is None:
-        return {**out, 'logits': self.logits(h), 'loss': None}
-    if not is_int_tensor(labels) or labels.shape != input_ids.shape:
-        raise ValueError(
-            f'labels must be an integer tensor with the shape of input_ids {tuple(input_ids.shape)}; '
-            f'got {_desc(labels)}'
-        )
-    bad = (labels != -100) & ((labels < 0) | (labels >= self.cfg.vocab_size))
-    if bad.any():
-        raise ValueError(
-            f'labels must be token ids in [0, vocab_size={self.cfg.vocab_size}) or -100 (no loss); '
-            f'got {int(labels[bad][0])}'
-        )
-    with _forward_memory_check(input_ids):
-        sel = labels != -100  # (b, n)
-        logits = self.logits(h[sel])  # (m, V)
-        loss = F.cross_entropy(logits.float(), labels[sel]) if sel.any() else logits.sum() * 0.0
-    return {**out, 'logits': logits, 'loss': loss}
+        bad = (labels != -100) & ((labels < 0) | (labels >= self.cfg.vocab_size))
+        if bad.any():
+            raise ValueError(
+                f'labels must be token ids in [0, vocab_size={self.cfg.vocab_size}) or -100 (no loss); '
+                f'got {int(labels[bad][0])}'
+            )
+        with _forward_memory_check(input_ids):
+            sel = labels != -100  # (b, n)
+            logits = self.logits(h[sel])  # (m, V)
+            loss = F.cross_entropy(logits.float(), labels[sel]) if sel.any() else logits.sum() * 0.0
+        return {**out, 'logits': logits, 'loss': loss}
+
 
 # %% ../nbs/10_model.ipynb #e5dd7c51
 def padding_invariance_error(model: nn.Module, ids: torch.Tensor, n_pad: int = 3, pad_id: int = 0) -> float:
