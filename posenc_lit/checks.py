@@ -9,7 +9,8 @@ import torch
 
 # %% auto #0
 __all__ = ['POSITION_LIMIT', 'value_range', 'PositionRangeError', 'is_int', 'is_real', 'is_int_tensor',
-           'MemoryLimitError', 'memory_check', 'check_positions', 'check_position_limit', 'test_close_rel']
+           'MemoryLimitError', 'memory_check', 'check_positions', 'check_position_limit', 'test_close_rel',
+           'check_sizes', 'check_flags', 'check_finite']
 
 # %% ../nbs/00a_checks.ipynb #73316b72
 def value_range(t: torch.Tensor) -> tuple:  # any shape, non-empty, integer or float
@@ -139,3 +140,28 @@ def test_close_rel(
         torch.testing.assert_close(a.to(common), b.to(common), rtol=rtol, atol=atol)
     except AssertionError as e:
         raise AssertionError(f'{msg} {e}') from None
+
+# %% ../nbs/00a_checks.ipynb #f23231e1
+import math
+
+
+def check_sizes(least: int = 1, /, **sizes):  # name=value: counts and sizes, e.g. n_heads=4, d_model=64
+    "`ValueError` naming the first of `sizes` that is not an integer ≥ `least` (`True` and `2.0` are not)."
+    for name, v in sizes.items():
+        if not is_int(v) or v < least:
+            raise ValueError(f'{name} must be an integer ≥ {least}; got {v!r}')
+
+
+def check_flags(**flags):  # name=value: switches, e.g. bidirectional=True
+    "`ValueError` naming the first of `flags` that is not `True` or `False` (`1` and `'yes'` are not)."
+    for name, v in flags.items():
+        if not isinstance(v, bool):
+            raise ValueError(f'{name} must be true or false; got {v!r}')
+
+
+def check_finite(lo: float, /, above: bool = False, **values):  # name=value: rates, scales
+    """`ValueError` naming the first of `values` that is not a finite real number ≥ `lo` (> `lo` when
+    `above`); NaN, infinities, strings and `True` are not."""
+    for name, v in values.items():
+        if not (is_real(v) and math.isfinite(v) and (v > lo if above else v >= lo)):
+            raise ValueError(f"{name} must be a finite number {'>' if above else '≥'} {lo:g}; got {v!r}")
