@@ -661,14 +661,7 @@ d = {
                 'deberta.html#debertarelative.score_terms',
                 'posenc_lit/deberta.py',
             ),
-            'posenc_lit.deberta._check_buckets': ('deberta.html#_check_buckets', 'posenc_lit/deberta.py'),
             'posenc_lit.deberta._check_deberta': ('deberta.html#_check_deberta', 'posenc_lit/deberta.py'),
-            'posenc_lit.deberta._check_delta_args': (
-                'deberta.html#_check_delta_args',
-                'posenc_lit/deberta.py',
-            ),
-            'posenc_lit.deberta._check_rel': ('deberta.html#_check_rel', 'posenc_lit/deberta.py'),
-            'posenc_lit.deberta._check_span': ('deberta.html#_check_span', 'posenc_lit/deberta.py'),
             'posenc_lit.deberta._deberta': ('deberta.html#_deberta', 'posenc_lit/deberta.py'),
             'posenc_lit.deberta._no_shared_proj': ('deberta.html#_no_shared_proj', 'posenc_lit/deberta.py'),
             'posenc_lit.deberta._pos_att_type': ('deberta.html#_pos_att_type', 'posenc_lit/deberta.py'),
@@ -680,6 +673,84 @@ d = {
             'posenc_lit.deberta.make_log_bucket_position': (
                 'deberta.html#make_log_bucket_position',
                 'posenc_lit/deberta.py',
+            ),
+        },
+        'posenc_lit.deberta_model': {
+            'posenc_lit.deberta_model.ConvLayer': (
+                'deberta_model.html#convlayer',
+                'posenc_lit/deberta_model.py',
+            ),
+            'posenc_lit.deberta_model.ConvLayer.__init__': (
+                'deberta_model.html#convlayer.__init__',
+                'posenc_lit/deberta_model.py',
+            ),
+            'posenc_lit.deberta_model.ConvLayer.forward': (
+                'deberta_model.html#convlayer.forward',
+                'posenc_lit/deberta_model.py',
+            ),
+            'posenc_lit.deberta_model.DebertaEncoder': (
+                'deberta_model.html#debertaencoder',
+                'posenc_lit/deberta_model.py',
+            ),
+            'posenc_lit.deberta_model.DebertaEncoder.__init__': (
+                'deberta_model.html#debertaencoder.__init__',
+                'posenc_lit/deberta_model.py',
+            ),
+            'posenc_lit.deberta_model.DebertaEncoder.after_layer': (
+                'deberta_model.html#debertaencoder.after_layer',
+                'posenc_lit/deberta_model.py',
+            ),
+            'posenc_lit.deberta_model.DebertaEncoder.check_config': (
+                'deberta_model.html#debertaencoder.check_config',
+                'posenc_lit/deberta_model.py',
+            ),
+            'posenc_lit.deberta_model.DebertaEncoder.wants': (
+                'deberta_model.html#debertaencoder.wants',
+                'posenc_lit/deberta_model.py',
+            ),
+            'posenc_lit.deberta_model.DebertaForMLM': (
+                'deberta_model.html#debertaformlm',
+                'posenc_lit/deberta_model.py',
+            ),
+            'posenc_lit.deberta_model.DebertaForMLM.add_parts': (
+                'deberta_model.html#debertaformlm.add_parts',
+                'posenc_lit/deberta_model.py',
+            ),
+            'posenc_lit.deberta_model.DebertaForMLM.check_config': (
+                'deberta_model.html#debertaformlm.check_config',
+                'posenc_lit/deberta_model.py',
+            ),
+            'posenc_lit.deberta_model.DebertaForMLM.encode': (
+                'deberta_model.html#debertaformlm.encode',
+                'posenc_lit/deberta_model.py',
+            ),
+            'posenc_lit.deberta_model.DebertaForMLM.wants': (
+                'deberta_model.html#debertaformlm.wants',
+                'posenc_lit/deberta_model.py',
+            ),
+            'posenc_lit.deberta_model.EnhancedMaskDecoder': (
+                'deberta_model.html#enhancedmaskdecoder',
+                'posenc_lit/deberta_model.py',
+            ),
+            'posenc_lit.deberta_model.EnhancedMaskDecoder.__init__': (
+                'deberta_model.html#enhancedmaskdecoder.__init__',
+                'posenc_lit/deberta_model.py',
+            ),
+            'posenc_lit.deberta_model.EnhancedMaskDecoder.forward': (
+                'deberta_model.html#enhancedmaskdecoder.forward',
+                'posenc_lit/deberta_model.py',
+            ),
+            'posenc_lit.deberta_model._check_conv': (
+                'deberta_model.html#_check_conv',
+                'posenc_lit/deberta_model.py',
+            ),
+            'posenc_lit.deberta_model._check_emd': (
+                'deberta_model.html#_check_emd',
+                'posenc_lit/deberta_model.py',
+            ),
+            'posenc_lit.deberta_model._check_emd_call': (
+                'deberta_model.html#_check_emd_call',
+                'posenc_lit/deberta_model.py',
             ),
         },
         'posenc_lit.decoder_study': {
@@ -1126,15 +1197,13 @@ d = {
         },
         'posenc_lit.model': {
             'posenc_lit.model.CheckpointError': ('model.html#checkpointerror', 'posenc_lit/model.py'),
-            'posenc_lit.model.ConvLayer': ('model.html#convlayer', 'posenc_lit/model.py'),
-            'posenc_lit.model.ConvLayer.__init__': ('model.html#convlayer.__init__', 'posenc_lit/model.py'),
-            'posenc_lit.model.ConvLayer.forward': ('model.html#convlayer.forward', 'posenc_lit/model.py'),
             'posenc_lit.model.Embeddings': ('model.html#embeddings', 'posenc_lit/model.py'),
             'posenc_lit.model.Embeddings.__init__': ('model.html#embeddings.__init__', 'posenc_lit/model.py'),
             'posenc_lit.model.Embeddings.forward': ('model.html#embeddings.forward', 'posenc_lit/model.py'),
             'posenc_lit.model.Embeddings.parts': ('model.html#embeddings.parts', 'posenc_lit/model.py'),
             'posenc_lit.model.Encoder': ('model.html#encoder', 'posenc_lit/model.py'),
             'posenc_lit.model.Encoder.__init__': ('model.html#encoder.__init__', 'posenc_lit/model.py'),
+            'posenc_lit.model.Encoder.after_layer': ('model.html#encoder.after_layer', 'posenc_lit/model.py'),
             'posenc_lit.model.Encoder.forward': ('model.html#encoder.forward', 'posenc_lit/model.py'),
             'posenc_lit.model.Encoder.positions': ('model.html#encoder.positions', 'posenc_lit/model.py'),
             'posenc_lit.model.EncoderForMLM': ('model.html#encoderformlm', 'posenc_lit/model.py'),
@@ -1144,6 +1213,14 @@ d = {
             ),
             'posenc_lit.model.EncoderForMLM._init_weights': (
                 'model.html#encoderformlm._init_weights',
+                'posenc_lit/model.py',
+            ),
+            'posenc_lit.model.EncoderForMLM.add_parts': (
+                'model.html#encoderformlm.add_parts',
+                'posenc_lit/model.py',
+            ),
+            'posenc_lit.model.EncoderForMLM.encode': (
+                'model.html#encoderformlm.encode',
                 'posenc_lit/model.py',
             ),
             'posenc_lit.model.EncoderForMLM.forward': (
@@ -1163,20 +1240,23 @@ d = {
                 'model.html#encoderlayer.forward',
                 'posenc_lit/model.py',
             ),
-            'posenc_lit.model.EnhancedMaskDecoder': ('model.html#enhancedmaskdecoder', 'posenc_lit/model.py'),
-            'posenc_lit.model.EnhancedMaskDecoder.__init__': (
-                'model.html#enhancedmaskdecoder.__init__',
-                'posenc_lit/model.py',
-            ),
-            'posenc_lit.model.EnhancedMaskDecoder.forward': (
-                'model.html#enhancedmaskdecoder.forward',
-                'posenc_lit/model.py',
-            ),
             'posenc_lit.model.ModelConfig': ('model.html#modelconfig', 'posenc_lit/model.py'),
             'posenc_lit.model.ModelConfig.__post_init__': (
                 'model.html#modelconfig.__post_init__',
                 'posenc_lit/model.py',
             ),
+            'posenc_lit.model._ByConfig': ('model.html#_byconfig', 'posenc_lit/model.py'),
+            'posenc_lit.model._ByConfig.__init_subclass__': (
+                'model.html#_byconfig.__init_subclass__',
+                'posenc_lit/model.py',
+            ),
+            'posenc_lit.model._ByConfig.__new__': ('model.html#_byconfig.__new__', 'posenc_lit/model.py'),
+            'posenc_lit.model._ByConfig.check_config': (
+                'model.html#_byconfig.check_config',
+                'posenc_lit/model.py',
+            ),
+            'posenc_lit.model._ByConfig.wants': ('model.html#_byconfig.wants', 'posenc_lit/model.py'),
+            'posenc_lit.model._built': ('model.html#_built', 'posenc_lit/model.py'),
             'posenc_lit.model._check_built': ('model.html#_check_built', 'posenc_lit/model.py'),
             'posenc_lit.model._check_ids': ('model.html#_check_ids', 'posenc_lit/model.py'),
             'posenc_lit.model._check_inputs': ('model.html#_check_inputs', 'posenc_lit/model.py'),
@@ -1184,9 +1264,12 @@ d = {
                 'model.html#_check_loaded_weights',
                 'posenc_lit/model.py',
             ),
+            'posenc_lit.model._check_relative': ('model.html#_check_relative', 'posenc_lit/model.py'),
+            'posenc_lit.model._check_tensor': ('model.html#_check_tensor', 'posenc_lit/model.py'),
             'posenc_lit.model._config_from_dict': ('model.html#_config_from_dict', 'posenc_lit/model.py'),
             'posenc_lit.model._config_to_json': ('model.html#_config_to_json', 'posenc_lit/model.py'),
             'posenc_lit.model._desc': ('model.html#_desc', 'posenc_lit/model.py'),
+            'posenc_lit.model._dtype_kind': ('model.html#_dtype_kind', 'posenc_lit/model.py'),
             'posenc_lit.model._encoding_memory_check': (
                 'model.html#_encoding_memory_check',
                 'posenc_lit/model.py',

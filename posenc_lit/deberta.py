@@ -18,7 +18,7 @@ from .relative import rel_scores, row_range, _distance_extremes
 
 # %% auto #0
 __all__ = ['POS_ATT_TYPES', 'build_relative_position', 'deberta_delta', 'make_log_bucket_position',
-           'DebertaRelative', 'DebertaContext']
+           'DebertaContext', 'DebertaRelative']
 
 # %% ../nbs/06_deberta.ipynb #2fd69ee3
 def build_relative_position(
@@ -40,48 +40,7 @@ def deberta_delta(
     k: int,  # span: the table has 2k rows
 ) -> torch.Tensor:  # rows `clamp(i - j + k, 0, 2k - 1)`, shape of `rel`
     "Row $\\delta(i,j)$ of the relative table $P$ for each distance $i-j$ (eq. 3)."
-    _check_delta_args(rel, k)
     return (rel.long() + k).clamp(0, 2 * k - 1)
-
-# %% ../nbs/06_deberta.ipynb #21b631f9
-def _check_span(k):
-    if not is_int(k) or k < 1:
-        raise ValueError(
-            f'the maximum relative distance k must be an integer ≥ 1 (the table holds 2k rows); got {k!r}'
-        )
-
-
-def _check_delta_args(rel, k):
-    _check_span(k)
-    if not is_int_tensor(rel) or rel.dtype == torch.uint8:
-        raise ValueError(
-            f'rel must be a signed integer tensor of relative positions i - j; got '
-            f'{rel.dtype if isinstance(rel, torch.Tensor) else type(rel).__name__}'
-        )
-
-# %% ../nbs/06_deberta.ipynb #a289c269
-def _check_buckets(bucket_size, max_position):
-    for name, v in (('position_buckets', bucket_size), ('max_position (the span k)', max_position)):
-        if not is_int(v):
-            raise ValueError(f'{name} must be an integer; got {v!r}')
-    if bucket_size < 2:
-        raise ValueError(f'position_buckets must be ≥ 2 (or 0 for no buckets); got {bucket_size}')
-    if bucket_size > max_position:
-        raise ValueError(
-            f'position_buckets={bucket_size} is larger than the span k={max_position}: buckets shrink a '
-            'table of 2k rows to 2·position_buckets rows; use position_buckets ≤ k, or 0 for no buckets'
-        )
-    if max_position - 1 <= bucket_size // 2:
-        raise ValueError(
-            f'k={max_position} leaves no logarithmic range above the exact distances ±{bucket_size // 2}: '
-            f'use k > {bucket_size // 2 + 1}'
-        )
-
-
-def _check_rel(rel):
-    if not is_int_tensor(rel):
-        got = rel.dtype if isinstance(rel, torch.Tensor) else type(rel).__name__
-        raise ValueError(f'rel must be an integer tensor of relative positions; got {got}')
 
 # %% ../nbs/06_deberta.ipynb #9bcd1a7d
 def make_log_bucket_position(
@@ -90,9 +49,8 @@ def make_log_bucket_position(
     max_position: int,  # L: the distance that reaches bucket ±(B-1) (the span k)
 ) -> torch.Tensor:  # bucketed positions, int64, shape of `rel`; not clamped (as HF)
     """DeBERTa-v2's log bucket of each relative position
-    (HF `make_log_bucket_position`: float32 arithmetic, no clamp at ±L)."""
-    _check_buckets(bucket_size, max_position)
-    _check_rel(rel)
+    (HF `make_log_bucket_position`: float32 arithmetic, no clamp at ±L). B ≥ 2 and L > B/2 + 1, as
+    `DebertaRelative` checks them."""
     rel, mid = rel.long(), bucket_size // 2
     log_base = torch.log(torch.tensor((max_position - 1) / mid, dtype=torch.float32))
     ratio = torch.log(rel.abs().clamp(min=mid).float() / mid) / log_base
@@ -106,101 +64,13 @@ POS_ATT_TYPES = ('c2p', 'p2c')
 
 def _pos_att_type(v):  # 'c2p|p2c' (the code's configs) or a list -> ordered tuple
     items = [s.strip().lower() for s in v.split('|')] if isinstance(v, str) else v
-    if not isinstance(items, (list, tuple)) or not all(isinstance(s, str) for s in items):
-        raise ValueError(f"pos_att_type must be a list of 'c2p', 'p2c' or a string like 'c2p|p2c'; got {v!r}")
-    if 'p2p' in items:
-        raise ValueError(
-            "pos_att_type 'p2p' is not implemented: the paper drops it and no released model uses "
-            "it; use c2p and/or p2c"
-        )
-    bad = [s for s in items if s not in POS_ATT_TYPES]
+    bad = [s for s in items if s not in POS_ATT_TYPES] if isinstance(items, (list, tuple)) else [v]
+    p2p = ' (p2p is not implemented: the paper drops it, no released model uses it)' if 'p2p' in bad else ''
     if bad:
-        raise ValueError(f'unknown pos_att_type {bad}; valid: {list(POS_ATT_TYPES)} (a list, or "c2p|p2c")')
+        raise ValueError(f'unknown pos_att_type {bad}; valid: c2p, p2c (a list, or "c2p|p2c"){p2p}')
     if not items:
         raise ValueError('pos_att_type needs at least one of c2p, p2c (for no position signal use pe="none")')
     return tuple(t for t in POS_ATT_TYPES if t in items)
-
-# %% ../nbs/06_deberta.ipynb #eb79d367
-def _check_deberta(
-    d_model, n_heads, n_layers, k, *, position_buckets, flags, pos_dropout, layer_norm_eps, init_std
-):
-    if d_model < 1 or n_heads < 1 or n_layers < 1 or d_model % n_heads:
-        raise ValueError(
-            f'need n_layers ≥ 1 and d_model a positive multiple of n_heads; got {d_model}, '
-            f'{n_heads}, {n_layers}'
-        )
-    _check_span(k)
-    if not is_int(position_buckets) or position_buckets < 0:
-        raise ValueError(f'position_buckets must be an integer ≥ 0 (0: no buckets); got {position_buckets!r}')
-    if position_buckets:
-        _check_buckets(position_buckets, k)
-    for name, flag in flags.items():
-        if not isinstance(flag, bool):
-            raise ValueError(f'{name} must be true or false; got {flag!r}')
-    for name, v, ok in (
-        ('pos_dropout', pos_dropout, lambda v: 0 <= v < 1),
-        ('layer_norm_eps', layer_norm_eps, lambda v: 0 < v < math.inf),
-        ('init_std', init_std, lambda v: 0 <= v < math.inf),
-    ):
-        if not is_real(v) or not ok(v):
-            raise ValueError(f'{name} out of range; got {v!r}')
-
-# %% ../nbs/06_deberta.ipynb #4ab3ada6
-class DebertaRelative(PositionEncoding):
-    """DeBERTa's c2p and p2c terms against a relative table $P$ shared by all layers,
-    scale $1/\\sqrt{(1+n)d}$ (He et al. 2021, eq. 3–4; the reference code's p2c)."""
-
-    kind = 'score'
-
-    def __init__(
-        self,
-        d_model: int,  # D (P is (2k, D))
-        n_heads: int,  # heads
-        n_layers: int,  # layers (one W_{k,r}, W_{q,r} each)
-        k: int = 512,  # maximum relative distance
-        *,
-        position_buckets: int = 0,  # 0: eq. 3; B > 0: 2B log buckets (v3 256)
-        pos_att_type=POS_ATT_TYPES,  # subset of c2p, p2c: a list or 'c2p|p2c'
-        share_att_key: bool = False,  # project P with the layer's W_q, W_k (v3)
-        norm_rel_ebd: bool = False,  # LayerNorm on P (v2/v3 `"layer_norm"`)
-        pos_dropout: float = 0.0,  # dropout on P in each layer
-        layer_norm_eps: float = 1e-7,
-        init_std: float = 0.02,
-    ):
-        super().__init__()
-        flags = {'share_att_key': share_att_key, 'norm_rel_ebd': norm_rel_ebd}
-        _check_deberta(
-            d_model,
-            n_heads,
-            n_layers,
-            k,
-            position_buckets=position_buckets,
-            flags=flags,
-            pos_dropout=pos_dropout,
-            layer_norm_eps=layer_norm_eps,
-            init_std=init_std,
-        )
-        self.pos_att_type = _pos_att_type(pos_att_type)
-        self.k, self.position_buckets = k, position_buckets
-        self.n_heads, self.n_layers = n_heads, n_layers
-        self.share_att_key, self.pos_dropout = share_att_key, pos_dropout
-        self.span = position_buckets or k  # δ's k: 2·span rows
-        P = torch.randn(2 * self.span, d_model) * init_std
-        self.rel_embeddings = nn.Parameter(P)  # P: (2k, D)
-        self.rel_norm = None
-        if norm_rel_ebd:
-            self.rel_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
-
-        def projs(term):
-            if share_att_key or term not in self.pos_att_type:
-                return None
-            return nn.ModuleList(nn.Linear(d_model, d_model) for _ in range(n_layers))
-
-        self.pos_key_proj = projs('c2p')  # W_{k,r} per layer
-        self.pos_query_proj = projs('p2c')  # W_{q,r} per layer
-
-    def content_scale(self, d):  # 1/sqrt(3d) with c2p and p2c
-        return (d * (1 + len(self.pos_att_type))) ** -0.5
 
 # %% ../nbs/06_deberta.ipynb #d7b6f4aa
 @dataclass(eq=False)
@@ -225,91 +95,122 @@ class DebertaContext(Context):
         "`(b|1, i, j)` int64, δ(i, j): the row of the full table of each pair."
         return self.idx + self.lo
 
+# %% ../nbs/06_deberta.ipynb #4ab3ada6
+class DebertaRelative(PositionEncoding):
+    """DeBERTa's c2p and p2c terms against a relative table $P$ shared by all layers,
+    scale $1/\\sqrt{(1+n)d}$ (He et al. 2021, eq. 3–4; the reference code's p2c)."""
 
-DebertaRelative.context_type = DebertaContext  # what its `prepare` returns
+    kind = 'score'
+    context_type = DebertaContext  # what its `prepare` returns
 
+    def __init__(
+        self,
+        d_model: int,  # D (P is (2k, D))
+        n_heads: int,  # heads
+        n_layers: int,  # layers (one W_{k,r}, W_{q,r} each)
+        k: int = 512,  # maximum relative distance
+        *,
+        position_buckets: int = 0,  # 0: eq. 3; B > 0: 2B log buckets (v3 256)
+        pos_att_type=POS_ATT_TYPES,  # subset of c2p, p2c: a list or 'c2p|p2c'
+        share_att_key: bool = False,  # project P with the layer's W_q, W_k (v3)
+        norm_rel_ebd: bool = False,  # LayerNorm on P (v2/v3 `"layer_norm"`)
+        pos_dropout: float = 0.0,  # dropout on P in each layer
+        layer_norm_eps: float = 1e-7,
+        init_std: float = 0.02,
+    ):
+        super().__init__()
+        _check_deberta(d_model, n_heads, n_layers, k, position_buckets, pos_dropout, layer_norm_eps, init_std)
+        check_flags(share_att_key=share_att_key, norm_rel_ebd=norm_rel_ebd)
+        self.pos_att_type = _pos_att_type(pos_att_type)
+        self.k, self.position_buckets = k, position_buckets
+        self.n_heads, self.n_layers = n_heads, n_layers
+        self.share_att_key, self.pos_dropout = share_att_key, pos_dropout
+        self.span = position_buckets or k  # δ's k: 2·span rows
+        P = torch.randn(2 * self.span, d_model) * init_std
+        self.rel_embeddings = nn.Parameter(P)  # P: (2k, D)
+        self.rel_norm = None
+        if norm_rel_ebd:
+            self.rel_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
 
-@patch
-def prepare(
-    self: DebertaRelative, q_pos, k_pos, *, key_mask: torch.Tensor | None = None, causal: bool = False
-) -> DebertaContext:
-    """The rows of $P$ the pairs use, normalized (`P`), once per forward; $\\delta(i,j)$ of every pair
-    (`delta`, `(b|1, i, j)`) is made when read."""
-    check_position_pair(q_pos, k_pos)
-    ext = _distance_extremes(q_pos, k_pos)  # (2,): min and max of j - i (None: no pairs, or traced)
-    lo, hi = 0, 2 * self.span - 1
-    if ext is not None:  # δ is monotone in i - j: the rows of its extremes bound it
-        rel = to_convention(ext, 'i-j').flip(0)  # (2,): min and max of i - j
+        def projs(term):
+            if share_att_key or term not in self.pos_att_type:
+                return None
+            return nn.ModuleList(nn.Linear(d_model, d_model) for _ in range(n_layers))
+
+        self.pos_key_proj = projs('c2p')  # W_{k,r} per layer
+        self.pos_query_proj = projs('p2c')  # W_{q,r} per layer
+
+    def content_scale(self, d):  # 1/sqrt(3d) with c2p and p2c
+        return (d * (1 + len(self.pos_att_type))) ** -0.5
+
+    def prepare(
+        self, q_pos, k_pos, *, key_mask: torch.Tensor | None = None, causal: bool = False
+    ) -> DebertaContext:
+        """The rows of $P$ the pairs use, normalized (`P`), once per forward; $\\delta(i,j)$ of every pair
+        (`delta`, `(b|1, i, j)`) is made when read."""
+        check_position_pair(q_pos, k_pos)
+        ext = _distance_extremes(q_pos, k_pos)  # (2,): min and max of j - i (None: no pairs, or traced)
+        lo, hi = 0, 2 * self.span - 1
+        if ext is not None:  # δ is monotone in i - j: the rows of its extremes bound it
+            rel = to_convention(ext, 'i-j').flip(0)  # (2,): min and max of i - j
+            if self.position_buckets:
+                rel = make_log_bucket_position(rel, self.position_buckets, self.k)
+            # one host read per forward; the layers reuse it
+            lo, hi = value_range(deberta_delta(rel, self.span))
+        P = self.rel_embeddings[lo : hi + 1]  # (r, D): the rows that occur
+        if self.rel_norm is not None:
+            P = self.rel_norm(P)  # row-wise: cut first, exact
+        return DebertaContext(q_pos, k_pos, P, lo, pe=self)
+
+    def rel_projections(self, ctx: DebertaContext, layer: int | LayerRef | None = None):
+        """$K_r$ (for c2p) and $Q_r$ (for p2c) of layer `layer` (an index or a `LayerRef`),
+        each `(h, r, d)` or `None`."""
+        ref = as_layer(layer)
+        l = None
+        if not self.share_att_key:
+            l = layer_index(ref, self.n_layers, 'DebertaRelative', 'projections')
+        P = F.dropout(ctx.P, self.pos_dropout, self.training)  # (r, D)
+
+        def proj(term, shared, own, name):
+            if term not in self.pos_att_type:
+                return None
+            if self.share_att_key and shared is None:
+                _no_shared_proj(term, name)
+            w = shared if self.share_att_key else own[l]
+            return w(P).view(P.shape[0], self.n_heads, -1).transpose(0, 1)  # (h, r, d)
+
+        K_r = proj('c2p', ref.k_proj, self.pos_key_proj, 'k_proj')
+        Q_r = proj('p2c', ref.q_proj, self.pos_query_proj, 'q_proj')
+        return K_r, Q_r
+
+    def score_terms(self, q, k, ctx: DebertaContext, layer: int | LayerRef | None = None):
+        """c2p $Q^c_i{K^r_{\\delta(i,j)}}^\\top$ and p2c $K^c_j{Q^r_{\\delta(i,j)}}^\\top$
+        times the content scale, `(b, h, i, j)`."""
+        K_r, Q_r = self.rel_projections(ctx, layer)
+        s, idx = self.content_scale(q.shape[-1]), ctx.idx
+        # scale the (h, r, d) tables, not the (b, h, i, j) terms
+        rows = (0, len(ctx.P) - 1)  # `idx` indexes the rows of P that `prepare` kept: no host read per layer
+        c2p = [rel_scores(q, K_r * s, idx, 'query', rows)] if K_r is not None else []
+        # p2c with the code's index δ(i,j)
+        p2c = [rel_scores(k, Q_r * s, idx, 'key', rows)] if Q_r is not None else []
+        return c2p + p2c
+
+    def score_mods(self, q, k, ctx: DebertaContext, layer: int | LayerRef | None = None):
+        "c2p and p2c as index functions: `(b, h, n, r)` tables read at row δ(i, j) − lo in the fused kernel."
+        K_r, Q_r = self.rel_projections(ctx, layer)  # (h, r, d) each, or None
+        s, M = self.content_scale(q.shape[-1]), self.k + 1  # |i - j| ≥ k: δ is the first or last row
+        qp, kp = batched_positions(ctx, q.shape[0])  # (b, i), (b, j)
+        rel = torch.arange(-M, M + 1, device=q.device)  # (2M+1,): i - j
         if self.position_buckets:
             rel = make_log_bucket_position(rel, self.position_buckets, self.k)
-        lo, hi = value_range(deberta_delta(rel, self.span))  # one host read per forward; the layers reuse it
-    P = self.rel_embeddings[lo : hi + 1]  # (r, D): the rows that occur
-    if self.rel_norm is not None:
-        P = self.rel_norm(P)  # row-wise: cut first, exact
-    return DebertaContext(q_pos, k_pos, P, lo, pe=self)
+        delta = deberta_delta(rel, self.span) - ctx.lo  # (2M+1,): the row of P of each i - j
 
-# %% ../nbs/06_deberta.ipynb #b0665e28
-@patch
-def rel_projections(self: DebertaRelative, ctx: DebertaContext, layer: int | LayerRef | None = None):
-    """$K_r$ (for c2p) and $Q_r$ (for p2c) of layer `layer` (an index or a `LayerRef`),
-    each `(h, r, d)` or `None`."""
-    ref = as_layer(layer)
-    l = None
-    if not self.share_att_key:
-        l = layer_index(ref, self.n_layers, 'DebertaRelative', 'projections')
-    P = F.dropout(ctx.P, self.pos_dropout, self.training)  # (r, D)
+        def row(b, q_idx, kv_idx):  # δ(i, j) - lo
+            return delta[(qp[b, q_idx] - kp[b, kv_idx]).clamp(-M, M) + M]
 
-    def proj(term, shared, own, name):
-        if term not in self.pos_att_type:
-            return None
-        if self.share_att_key and shared is None:
-            _no_shared_proj(term, name)
-        w = shared if self.share_att_key else own[l]
-        return w(P).view(P.shape[0], self.n_heads, -1).transpose(0, 1)  # (h, r, d)
-
-    K_r = proj('c2p', ref.k_proj, self.pos_key_proj, 'k_proj')
-    Q_r = proj('p2c', ref.q_proj, self.pos_query_proj, 'q_proj')
-    return K_r, Q_r
-
-# %% ../nbs/06_deberta.ipynb #7b31f05d
-def _no_shared_proj(term, name):
-    raise ValueError(
-        f"DebertaRelative(share_att_key=True) projects P with the layer's own {name} for {term}: pass "
-        f'LayerRef(idx, q_proj=…, k_proj=…) as the layer (MultiHeadAttention does)'
-    )
-
-# %% ../nbs/06_deberta.ipynb #8e5f89e8
-@patch
-def score_terms(self: DebertaRelative, q, k, ctx: DebertaContext, layer: int | LayerRef | None = None):
-    """c2p $Q^c_i{K^r_{\\delta(i,j)}}^\\top$ and p2c $K^c_j{Q^r_{\\delta(i,j)}}^\\top$
-    times the content scale, `(b, h, i, j)`."""
-    K_r, Q_r = self.rel_projections(ctx, layer)
-    s, idx = self.content_scale(q.shape[-1]), ctx.idx
-    # scale the (h, r, d) tables, not the (b, h, i, j) terms
-    rows = (0, len(ctx.P) - 1)  # `idx` indexes the rows of P that `prepare` kept: no host read per layer
-    c2p = [rel_scores(q, K_r * s, idx, 'query', rows)] if K_r is not None else []
-    # p2c with the code's index δ(i,j)
-    p2c = [rel_scores(k, Q_r * s, idx, 'key', rows)] if Q_r is not None else []
-    return c2p + p2c
-
-# %% ../nbs/06_deberta.ipynb #e745fd99
-@patch
-def score_mods(self: DebertaRelative, q, k, ctx: DebertaContext, layer: int | LayerRef | None = None):
-    "c2p and p2c as index functions: `(b, h, n, r)` tables read at row δ(i, j) − lo inside the fused kernel."
-    K_r, Q_r = self.rel_projections(ctx, layer)  # (h, r, d) each, or None
-    s, M = self.content_scale(q.shape[-1]), self.k + 1  # |i - j| ≥ k: δ is the first or last row
-    qp, kp = batched_positions(ctx, q.shape[0])  # (b, i), (b, j)
-    rel = torch.arange(-M, M + 1, device=q.device)  # (2M+1,): i - j
-    if self.position_buckets:
-        rel = make_log_bucket_position(rel, self.position_buckets, self.k)
-    delta = deberta_delta(rel, self.span) - ctx.lo  # (2M+1,): the row of P of each i - j
-
-    def row(b, q_idx, kv_idx):  # δ(i, j) - lo
-        return delta[(qp[b, q_idx] - kp[b, kv_idx]).clamp(-M, M) + M]
-
-    c2p = [offset_mod(q @ (K_r * s).to(q.dtype).transpose(-1, -2), row)] if K_r is not None else []
-    p2c = [offset_mod(k @ (Q_r * s).to(k.dtype).transpose(-1, -2), row, 'key')] if Q_r is not None else []
-    return c2p + p2c
+        c2p = [offset_mod(q @ (K_r * s).to(q.dtype).transpose(-1, -2), row)] if K_r is not None else []
+        p2c = [offset_mod(k @ (Q_r * s).to(k.dtype).transpose(-1, -2), row, 'key')] if Q_r is not None else []
+        return c2p + p2c
 
 # %% ../nbs/06_deberta.ipynb #4b98bb87
 @register_encoding(
@@ -335,3 +236,31 @@ def _deberta(cfg):
         **cfg.pe_kwargs,
     }
     return DebertaRelative(cfg.d_model, cfg.n_heads, cfg.n_layers, **kw)
+
+# %% ../nbs/06_deberta.ipynb #d6b00001
+# DeBERTa's parts outside attention (06a_deberta_model): `Encoder(cfg)` builds them when asked
+from . import deberta_model
+
+# %% ../nbs/06_deberta.ipynb #d6c00002
+def _check_deberta(d_model, n_heads, n_layers, k, B, pos_dropout, layer_norm_eps, init_std):
+    "`ValueError` naming the first of `DebertaRelative`'s options out of range (`B`: `position_buckets`)."
+    check_sizes(d_model=d_model, n_heads=n_heads, n_layers=n_layers, k=k)
+    if B != 0:  # log buckets: at least 2
+        check_sizes(2, **{'position_buckets (0: no buckets)': B})
+    check_finite(0, pos_dropout=pos_dropout, init_std=init_std)
+    check_finite(0, above=True, layer_norm_eps=layer_norm_eps)
+    if d_model % n_heads:
+        raise ValueError(f'd_model={d_model} must be a positive multiple of n_heads={n_heads}')
+    if pos_dropout >= 1:
+        raise ValueError(f'pos_dropout must be < 1; got {pos_dropout}')
+    if B > k:
+        raise ValueError(f'position_buckets={B} is larger than the span k={k}: use ≤ k, or 0 (no buckets)')
+    if B and k - 1 <= B // 2:
+        raise ValueError(f'k={k} leaves no logarithmic range above ±{B // 2} (exact): use k > {B // 2 + 1}')
+
+
+def _no_shared_proj(term, name):
+    raise ValueError(
+        f"DebertaRelative(share_att_key=True) projects P with the layer's own {name} for {term}: pass "
+        f'LayerRef(idx, q_proj=…, k_proj=…) as the layer (MultiHeadAttention does)'
+    )

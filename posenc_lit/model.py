@@ -11,7 +11,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from safetensors.torch import save_file, load_file
-from fastcore.basics import patch
 from .core import *
 from .checks import *
 from .files import atomic_write
@@ -19,128 +18,48 @@ from .attention import *
 from .absolute import four_terms
 
 # %% auto #0
-__all__ = ['check_field_types', 'ModelConfig', 'Embeddings', 'EncoderLayer', 'ConvLayer', 'build_encoding',
-           'mask_positions', 'Encoder', 'EnhancedMaskDecoder', 'EncoderForMLM', 'padding_invariance_error',
-           'CheckpointError', 'check_weight_dtypes', 'check_state_dict', 'read_weights', 'save_model',
-           'load_config', 'load_weights', 'load_model', 'four_term_scores', 'count_parameters']
-
-# %% ../nbs/10_model.ipynb #14ec465d
-_KINDS = {
-    'int': 'an integer',
-    'float': 'a finite number',
-    'bool': 'True or False',
-    'str': 'a string',
-    'dict': 'a dict',
-}
-
-
-def check_field_types(cfg):
-    """`ValueError` naming the first field of dataclass `cfg` whose value does not fit its annotation (int,
-    float, bool, str, dict)."""
-    for f in fields(cfg):
-        v, t = getattr(cfg, f.name), str(f.type)
-        if t not in _KINDS:
-            continue
-        ok = {
-            'int': type(v) is int,
-            'bool': isinstance(v, bool),
-            'str': isinstance(v, str),
-            'dict': isinstance(v, dict),
-            'float': is_real(v) and math.isfinite(v),
-        }[t]
-        if not ok:
-            raise ValueError(f'{f.name} must be {_KINDS[t]}; got {v!r}')
+__all__ = ['ModelConfig', 'Embeddings', 'EncoderLayer', 'build_encoding', 'mask_positions', 'Encoder',
+           'EncoderForMLM', 'padding_invariance_error', 'CheckpointError', 'check_weight_dtypes',
+           'check_state_dict', 'read_weights', 'save_model', 'load_config', 'load_weights', 'load_model',
+           'four_term_scores', 'count_parameters', 'check_field_types']
 
 # %% ../nbs/10_model.ipynb #948948d1
-# building an encoding's tables: a clear error if they do not fit
-def _pe_options(spec, cfg, e: TypeError) -> str:
-    """For the error `e` on pe_kwargs that encoding `spec` does not accept: the options it does accept, the
-    parameters with a default of the callable `e` names (else of the module the factory builds) that the
-    factory leaves to pe_kwargs."""
-    probe = copy.copy(cfg)
-
-    def build(kw: dict):
-        probe.pe_kwargs = kw
-        with torch.random.fork_rng(devices=[]):
-            return spec.factory(probe)
-
-    def accepted(p) -> bool:
-        try:
-            build({p.name: p.default})
-        except TypeError:  # not a parameter of the factory, or one it sets itself ('multiple values')
-            return False
-        except Exception:  # taken as a keyword; its default alone is not a valid value here
-            return True
-        return True
-
-    named = re.match(r'(\w+)(?:\.__init__)?\(\) got an unexpected keyword', str(e))
-    try:
-        target = vars(sys.modules[spec.factory.__module__]).get(named[1]) if named else None
-        params = inspect.signature(target or type(build({}))).parameters.values()
-        opts = [p.name for p in params if p.default is not inspect.Parameter.empty and accepted(p)]
-    except Exception:  # a hint only: the error it adds to stands without it
-        return ''
-    return f'; pe={spec.name!r} accepts {", ".join(opts)}' if opts else f'; pe={spec.name!r} takes no options'
+def _config_to_json(cfg) -> str:
+    return json.dumps(asdict(cfg), indent=2, sort_keys=True)
 
 
-def _pe_kwargs_error(spec, cfg, e: TypeError) -> ValueError | None:
-    """The `ValueError` for `e`, a `TypeError` raised building encoding `spec` from `cfg`: pe_kwargs it does
-    not take, when a call refused one of them as an unexpected keyword (with the options it takes); else, with
-    pe_kwargs given, their values, naming the factory and `e`. None without pe_kwargs: then `e` is the
-    factory's own error, to be raised as it is (it gets a note naming the encoding)."""
-    f = spec.factory
-    origin = f'{f.__module__}.{getattr(f, "__qualname__", f)}'
-    bad = re.search(r"got an unexpected keyword argument '(\w+)'", str(e))
-    if bad and bad[1] in cfg.pe_kwargs:
-        return ValueError(
-            f'pe_kwargs {cfg.pe_kwargs} are not accepted by pe={spec.name!r}: {e}{_pe_options(spec, cfg, e)}'
-        )
-    if cfg.pe_kwargs:
-        return ValueError(
-            f'pe={spec.name!r} with pe_kwargs {cfg.pe_kwargs}: its factory {origin} raised TypeError: {e}; '
-            'check the types of the values'
-        )
-    e.add_note(f'raised building pe={spec.name!r} (factory {origin})')
-    return None
+def _config_from_dict(cls, d: dict):
+    if not isinstance(d, dict):
+        raise ValueError(f'a {cls.__name__} is a JSON object of options; got {type(d).__name__} {d!r:.60}')
+    names = {f.name for f in fields(cls)}
+    unknown = sorted(set(d) - names)
+    if unknown:
+        raise ValueError(f'unknown {cls.__name__} option(s) {unknown}; valid: {sorted(names)}')
+    return cls(**d)
 
 
-def _check_built(spec, enc):
-    "`TypeError` naming the encoding when its factory returned `enc` that is not a `PositionEncoding` module"
-    if not isinstance(enc, PositionEncoding):
-        f = spec.factory
-        raise TypeError(
-            f'the factory of the {spec.modality} encoding {spec.name!r} '
-            f'({f.__module__}.{getattr(f, "__qualname__", f)}) returned {enc!r}; a factory registered with '
-            'register_encoding returns the encoding module (an nn.Module) built from the config, a '
-            'PositionEncoding (posenc_lit.attention) with the hooks the attention calls'
-        )
-    return enc
+class _ByConfig:
+    """`Cls(cfg)` builds the subclass of `Cls` whose `wants(cfg)` is true (the one defined last, if several),
+    else `Cls`: a model family's parts outside attention (DeBERTa's, 06a_deberta_model) come with the config
+    that asks for them."""
 
+    classes: list = []  # every class built this way: ModelConfig runs their `check_config`
 
-def _encoding_memory_check(cfg, pe: str, kwargs: dict):
-    return memory_check(
-        f'the position encoding {pe!r} (max_position_embeddings={cfg.max_position_embeddings}, '
-        f'd_model={cfg.d_model}{", " + str(kwargs) if kwargs else ""})',
-        'use a smaller max_position_embeddings, d_model or table size (e.g. pe_kwargs k)',
-    )
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        _ByConfig.classes.append(cls)
 
+    @classmethod
+    def wants(cls, cfg) -> bool:  # a subclass: whether `cfg` asks for its parts
+        return False
 
-def _relative_names(cfg) -> list[str]:
-    "The registered encodings `add_relative` takes: relative only (no absolute table) when built for `cfg`."
+    @classmethod
+    def check_config(cls, cfg) -> None:  # a subclass: `ValueError` for the options of its parts in `cfg`
+        pass
 
-    def relative(name, spec) -> bool:
-        try:
-            with torch.random.fork_rng(devices=[]):
-                enc = spec.factory(replace(cfg, pe=name, pe_kwargs={}))
-        except Exception:  # it needs options to be built here: not listed
-            return False
-        return isinstance(enc, PositionEncoding) and enc.relative_only and enc.kind in ('score', 'qk')
-
-    return [n for n, spec in list_encodings().items() if spec.kind in ('score', 'qk') and relative(n, spec)]
-
-
-# DeBERTa-v2's conv_act values: transformers' default, xlarge's
-_CONV_ACTS = {'tanh': torch.tanh, 'gelu': F.gelu}
+    def __new__(cls, cfg=None, *args, **kwargs):  # no cfg when unpickled or copied: `cls` itself
+        subs = [s for s in reversed(cls.__subclasses__()) if cfg is not None and s.wants(cfg)]
+        return super().__new__(subs[0] if subs else cls)
 
 
 @dataclass
@@ -162,7 +81,7 @@ class ModelConfig:
     pad_token_id: int = 0
     initializer_range: float = 0.02
     fast_attention: bool = True  # SDPA path; False: the manual path
-    # Enhanced Mask Decoder passes of the last layer for the MLM head (DeBERTa: 2); 0 = off
+    # DeBERTa's Enhanced Mask Decoder: passes of the last layer for the MLM head (2); 0 = off (06a)
     emd_steps: int = 0
     # a second, relative encoding on top of `pe` (Huang et al. 2020, §4.3 drop-in); '' = none
     add_relative: str = ''
@@ -173,6 +92,9 @@ class ModelConfig:
     # its activation: 'tanh' (transformers' default) or 'gelu' (xlarge, xxlarge)
     conv_act: str = 'tanh'
 
+    to_json = _config_to_json
+    from_dict = classmethod(_config_from_dict)
+
     def __post_init__(self):
         for f in ('vocab_size', 'd_model', 'n_layers', 'n_heads', 'd_ff', 'max_position_embeddings'):
             v = getattr(self, f)
@@ -182,104 +104,27 @@ class ModelConfig:
         check_field_types(self)
         if not 0 <= self.pad_token_id < self.vocab_size:
             raise ValueError(f'pad_token_id={self.pad_token_id} must be in [0, vocab_size={self.vocab_size})')
-        if self.type_vocab_size < 0:
-            raise ValueError(f'type_vocab_size must be ≥ 0; got {self.type_vocab_size}')
-        if not self.layer_norm_eps > 0:
-            raise ValueError(f'layer_norm_eps must be > 0; got {self.layer_norm_eps}')
+        check_sizes(0, type_vocab_size=self.type_vocab_size)
+        check_finite(0, above=True, layer_norm_eps=self.layer_norm_eps)
         if self.initializer_range < 0:
             raise ValueError(
                 f'initializer_range (a standard deviation) must be ≥ 0; got {self.initializer_range}'
             )
-        if not isinstance(self.pe_kwargs, dict):
-            raise ValueError(f'pe_kwargs must be a dict; got {self.pe_kwargs!r}')
         if self.d_model % self.n_heads:
             raise ValueError(f'd_model={self.d_model} must be divisible by n_heads={self.n_heads}')
         for f in ('dropout', 'attn_dropout'):
             if not 0 <= getattr(self, f) < 1:
                 raise ValueError(f'{f} must be in [0, 1); got {getattr(self, f)}')
-        if self.emd_steps < 0:
-            raise ValueError(
-                'emd_steps must be an integer ≥ 0 (0: no Enhanced Mask Decoder; DeBERTa uses 2); '
-                f'got {self.emd_steps!r}'
-            )
-        k = self.conv_kernel_size
-        if k < 0 or k % 2 == 0 and k > 0:
-            raise ValueError(
-                f'conv_kernel_size must be 0 (no convolution) or odd, which keeps the length n '
-                f'(DeBERTa-v2 xlarge: 3); got {k}'
-            )
-        if self.conv_groups < 1 or self.d_model % self.conv_groups:
-            raise ValueError(
-                f'conv_groups must be a positive divisor of d_model={self.d_model}; got {self.conv_groups}'
-            )
-        if self.conv_act not in _CONV_ACTS:
-            raise ValueError(f'conv_act must be one of {list(_CONV_ACTS)}; got {self.conv_act!r}')
-        spec = get_encoding(self.pe)  # unknown names fail here, listing the valid ones
-        # so do options the encoding does not accept (built once, RNG left untouched)
-        try:
-            with _encoding_memory_check(self, self.pe, self.pe_kwargs), torch.random.fork_rng(devices=[]):
-                enc = spec.factory(self)
-        except TypeError as e:
-            # an argument the model passes itself
-            taken = re.search(r"multiple values for argument '(\w+)'", str(e))
-            if taken:
-                raise ValueError(
-                    f'pe_kwargs cannot set {taken[1]!r}: pe={self.pe!r} takes it from the model '
-                    f'(d_model={self.d_model}, n_heads={self.n_heads}, head dimension '
-                    f'd_model/n_heads={self.d_model // self.n_heads})'
-                ) from None
-            err = _pe_kwargs_error(spec, self, e)
-            if err is None:
-                raise
-            raise err from None
-        _check_built(spec, enc)
-        if self.add_relative:
-            if not isinstance(self.add_relative_kwargs, dict):
-                raise ValueError(f'add_relative_kwargs must be a dict; got {self.add_relative_kwargs!r}')
-            # validates it
-            added = replace(
-                self,
-                pe=self.add_relative,
-                pe_kwargs=self.add_relative_kwargs,
-                add_relative='',
-                add_relative_kwargs={},
-            )
-            with (
-                _encoding_memory_check(self, self.add_relative, self.add_relative_kwargs),
-                torch.random.fork_rng(devices=[]),
-            ):
-                enc = _check_built(
-                    get_encoding(self.add_relative), get_encoding(self.add_relative).factory(added)
-                )
-            if not enc.relative_only or enc.kind == 'none':
-                table = ' with an absolute table (max_len)' if getattr(enc, 'max_len', None) else ''
-                raise ValueError(
-                    f'add_relative={self.add_relative!r} must name a relative encoding (kind score or qk, '
-                    f'no absolute table); got kind {enc.kind!r}{table}. Relative ones: '
-                    + ', '.join(_relative_names(added))
-                )
-            with _encoding_memory_check(self, self.pe, self.pe_kwargs), torch.random.fork_rng(devices=[]):
-                CombinedEncoding(spec.factory(self), enc).content_scale(self.d_model // self.n_heads)
-        elif self.add_relative_kwargs:
+        with torch.random.fork_rng(devices=[]):  # built once to check the options (the RNG left as it was)
+            enc = build_encoding(self)
+            if self.add_relative:
+                enc.content_scale(self.d_model // self.n_heads)  # the two must agree on the scale of q·k
+        # the options of a model family's own parts (DeBERTa's: 06a_deberta_model)
+        for cls in _ByConfig.classes:
+            cls.check_config(self)
+        if self.add_relative_kwargs and not self.add_relative:
             raise ValueError(f'add_relative_kwargs {self.add_relative_kwargs} given without add_relative')
 
-# %% ../nbs/10_model.ipynb #c1632869
-def _config_to_json(cfg) -> str:
-    return json.dumps(asdict(cfg), indent=2, sort_keys=True)
-
-
-def _config_from_dict(cls, d: dict):
-    if not isinstance(d, dict):
-        raise ValueError(f'a {cls.__name__} is a JSON object of options; got {type(d).__name__} {d!r:.60}')
-    names = {f.name for f in fields(cls)}
-    unknown = sorted(set(d) - names)
-    if unknown:
-        raise ValueError(f'unknown {cls.__name__} option(s) {unknown}; valid: {sorted(names)}')
-    return cls(**d)
-
-
-ModelConfig.to_json = _config_to_json
-ModelConfig.from_dict = classmethod(_config_from_dict)
 
 # %% ../nbs/10_model.ipynb #db90f650
 class Embeddings(nn.Module):
@@ -292,15 +137,11 @@ class Embeddings(nn.Module):
         self.ln, self.drop = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps), nn.Dropout(cfg.dropout)
 
     def parts(self, input_ids, pos, pe, token_type_ids: torch.Tensor | None = None):
-        "The summands before the LayerNorm: `(w (b, n, D), p (b|1, n, D) or None)`; `w` includes segments."
+        """The summands before the LayerNorm: `(w (b, n, D), p (b|1, n, D) or None)`; `w` includes segments
+        (`token_type_ids` only with a segment table: `Encoder.forward` drops all-zero ones without)."""
         w = self.word(input_ids) * pe.word_scale  # (b, n, D)
         if self.segment is not None:
             w = w + self.segment(torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids)
-        elif token_type_ids is not None:
-            raise ValueError(
-                'token_type_ids were given but the model has no segment embeddings (type_vocab_size=0): '
-                'pass none (Encoder.forward drops all-zero ones before they get here)'
-            )
         p = pe.embed(pos)
         # positions follow the model's dtype
         return w, None if p is None else p.to(w.dtype)
@@ -331,123 +172,18 @@ class EncoderLayer(nn.Module):
         x = self.ffn_ln(x + self.drop(self.ffn(x)))  # (b, n, D)
         return x, probs
 
-# %% ../nbs/10_model.ipynb #540bef6c
-class ConvLayer(nn.Module):
-    """DeBERTa-v2's convolution beside the first layer: `m · LN(h + σ(m · conv(m · e)))`, `(b, n, D)`
-    (equation above)."""
-
-    def __init__(self, cfg: ModelConfig):  # `conv_kernel_size` (odd), `conv_groups`, `conv_act` of `cfg`
-        super().__init__()
-        k = cfg.conv_kernel_size
-        self.conv = nn.Conv1d(cfg.d_model, cfg.d_model, k, padding=k // 2, groups=cfg.conv_groups)  # keeps n
-        self.act = _CONV_ACTS[cfg.conv_act]
-        self.ln = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
-        self.drop = nn.Dropout(cfg.dropout)
-
-    def forward(
-        self,
-        e: torch.Tensor,  # `(b, n, D)` the embeddings: the first layer's input E
-        h: torch.Tensor,  # `(b, n, D)` the first layer's output H¹
-        # `(b, n, 1)` 1 = real token, 0 = padding, in e's dtype; None: all real
-        real: torch.Tensor | None = None,
-    ) -> torch.Tensor:  # `(b, n, D)` H̃¹, zero at padding
-        m = 1.0 if real is None else real
-        # (b, n, D): padding neither read nor written
-        c = self.conv((e * m).transpose(1, 2)).transpose(1, 2) * m
-        return self.ln(h + self.act(self.drop(c))) * m  # (b, n, D)
-
-# %% ../nbs/10_model.ipynb #19328af6
-def _desc(t):
-    return f'{t.dtype} tensor of shape {tuple(t.shape)}' if isinstance(t, torch.Tensor) else type(t).__name__
-
-
-def _check_inputs(input_ids, attention_mask, position_ids, token_type_ids: torch.Tensor | None = None):
-    """Check the model's inputs; returns `(input_ids, position_ids, token_type_ids)` as int64, whatever
-    integer dtype was given."""
-    if not is_int_tensor(input_ids) or input_ids.ndim != 2:
-        raise ValueError(f'input_ids must be an integer tensor of shape (b, n); got {_desc(input_ids)}')
-    b, n = input_ids.shape
-    m = attention_mask
-    if m is not None and (
-        not (is_int_tensor(m) or isinstance(m, torch.Tensor) and m.dtype == torch.bool) or m.shape != (b, n)
-    ):
-        raise ValueError(
-            f'attention_mask must be a bool or 0/1 integer tensor of shape (b, n) = {(b, n)} (True/1 '
-            f'= real token); got {_desc(m)}'
-        )
-    if (
-        m is not None
-        and m.dtype != torch.bool
-        and m.device.type != 'meta'
-        and not is_tracing()
-        and not ((m == 0) | (m == 1)).all()
-    ):
-        raise ValueError(
-            'attention_mask must hold only 0 (padding) and 1 (real token); got values '
-            f'{sorted(set(m.unique().tolist()))[:6]} '
-            '(an additive mask of 0 / -inf is not accepted: pass 1 / 0)'
-        )
-    if token_type_ids is not None and (not is_int_tensor(token_type_ids) or token_type_ids.shape != (b, n)):
-        raise ValueError(
-            f'token_type_ids must be an integer tensor of shape (b, n) = {(b, n)}; got '
-            f'{_desc(token_type_ids)}'
-        )
-    if position_ids is not None and (
-        not is_int_tensor(position_ids) or position_ids.shape not in ((b, n), (1, n), (n,))
-    ):
-        raise ValueError(
-            f'position_ids must be an integer tensor of shape (b, n), (1, n) or (n,) with n={n}; got '
-            f'{_desc(position_ids)}'
-        )
-    for name, t in (
-        ('attention_mask', m),
-        ('position_ids', position_ids),
-        ('token_type_ids', token_type_ids),
-    ):
-        if t is not None and t.device != input_ids.device:
-            raise ValueError(
-                f'{name} is on device {t.device} but input_ids is on {input_ids.device}: put all '
-                'inputs on one device'
-            )
-    # uint8 would index as a mask
-    return tuple(None if t is None else t.long() for t in (input_ids, position_ids, token_type_ids))
-
-
-# token or segment ids must index their table (not checked in a traced graph)
-def _check_ids(t, size, name, field):
-    if not t.numel() or is_tracing():
-        return
-    lo, hi = value_range(t)  # one host read per forward
-    if lo < 0 or hi >= size:
-        raise ValueError(f'{name} must lie in [0, {field}={size}); got values {lo}..{hi}')
-
-
-# the segment ids the embeddings get, checked once per forward (a host sync)
-def _segment_ids(t, type_vocab_size):
-    "`t` checked against the segment table; without one (`type_vocab_size=0`) all-zero ids become `None`."
-    if t is None:
-        return None
-    if type_vocab_size:
-        _check_ids(t, type_vocab_size, 'token_type_ids', 'type_vocab_size')
-        return t
-    if t.numel() and not is_tracing() and bool(t.any()):
-        raise ValueError(
-            f'token_type_ids hold segment ids {int(t.min())}..{int(t.max())} but the model has no segment '
-            'embeddings (type_vocab_size=0): pass all-zero token_type_ids (one segment: they are ignored) '
-            'or none, or use a model with segment embeddings (type_vocab_size ≥ 2)'
-        )
-    return None
-
 # %% ../nbs/10_model.ipynb #1e6d245f
 def build_encoding(cfg: ModelConfig) -> PositionEncoding:
-    "The position encoding of a model with config `cfg`: `pe`, combined with `add_relative` when that is set."
-    base = get_encoding(cfg.pe).factory(cfg)
+    """The position encoding of a model with config `cfg`: `pe`, combined with `add_relative` when that is
+    set; `ValueError` for options an encoding does not take, `MemoryLimitError` for a table too large (see
+    Input checks)."""
+    base = _built(cfg)
     if not cfg.add_relative:
         return base
     added = replace(
         cfg, pe=cfg.add_relative, pe_kwargs=cfg.add_relative_kwargs, add_relative='', add_relative_kwargs={}
     )
-    return CombinedEncoding(base, get_encoding(cfg.add_relative).factory(added))
+    return CombinedEncoding(base, _check_relative(added, _built(added)))
 
 # %% ../nbs/10_model.ipynb #aef2f2d7
 def mask_positions(
@@ -467,7 +203,20 @@ def _check_loaded_weights(module, state_dict, prefix, *args):  # a `load_state_d
     )
 
 
-class Encoder(nn.Module):
+# a forward pass too large for memory: a clear error (an outer check, e.g. a training step's, speaks first)
+def _forward_memory_check(input_ids):
+    # malformed inputs are named later
+    shape = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else ()
+    device = input_ids.device.type if isinstance(input_ids, torch.Tensor) else 'cpu'
+    return memory_check(
+        f'a forward pass over a (b, n) = {shape} batch of token ids',
+        'use shorter sequences or fewer of them per batch',
+        device,
+    )
+
+
+# %% ../nbs/10_model.ipynb #c1d2e3f4
+class Encoder(_ByConfig, nn.Module):
     """BERT-style encoder; `forward` returns `{'hidden_states': (b, n, D), 'attentions': [(b, h, n, n)] or
     None}`."""
 
@@ -477,8 +226,6 @@ class Encoder(nn.Module):
         self.pe = build_encoding(cfg)
         self.embeddings = Embeddings(cfg)
         self.layers = nn.ModuleList(EncoderLayer(cfg, l) for l in range(cfg.n_layers))
-        # DeBERTa-v2 xlarge: beside the first layer
-        self.conv = ConvLayer(cfg) if cfg.conv_kernel_size else None
         self.register_load_state_dict_pre_hook(_check_loaded_weights)  # every load checked, by any caller
 
     def positions(
@@ -496,99 +243,62 @@ class Encoder(nn.Module):
             pos = default_positions(input_ids.shape[1], input_ids.device)
         return pos[None] if pos.ndim == 1 else pos  # (b|1, n)
 
-# %% ../nbs/10_model.ipynb #ed7b4c2b
-from fastcore.basics import patch
+    def after_layer(self, l: int, x, e, attention_mask):
+        "The states `x` `(b, n, D)` after layer `l`, as the next layer reads them (`e`: the embeddings)."
+        return x
 
-# %% ../nbs/10_model.ipynb #465adb03
-# a forward pass too large for memory: a clear error (an outer check, e.g. a training step's, speaks first)
-def _forward_memory_check(input_ids):
-    # malformed inputs are named later
-    shape = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else ()
-    device = input_ids.device.type if isinstance(input_ids, torch.Tensor) else 'cpu'
-    return memory_check(
-        f'a forward pass over a (b, n) = {shape} batch of token ids',
-        'use shorter sequences or fewer of them per batch',
-        device,
-    )
-
-
-@patch
-def forward(
-    self: Encoder,
-    input_ids: torch.Tensor,  # token ids `(b, n)`, integer
-    attention_mask: torch.Tensor | None = None,  # `(b, n)`, bool or 0/1; True/1 = real token
-    # `(b, n)`, `(1, n)` or `(n,)`, 0-based; default `mask_positions(attention_mask)`, or `0 … n-1`
-    position_ids: torch.Tensor | None = None,
-    # `(b, n)` segment ids; all 0 (ignored) if `type_vocab_size=0`
-    token_type_ids: torch.Tensor | None = None,
-    output_attentions: bool = False,  # also return each layer's probabilities (manual path)
-    n_layers: int | None = None,  # run only the first `n_layers` layers (the Enhanced Mask Decoder)
-):
-    """Encode `input_ids`; `ValueError` for malformed inputs, `PositionRangeError` for positions outside a
-    learned table or of size ≥ 2**62, `MemoryLimitError` if the pass does not fit in memory. Also returns
-    `pos`, `mask`, `ctx`.
-    """
-    input_ids, position_ids, token_type_ids = _check_inputs(
-        input_ids, attention_mask, position_ids, token_type_ids
-    )
-    dev = self.embeddings.word.weight.device
-    if input_ids.device != dev:
-        raise ValueError(
-            f'input_ids are on device {input_ids.device} but the model is on {dev}: move one to the other'
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # token ids `(b, n)`, integer
+        attention_mask: torch.Tensor | None = None,  # `(b, n)`, bool or 0/1; True/1 = real token
+        # `(b, n)`, `(1, n)` or `(n,)`, 0-based; default `mask_positions(attention_mask)`, or `0 … n-1`
+        position_ids: torch.Tensor | None = None,
+        # `(b, n)` segment ids; all 0 (ignored) if `type_vocab_size=0`
+        token_type_ids: torch.Tensor | None = None,
+        output_attentions: bool = False,  # also return each layer's probabilities (manual path)
+        n_layers: int | None = None,  # run only the first `n_layers` layers (e.g. under a decoder on top)
+    ):
+        """Encode `input_ids`; `ValueError` for malformed inputs, `PositionRangeError` for positions outside a
+        learned table or of size ≥ 2**62, `MemoryLimitError` if the pass does not fit in memory. Also returns
+        `pos`, `mask`, `ctx`.
+        """
+        input_ids, position_ids, token_type_ids = _check_inputs(
+            input_ids, attention_mask, position_ids, token_type_ids
         )
-    _check_ids(input_ids, self.cfg.vocab_size, 'input_ids', 'vocab_size')
-    token_type_ids = _segment_ids(token_type_ids, self.cfg.type_vocab_size)
-    if n_layers is not None and (not is_int(n_layers) or not 0 <= n_layers <= len(self.layers)):
-        raise ValueError(
-            f'n_layers must be an integer in 0..{len(self.layers)} (the layers to run); got {n_layers!r}'
-        )
-    # value checks read tensors: not in a traced or exported graph
-    if position_ids is not None and not is_tracing():
-        # |p| < 2**62: the distances j - i of every encoding fit in int64
-        check_position_limit(position_ids)
-    with _forward_memory_check(input_ids):
-        pos = self.positions(input_ids, position_ids, attention_mask)  # (b|1, n)
-        mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]  # (b, 1, 1, j)
-        # once per forward, shared by all layers; key_mask (b, j): the real tokens
-        ctx = self.pe.prepare(pos, pos, key_mask=None if mask is None else mask[:, 0, 0])
-        x = self.embeddings(input_ids, pos, self.pe, token_type_ids)  # (b, n, D)
-        # read by the convolution
-        e = x
-        attentions = [] if output_attentions else None
-        for l, layer in enumerate(self.layers[:n_layers]):
-            x, probs = layer(x, mask, self.pe, ctx, return_probs=output_attentions)
-            if l == 0 and self.conv is not None:
-                # (b, n, 1)
-                real = None if attention_mask is None else attention_mask.bool()[:, :, None].to(x.dtype)
-                x = self.conv(e, x, real)  # (b, n, D)
-            if output_attentions:
-                attentions.append(probs)
-    return {'hidden_states': x, 'attentions': attentions, 'pos': pos, 'mask': mask, 'ctx': ctx}
-
-# %% ../nbs/10_model.ipynb #ef84e02f
-class EnhancedMaskDecoder(nn.Module):
-    """DeBERTa's Enhanced Mask Decoder (He et al. 2021, §3.3; the reference code's `EnhancedMaskDecoder`): the
-    last layer re-run with queries H + z."""
-
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.steps, self.max_len = cfg.emd_steps, cfg.max_position_embeddings
-        self.pos = nn.Embedding(cfg.max_position_embeddings, cfg.d_model)  # z: absolute positions
-
-    def forward(self, layer: EncoderLayer, h, pos, mask, pe, ctx):  # h: (b, n, D), the last layer's input
-        "`(b, n, D)` states for the MLM head; `PositionRangeError` for positions outside the table."
-        check_positions(
-            pos, self.max_len, "the Enhanced Mask Decoder's absolute position table", ', or emd_steps=0'
-        )
-        q = h + self.pos(pos).to(h.dtype)  # (b, n, D): queries H + z
-        for _ in range(self.steps):
-            q = layer(q, mask, pe, ctx, kv=h)[0]  # keys and values: H
-        return q
+        dev = self.embeddings.word.weight.device
+        if input_ids.device != dev:
+            raise ValueError(
+                f'input_ids are on device {input_ids.device} but the model is on {dev}: move one to the other'
+            )
+        _check_ids(input_ids, self.cfg.vocab_size, 'input_ids', 'vocab_size')
+        token_type_ids = _segment_ids(token_type_ids, self.cfg.type_vocab_size)
+        if n_layers is not None and (not is_int(n_layers) or not 0 <= n_layers <= len(self.layers)):
+            raise ValueError(
+                f'n_layers must be an integer in 0..{len(self.layers)} (the layers to run); got {n_layers!r}'
+            )
+        # value checks read tensors: not in a traced or exported graph
+        if position_ids is not None and not is_tracing():
+            # |p| < 2**62: the distances j - i of every encoding fit in int64
+            check_position_limit(position_ids)
+        with _forward_memory_check(input_ids):
+            pos = self.positions(input_ids, position_ids, attention_mask)  # (b|1, n)
+            mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]  # (b, 1, 1, j)
+            # once per forward, shared by all layers; key_mask (b, j): the real tokens
+            ctx = self.pe.prepare(pos, pos, key_mask=None if mask is None else mask[:, 0, 0])
+            x = e = self.embeddings(input_ids, pos, self.pe, token_type_ids)  # (b, n, D)
+            attentions = [] if output_attentions else None
+            for l, layer in enumerate(self.layers[:n_layers]):
+                x, probs = layer(x, mask, self.pe, ctx, return_probs=output_attentions)
+                x = self.after_layer(l, x, e, attention_mask)  # (b, n, D)
+                if output_attentions:
+                    attentions.append(probs)
+        return {'hidden_states': x, 'attentions': attentions, 'pos': pos, 'mask': mask, 'ctx': ctx}
 
 # %% ../nbs/10_model.ipynb #fc05c170
-class EncoderForMLM(nn.Module):
+class EncoderForMLM(_ByConfig, nn.Module):
     """`Encoder` + MLM head; returns `loss` (mean cross-entropy over positions with `labels != -100`) and
-    `logits`."""
+    `logits`. A model family adds a part on top of the encoder by overriding `add_parts` and `encode`
+    (DeBERTa's Enhanced Mask Decoder, 06a_deberta_model)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -597,9 +307,12 @@ class EncoderForMLM(nn.Module):
             nn.Linear(cfg.d_model, cfg.d_model), nn.GELU(), nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         )
         self.decoder_bias = nn.Parameter(torch.zeros(cfg.vocab_size))
-        self.emd = EnhancedMaskDecoder(cfg) if cfg.emd_steps else None
+        self.add_parts(cfg)
         self.apply(self._init_weights)
         self.register_load_state_dict_pre_hook(_check_loaded_weights)
+
+    def add_parts(self, cfg: ModelConfig):
+        "Modules of a model family on top of the encoder, made before the weights are initialized: none here."
 
     def _init_weights(self, m):
         if isinstance(m, (nn.Linear, nn.Embedding)):
@@ -615,50 +328,38 @@ class EncoderForMLM(nn.Module):
     def logits(self, h):  # (..., D) -> (..., V)
         return self.head(h) @ self.encoder.embeddings.word.weight.T + self.decoder_bias
 
-# %% ../nbs/10_model.ipynb #b3f734d9
-@patch
-def forward(
-    self: EncoderForMLM,
-    input_ids: torch.Tensor,  # `(b, n)` token ids (with [MASK]s)
-    labels: torch.Tensor | None = None,  # `(b, n)` original ids at masked positions, −100 elsewhere
-    **kw,  # `attention_mask`, `position_ids`, … as for Encoder
-):
-    """Dict with `hidden_states`, `attentions`, `logits` (`(b, n, V)`, or `(m, V)` at the m masked positions
-    when `labels` are given) and `loss`."""
-    if self.emd is not None and 'n_layers' in kw:
-        raise ValueError('n_layers cannot be set: the Enhanced Mask Decoder runs the last layer')
-    with _forward_memory_check(input_ids):
-        if self.emd is None:
-            out = self.encoder(input_ids, **kw)
-        else:  # the encoder without its last layer, then the decoder
-            out = self.encoder(input_ids, n_layers=self.cfg.n_layers - 1, **kw)
-            out['hidden_states'] = self.emd(
-                self.encoder.layers[-1],
-                out['hidden_states'],
-                out['pos'],
-                out['mask'],
-                self.encoder.pe,
-                out['ctx'],
+    def encode(self, input_ids, **kw) -> dict:
+        "The encoder's output, its `hidden_states` `(b, n, D)` the states the MLM head reads."
+        return self.encoder(input_ids, **kw)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # `(b, n)` token ids (with [MASK]s)
+        labels: torch.Tensor | None = None,  # `(b, n)` original ids at masked positions, −100 elsewhere
+        **kw,  # `attention_mask`, `position_ids`, … as for Encoder
+    ):
+        """Dict with `hidden_states`, `attentions`, `logits` (`(b, n, V)`, or `(m, V)` at the m masked
+        positions when `labels` are given) and `loss`."""
+        with _forward_memory_check(input_ids):
+            out = self.encode(input_ids, **kw)
+        h = out['hidden_states']
+        if labels is None:
+            return {**out, 'logits': self.logits(h), 'loss': None}
+        shape = tuple(input_ids.shape)
+        _check_tensor(
+            labels, 'labels', f'an integer tensor with the shape of input_ids {shape}', is_int_tensor, [shape]
+        )
+        bad = (labels != -100) & ((labels < 0) | (labels >= self.cfg.vocab_size))
+        if bad.any():
+            raise ValueError(
+                f'labels must be token ids in [0, vocab_size={self.cfg.vocab_size}) or -100 (no loss); '
+                f'got {int(labels[bad][0])}'
             )
-    h = out['hidden_states']
-    if labels is None:
-        return {**out, 'logits': self.logits(h), 'loss': None}
-    if not is_int_tensor(labels) or labels.shape != input_ids.shape:
-        raise ValueError(
-            f'labels must be an integer tensor with the shape of input_ids {tuple(input_ids.shape)}; '
-            f'got {_desc(labels)}'
-        )
-    bad = (labels != -100) & ((labels < 0) | (labels >= self.cfg.vocab_size))
-    if bad.any():
-        raise ValueError(
-            f'labels must be token ids in [0, vocab_size={self.cfg.vocab_size}) or -100 (no loss); '
-            f'got {int(labels[bad][0])}'
-        )
-    with _forward_memory_check(input_ids):
-        sel = labels != -100  # (b, n)
-        logits = self.logits(h[sel])  # (m, V)
-        loss = F.cross_entropy(logits.float(), labels[sel]) if sel.any() else logits.sum() * 0.0
-    return {**out, 'logits': logits, 'loss': loss}
+        with _forward_memory_check(input_ids):
+            sel = labels != -100  # (b, n)
+            logits = self.logits(h[sel])  # (m, V)
+            loss = F.cross_entropy(logits.float(), labels[sel]) if sel.any() else logits.sum() * 0.0
+        return {**out, 'logits': logits, 'loss': loss}
 
 # %% ../nbs/10_model.ipynb #e5dd7c51
 def padding_invariance_error(model: nn.Module, ids: torch.Tensor, n_pad: int = 3, pad_id: int = 0) -> float:
@@ -690,14 +391,19 @@ class CheckpointError(ValueError):
     "A checkpoint folder or file is missing, corrupt, or does not match the model configuration."
 
 
+def _dtype_kind(t: torch.Tensor) -> str:  # 'complex', 'float', 'bool' or 'integer'
+    d = t.dtype
+    return (
+        'complex'
+        if d.is_complex
+        else 'float' if d.is_floating_point else 'bool' if d == torch.bool else 'integer'
+    )
+
+
 def check_weight_dtypes(sd: dict, ref: dict, f) -> None:
     """`CheckpointError` naming file `f` and the first tensor of `sd` whose kind (float, integer, bool,
     complex) differs from `ref`'s."""
-    kind = lambda t: (
-        'complex'
-        if t.dtype.is_complex
-        else 'float' if t.dtype.is_floating_point else 'bool' if t.dtype == torch.bool else 'integer'
-    )
+    kind = _dtype_kind
     for k, v in sd.items():
         if k in ref and kind(v) != kind(ref[k]):
             raise CheckpointError(
@@ -834,3 +540,219 @@ def four_term_scores(
 def count_parameters(model: nn.Module) -> int:
     "Number of trainable parameters."
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+# %% ../nbs/10_model.ipynb #14ec465d
+_KINDS = {
+    'int': 'an integer',
+    'float': 'a finite number',
+    'bool': 'True or False',
+    'str': 'a string',
+    'dict': 'a dict',
+}
+
+
+# what fits each annotation
+_FITS = {
+    'int': lambda v: type(v) is int,
+    'float': lambda v: is_real(v) and math.isfinite(v),
+    'bool': lambda v: isinstance(v, bool),
+    'str': lambda v: isinstance(v, str),
+    'dict': lambda v: isinstance(v, dict),
+}
+
+
+def check_field_types(cfg):
+    """`ValueError` naming the first field of dataclass `cfg` whose value does not fit its annotation (int,
+    float, bool, str, dict)."""
+    for f in fields(cfg):
+        v, t = getattr(cfg, f.name), str(f.type)
+        if t in _FITS and not _FITS[t](v):
+            raise ValueError(f'{f.name} must be {_KINDS[t]}; got {v!r}')
+
+# %% ../nbs/10_model.ipynb #a10c0003
+# building an encoding's tables: a clear error if they do not fit
+def _pe_options(spec, cfg, e: TypeError) -> str:
+    """For the error `e` on pe_kwargs that encoding `spec` does not accept: the options it does accept, the
+    parameters with a default of the callable `e` names (else of the module the factory builds) that the
+    factory leaves to pe_kwargs."""
+    probe = copy.copy(cfg)
+
+    def build(kw: dict):
+        probe.pe_kwargs = kw
+        with torch.random.fork_rng(devices=[]):
+            return spec.factory(probe)
+
+    def accepted(p) -> bool:
+        try:
+            build({p.name: p.default})
+        except TypeError:  # not a parameter of the factory, or one it sets itself ('multiple values')
+            return False
+        except Exception:  # taken as a keyword; its default alone is not a valid value here
+            return True
+        return True
+
+    named = re.match(r'(\w+)(?:\.__init__)?\(\) got an unexpected keyword', str(e))
+    try:
+        target = vars(sys.modules[spec.factory.__module__]).get(named[1]) if named else None
+        params = inspect.signature(target or type(build({}))).parameters.values()
+        opts = [p.name for p in params if p.default is not inspect.Parameter.empty and accepted(p)]
+    except Exception:  # a hint only: the error it adds to stands without it
+        return ''
+    return f'; pe={spec.name!r} accepts {", ".join(opts)}' if opts else f'; pe={spec.name!r} takes no options'
+
+
+def _pe_kwargs_error(spec, cfg, e: TypeError) -> ValueError | None:
+    """The `ValueError` for `e`, a `TypeError` raised building encoding `spec` from `cfg`: pe_kwargs it does
+    not take, when a call refused one of them as an unexpected keyword (with the options it takes); else, with
+    pe_kwargs given, their values, naming the factory and `e`. None without pe_kwargs: then `e` is the
+    factory's own error, to be raised as it is (it gets a note naming the encoding)."""
+    f = spec.factory
+    origin = f'{f.__module__}.{getattr(f, "__qualname__", f)}'
+    bad = re.search(r"got an unexpected keyword argument '(\w+)'", str(e))
+    if bad and bad[1] in cfg.pe_kwargs:
+        return ValueError(
+            f'pe_kwargs {cfg.pe_kwargs} are not accepted by pe={spec.name!r}: {e}{_pe_options(spec, cfg, e)}'
+        )
+    if cfg.pe_kwargs:
+        return ValueError(
+            f'pe={spec.name!r} with pe_kwargs {cfg.pe_kwargs}: its factory {origin} raised TypeError: {e}; '
+            'check the types of the values'
+        )
+    e.add_note(f'raised building pe={spec.name!r} (factory {origin})')
+    return None
+
+
+def _check_built(spec, enc):
+    "`TypeError` naming the encoding when its factory returned `enc` that is not a `PositionEncoding` module"
+    if not isinstance(enc, PositionEncoding):
+        f = spec.factory
+        raise TypeError(
+            f'the factory of the {spec.modality} encoding {spec.name!r} '
+            f'({f.__module__}.{getattr(f, "__qualname__", f)}) returned {enc!r}; a factory registered with '
+            'register_encoding returns the encoding module (an nn.Module) built from the config, a '
+            'PositionEncoding (posenc_lit.attention) with the hooks the attention calls'
+        )
+    return enc
+
+
+def _encoding_memory_check(cfg, pe: str, kwargs: dict):
+    return memory_check(
+        f'the position encoding {pe!r} (max_position_embeddings={cfg.max_position_embeddings}, '
+        f'd_model={cfg.d_model}{", " + str(kwargs) if kwargs else ""})',
+        'use a smaller max_position_embeddings, d_model or table size (e.g. pe_kwargs k)',
+    )
+
+
+def _relative_names(cfg) -> list[str]:
+    "The registered encodings `add_relative` takes: relative only (no absolute table) when built for `cfg`."
+
+    def relative(name, spec) -> bool:
+        try:
+            with torch.random.fork_rng(devices=[]):
+                enc = spec.factory(replace(cfg, pe=name, pe_kwargs={}))
+        except Exception:  # it needs options to be built here: not listed
+            return False
+        return isinstance(enc, PositionEncoding) and enc.relative_only and enc.kind in ('score', 'qk')
+
+    return [n for n, spec in list_encodings().items() if spec.kind in ('score', 'qk') and relative(n, spec)]
+
+
+def _built(cfg) -> PositionEncoding:
+    "Encoding `cfg.pe` with options `cfg.pe_kwargs` from its registered factory; a clear error if that fails."
+    spec = get_encoding(cfg.pe)  # unknown names fail here, listing the valid ones
+    try:
+        with _encoding_memory_check(cfg, cfg.pe, cfg.pe_kwargs):
+            enc = spec.factory(cfg)
+    except TypeError as e:
+        # an argument the model passes itself
+        taken = re.search(r"multiple values for argument '(\w+)'", str(e))
+        if taken:
+            raise ValueError(
+                f'pe_kwargs cannot set {taken[1]!r}: pe={cfg.pe!r} takes it from the model '
+                f'(d_model={cfg.d_model}, n_heads={cfg.n_heads}, head dimension '
+                f'd_model/n_heads={cfg.d_model // cfg.n_heads})'
+            ) from None
+        err = _pe_kwargs_error(spec, cfg, e)
+        if err is None:
+            raise
+        raise err from None
+    return _check_built(spec, enc)
+
+
+def _check_relative(cfg, enc: PositionEncoding) -> PositionEncoding:
+    "`enc`, built from `cfg` to be added with `add_relative`; `ValueError` unless it is relative only."
+    if not enc.relative_only or enc.kind == 'none':
+        table = ' with an absolute table (max_len)' if getattr(enc, 'max_len', None) else ''
+        raise ValueError(
+            f'add_relative={cfg.pe!r} must name a relative encoding (kind score or qk, no absolute table); '
+            f'got kind {enc.kind!r}{table}. Relative ones: ' + ', '.join(_relative_names(cfg))
+        )
+    return enc
+
+
+# %% ../nbs/10_model.ipynb #19328af6
+def _desc(t):
+    return f'{t.dtype} tensor of shape {tuple(t.shape)}' if isinstance(t, torch.Tensor) else type(t).__name__
+
+
+def _check_tensor(t, name: str, what: str, kind, shapes=None, device=None):
+    """`ValueError` `'{name} must be {what}; got …'` unless `kind(t)` and `t.shape` is one of `shapes` (any
+    if None), and naming the device unless `t` is on `device`; `t` None passes."""
+    if t is not None and (not kind(t) or shapes is not None and tuple(t.shape) not in shapes):
+        raise ValueError(f'{name} must be {what}; got {_desc(t)}')
+    if t is not None and device is not None and t.device != device:
+        raise ValueError(
+            f'{name} is on device {t.device} but input_ids is on {device}: put all inputs on one device'
+        )
+
+
+def _check_inputs(input_ids, attention_mask, position_ids, token_type_ids: torch.Tensor | None = None):
+    """Check the model's inputs; returns `(input_ids, position_ids, token_type_ids)` as int64, whatever
+    integer dtype was given."""
+    ids, m = input_ids, attention_mask
+    _check_tensor(
+        ids, 'input_ids', 'an integer tensor of shape (b, n)', lambda t: is_int_tensor(t) and t.ndim == 2
+    )
+    (b, n), dev = ids.shape, ids.device
+    mask = lambda t: is_int_tensor(t) or isinstance(t, torch.Tensor) and t.dtype == torch.bool
+    what = f'a bool or 0/1 integer tensor of shape (b, n) = {(b, n)} (True/1 = real token)'
+    _check_tensor(m, 'attention_mask', what, mask, [(b, n)], dev)
+    what = f'an integer tensor of shape (b, n), (1, n) or (n,) with n={n}'
+    _check_tensor(position_ids, 'position_ids', what, is_int_tensor, [(b, n), (1, n), (n,)], dev)
+    what = f'an integer tensor of shape (b, n) = {(b, n)}'
+    _check_tensor(token_type_ids, 'token_type_ids', what, is_int_tensor, [(b, n)], dev)
+    read = m is not None and m.dtype != torch.bool and m.device.type != 'meta' and not is_tracing()
+    if read and not ((m == 0) | (m == 1)).all():
+        raise ValueError(
+            f'attention_mask must hold only 0 (padding) and 1 (real token); got values '
+            f'{sorted(set(m.unique().tolist()))[:6]} (an additive mask of 0 / -inf is not accepted: '
+            'pass 1 / 0)'
+        )
+    # uint8 would index as a mask
+    return tuple(None if t is None else t.long() for t in (input_ids, position_ids, token_type_ids))
+
+
+# token or segment ids must index their table (not checked in a traced graph)
+def _check_ids(t, size, name, field):
+    if not t.numel() or is_tracing():
+        return
+    lo, hi = value_range(t)  # one host read per forward
+    if lo < 0 or hi >= size:
+        raise ValueError(f'{name} must lie in [0, {field}={size}); got values {lo}..{hi}')
+
+
+# the segment ids the embeddings get, checked once per forward (a host sync)
+def _segment_ids(t, type_vocab_size):
+    "`t` checked against the segment table; without one (`type_vocab_size=0`) all-zero ids become `None`."
+    if t is None:
+        return None
+    if type_vocab_size:
+        _check_ids(t, type_vocab_size, 'token_type_ids', 'type_vocab_size')
+        return t
+    if t.numel() and not is_tracing() and bool(t.any()):
+        raise ValueError(
+            f'token_type_ids hold segment ids {int(t.min())}..{int(t.max())} but the model has no segment '
+            'embeddings (type_vocab_size=0): pass all-zero token_type_ids (one segment: they are ignored) '
+            'or none, or use a model with segment embeddings (type_vocab_size ≥ 2)'
+        )
+    return None
