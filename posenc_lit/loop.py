@@ -24,9 +24,8 @@ from .runs import _AGAIN, _check_processes, _json_object
 __all__ = ['MIXED_PRECISION', 'NonFiniteLossError', 'Loop', 'fit', 'param_groups', 'lr_factor', 'scheduler',
            'RunConfig', 'ListOf', 'obeys', 'check_rules', 'make_config', 'config_from', 'SignalStop',
            'check_precision', 'check_one_batch', 'accelerator', 'optimizer', 'build_model', 'probe_step',
-           'begin_run', 'progress_bar', 'open_run', 'running', 'done_summary', 'stopped', 'fit_run',
-           'train_mean', 'run_costs', 'end_run', 'eval_sums', 'loss_accuracy', 'micro_batch',
-           'step_generator', 'Phase', 'phase_plan', 'PhaseRun', 'check_phase_state', 'fit_phases']
+           'open_run', 'running', 'done_summary', 'stopped', 'fit_run', 'train_mean', 'run_costs', 'end_run',
+           'eval_sums', 'loss_accuracy', 'micro_batch', 'step_generator']
 
 # %% ../nbs/11a_loop.ipynb #df8b3ec1
 class NonFiniteLossError(ValueError):
@@ -106,18 +105,11 @@ def _non_finite(acc: Accelerator, loop: Loop, state: dict, rng: tuple, saved: in
 
 def _record(acc: Accelerator, loop: Loop, state: dict, seconds: float) -> dict:
     "The training record of the steps since the last one; resets the running sums of `state`."
-    run = torch.tensor([state['run_loss'], *state['run_counts'].values()], dtype=torch.float64)
-    run = acc.reduce(run.to(acc.device), 'mean').cpu().tolist() if acc.num_processes > 1 else run.tolist()
-    n, counts = state['run_n'], dict(zip(state['run_counts'], run[1:]))
-    rec = {
-        'step': state['step'],
-        'split': 'train',
-        **loop.tags,
-        'loss': run[0] / n,
-        'lr': loop.sched.get_last_lr()[0],
-    }
+    run, n = _pending(acc, state), state['run_n']
+    rec = {'step': state['step'], 'split': 'train', **loop.tags, 'loss': run['run_loss'] / n}
+    rec['lr'] = loop.sched.get_last_lr()[0]
     if loop.train_fields is not None:
-        rec.update(loop.train_fields(counts, n, seconds))
+        rec.update(loop.train_fields(run['run_counts'], n, seconds))
     state.update(run_loss=0.0, run_n=0, run_counts={})
     return rec
 
@@ -127,8 +119,11 @@ def _pending(acc: Accelerator, state: dict) -> dict:
     run = torch.tensor([state['run_loss'], *state['run_counts'].values()], dtype=torch.float64)
     if acc.num_processes > 1:
         run = acc.reduce(run.to(acc.device), 'mean').cpu()
-    counts = dict(zip(state['run_counts'], run[1:].tolist()))
-    return {**state, 'run_loss': run[0].item(), 'run_counts': counts}
+    return {
+        **state,
+        'run_loss': run[0].item(),
+        'run_counts': dict(zip(state['run_counts'], run[1:].tolist())),
+    }
 
 
 def _evaluate(acc: Accelerator, loop: Loop, state: dict, out: Path, bar: tqdm | None = None):
@@ -448,25 +443,6 @@ def probe_step(model: torch.nn.Module, loss: Callable, what: str, remedy: str, d
 
 
 # %% ../nbs/11a_loop.ipynb #0b20ec49
-def begin_run(acc: Accelerator, out: Path, config: dict, step: int = 0):
-    "On the main process: `out` made, `config.json` written, the records after `step` dropped."
-    if acc.is_main_process:
-        out.mkdir(parents=True, exist_ok=True)
-        write_json(out / 'config.json', config, indent=2, sort_keys=True)
-        restart_metrics(out, step)
-
-
-def progress_bar(acc: Accelerator, total: int, desc: str, show: bool = True, initial: int = 0) -> tqdm:
-    "A progress bar on stderr, on the main process only."
-    return tqdm(
-        total=total,
-        initial=initial,
-        desc=desc,
-        disable=not (acc.is_main_process and show),
-        dynamic_ncols=True,
-    )
-
-
 def open_run(cfg, out, resume: bool, overwrite: bool, **steps) -> tuple:
     """`(out, acc, state, done)` of a run with checkpoints: `out` checked (`check_creatable_dir`, then
     `prepare_run_dir` with `steps`), a fresh `accelerator`, the trainer state to resume from (None: a fresh
@@ -487,13 +463,21 @@ def running(
     acc: Accelerator, out: Path, cfg, step: int, total: int, desc: str, progress=True, overwrite=False
 ):
     """`(stop, bar)` for the steps of run config `cfg` from `step` to `total`: the run in `out` deleted first
-    if `overwrite` (every input is checked by now; every process waits for it), `begin_run`, a `SignalStop`
-    and a `progress_bar`."""
+    if `overwrite` (every input is checked by now; every process waits for it); `out/config.json` written and
+    the records after `step` dropped (by the main process); a `SignalStop` and a progress bar on stderr (main
+    process only)."""
     if overwrite and acc.is_main_process and out.exists() and run_entries(out):
         replace_run_dir(out)
     acc.wait_for_everyone()
-    begin_run(acc, out, asdict(cfg), step)
-    with SignalStop() as stop, progress_bar(acc, total, desc, progress, step) as bar:
+    if acc.is_main_process:
+        out.mkdir(parents=True, exist_ok=True)
+        write_json(out / 'config.json', asdict(cfg), indent=2, sort_keys=True)
+        restart_metrics(out, step)
+    show = acc.is_main_process and progress
+    with (
+        SignalStop() as stop,
+        tqdm(total=total, initial=step, desc=desc, disable=not show, dynamic_ncols=True) as bar,
+    ):
         yield stop, bar
 
 # %% ../nbs/11a_loop.ipynb #e827647a
@@ -617,77 +601,3 @@ def step_generator(seed: int, t: int, rank: int) -> torch.Generator:
     """The generator of micro-batch `t` on process `rank` (MLM masking, image augmentation): a function of its
     arguments."""
     return torch.Generator().manual_seed(((seed * 1_000_003 + t) * 1_009 + rank) % 2**63)
-
-# %% ../nbs/11a_loop.ipynb #0c5229c2
-class Phase(NamedTuple):
-    "A phase of a run: its optimizer steps `first` to `last` (numbered on through the run), its own optimizer."
-
-    name: str  # the key of its results, the phase of its records: 'train', 'finetune-bicubic', ...
-    size: tuple  # what it trains on (the ViT's image size (H, W))
-    first: int
-    last: int
-    lr: float  # peak learning rate
-
-
-def phase_plan(specs: list) -> list[Phase]:
-    "The `Phase`s of `specs`, `(name, size, steps, lr)` each, run one after the other from step 0."
-    phases, first = [], 0
-    for name, size, steps, lr in specs:
-        phases.append(Phase(name, tuple(size), first, first + steps, lr))
-        first += steps
-    return phases
-
-# %% ../nbs/11a_loop.ipynb #55aed099
-@dataclass(kw_only=True)
-class PhaseRun:
-    "What a run of `Phase`s gives `fit_phases`: what each phase needs from its kind of run, where the run stands."
-
-    out: Path  # the run directory
-    start: Callable  # (model, phase) -> the model the phase starts from, at its first step
-    groups: Callable  # model -> its AdamW groups (param_groups)
-    loop: Callable  # (acc, phase, parts) -> the Loop of the phase
-    results: Callable  # (acc, model, phase) -> the results of the finished phase, kept in the trainer state
-    write: Callable  # (acc, model, tmp) -> None: the kind's own files in a checkpoint (save_checkpoint)
-    t_start: float  # time.time() at the start, less the seconds the run took before it was resumed
-    stop_at: int | None = None  # stop after this step, as an interruption would
-    stop: SignalStop | None = None
-    bar: tqdm | None = None
-
-    def save(self, acc: Accelerator, model, state: dict):
-        "A checkpoint of `state` (and the seconds since the run began)."
-        write = lambda tmp: self.write(acc, model, tmp)
-        save_checkpoint(acc, self.out, write, {**state, 'elapsed': time.time() - self.t_start})
-
-
-def check_phase_state(out: Path, state: dict | None):
-    """`CheckpointError` unless the trainer state to resume from (None: a fresh run) holds the results of the
-    phases (a dict) and the elapsed seconds (a number); checked before a finished run's summary is too."""
-    if state is not None and not (isinstance(state.get('results'), dict) and is_real(state.get('elapsed'))):
-        raise CheckpointError(
-            f"{out / 'checkpoint' / STATE_FILE} must hold the results of the phases and elapsed; got "
-            f'{str(state)[:120]}: {_AGAIN}'
-        )
-
-# %% ../nbs/11a_loop.ipynb #1e653ed2
-def fit_phases(cfg, model, state: dict, phases: list, run: PhaseRun) -> tuple:
-    """`(acc, model, stop)`: `model` trained through `phases` from trainer state `state` (its `results`: of the
-    phases that finished), each with a fresh accelerator and AdamW (`cfg`'s `mixed_precision`, `warmup`,
-    `schedule`); `stop` is what `stopped` returns if a signal or `run.stop_at` stopped it, else None."""
-    for ph in phases:
-        here = ph.first < state['step'] <= ph.last  # resumed from a checkpoint of this phase
-        if ph.name in state['results'] and not here:
-            continue
-        if state['step'] == ph.first:
-            model = run.start(model, ph)
-        acc = accelerator(cfg.mixed_precision)
-        parts = optimizer(acc, model, run.groups(model), ph.lr, ph.last - ph.first, cfg.warmup, cfg.schedule)
-        if here:
-            load_checkpoint(acc, run.out / 'checkpoint')
-        if ph.name in state['results']:  # resumed at the end of this phase
-            continue
-        sig = fit(acc, run.loop(acc, ph, parts), state, run.out, run.stop_at, run.stop, run.bar)
-        if sig is not None or state['step'] < ph.last:  # a signal, the phase's last step's too, or stop_at
-            return acc, model, stopped(state, phases[-1].last, sig)
-        state['results'][ph.name] = run.results(acc, model, ph)
-        run.save(acc, model, state)
-    return acc, model, None
