@@ -1054,7 +1054,6 @@ d = {
             'posenc_lit.loop.scheduler': ('loop.html#scheduler', 'posenc_lit/loop.py'),
             'posenc_lit.loop.step_generator': ('loop.html#step_generator', 'posenc_lit/loop.py'),
             'posenc_lit.loop.stopped': ('loop.html#stopped', 'posenc_lit/loop.py'),
-            'posenc_lit.loop.train_mean': ('loop.html#train_mean', 'posenc_lit/loop.py'),
         },
         'posenc_lit.model': {
             'posenc_lit.model.CheckpointError': ('model.html#checkpointerror', 'posenc_lit/model.py'),
@@ -1357,7 +1356,6 @@ d = {
             'posenc_lit.runs._disk_full': ('runs.html#_disk_full', 'posenc_lit/runs.py'),
             'posenc_lit.runs._json_object': ('runs.html#_json_object', 'posenc_lit/runs.py'),
             'posenc_lit.runs._listing': ('runs.html#_listing', 'posenc_lit/runs.py'),
-            'posenc_lit.runs._save_failed': ('runs.html#_save_failed', 'posenc_lit/runs.py'),
             'posenc_lit.runs._saved_config': ('runs.html#_saved_config', 'posenc_lit/runs.py'),
             'posenc_lit.runs._saved_name': ('runs.html#_saved_name', 'posenc_lit/runs.py'),
             'posenc_lit.runs._sha256': ('runs.html#_sha256', 'posenc_lit/runs.py'),

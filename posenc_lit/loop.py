@@ -24,8 +24,8 @@ from .runs import _AGAIN, _check_processes, _json_object
 __all__ = ['MIXED_PRECISION', 'NonFiniteLossError', 'Loop', 'fit', 'param_groups', 'lr_factor', 'scheduler',
            'RunConfig', 'ListOf', 'obeys', 'check_rules', 'make_config', 'config_from', 'SignalStop',
            'check_precision', 'check_one_batch', 'accelerator', 'optimizer', 'build_model', 'probe_step',
-           'open_run', 'running', 'done_summary', 'stopped', 'fit_run', 'train_mean', 'run_costs', 'end_run',
-           'eval_sums', 'loss_accuracy', 'micro_batch', 'step_generator']
+           'open_run', 'running', 'done_summary', 'stopped', 'fit_run', 'run_costs', 'end_run', 'eval_sums',
+           'loss_accuracy', 'micro_batch', 'step_generator']
 
 # %% ../nbs/11a_loop.ipynb #df8b3ec1
 class NonFiniteLossError(ValueError):
@@ -524,16 +524,12 @@ def fit_run(
     return state['step'], None if done else stopped(state, cfg.steps, sig)
 
 
-def train_mean(out: Path, step: int, key: str) -> float:
-    "The mean of `key` over the training records of `out/metrics.jsonl` up to `step` (0 if there are none)."
-    values = [r[key] for r in read_metrics(out / 'metrics.jsonl', step) if r['split'] == 'train']
-    return sum(values) / max(1, len(values))
-
-
 def run_costs(acc: Accelerator, out: Path, model, step: int, rate: str) -> dict:
-    "The costs in a summary: `parameters`, `processes`, and `train_{rate}`, the mean of `rate` to `step`."
-    n = count_parameters(acc.unwrap_model(model))
-    return {'parameters': n, 'processes': acc.num_processes, f'train_{rate}': train_mean(out, step, rate)}
+    """The costs in a summary: `parameters`, `processes`, and `train_{rate}`, the mean of `rate` over the training
+    records to `step` (0 if there are none)."""
+    values = [r[rate] for r in read_metrics(out / 'metrics.jsonl', step) if r['split'] == 'train']
+    n, mean = count_parameters(acc.unwrap_model(model)), sum(values) / max(1, len(values))
+    return {'parameters': n, 'processes': acc.num_processes, f'train_{rate}': mean}
 
 
 def end_run(acc: Accelerator, out: Path, summary: dict) -> dict:

@@ -116,10 +116,9 @@ def read_config(f: Path) -> dict:
     """The object in the config.json `f`; `{}` if it is missing, damaged or not an object (`run_kind`: another
     kind)."""
     try:
-        c = json.loads(f.read_text())
+        return _json_object(f, ValueError, 'a configuration', 'damaged')
     except (OSError, ValueError):
         return {}
-    return c if isinstance(c, dict) else {}
 
 
 def check_own_files(out: Path, files: tuple, kind: str):
@@ -445,26 +444,23 @@ def any_process(accelerator: Accelerator, flag: bool) -> bool:
     return accelerator.reduce(torch.tensor(float(flag), device=accelerator.device), 'sum').item() > 0
 
 
-def _save_failed(e: BaseException | None, tmp: Path, ck: Path, step: int) -> Exception:
-    "The error to raise for a save that failed on some process (`e`: this process's error, if it had one)."
+def _stop_if_failed(acc: Accelerator, err: BaseException | None, tmp: Path, ck: Path, step: int):
+    """On every process (a barrier too): if the save failed on any, `tmp` removed and the error raised (`err`:
+    this process's; a full disk says so)."""
+    if not any_process(acc, err is not None):
+        return
+    if acc.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
     kept = f'{ck} is left as it was' if ck.exists() else 'no earlier checkpoint exists'
-    if e is not None and _disk_full(e):
-        return OSError(
+    if err is None:
+        raise RuntimeError(f'another process failed to save the checkpoint of step {step}; {kept}')
+    if _disk_full(err):
+        raise OSError(
             errno.ENOSPC,
             f'No space left on device: the disk is full; the checkpoint of step '
             f'{step} was not saved ({tmp} removed) and {kept}: free some space, then --resume',
         )
-    if e is None:
-        return RuntimeError(f'another process failed to save the checkpoint of step {step}; {kept}')
-    return e
-
-
-def _stop_if_failed(acc: Accelerator, err: BaseException | None, tmp: Path, ck: Path, step: int):
-    "On every process: `tmp` removed and `_save_failed` raised if the save failed on any (a barrier too)."
-    if any_process(acc, err is not None):
-        if acc.is_main_process:
-            shutil.rmtree(tmp, ignore_errors=True)
-        raise _save_failed(err, tmp, ck, step)
+    raise err
 
 
 def _sha256(f: Path) -> str:
