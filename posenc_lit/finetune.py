@@ -138,7 +138,7 @@ def _better(a: float, b: float | None, metric: str) -> bool:  # NaN never wins; 
 
 @dataclass
 class _TaskRun:
-    "What a fine-tuning run keeps: its task and data, its length, and the best validation so far with its weights."
+    "What a fine-tuning run keeps: its task and data, its length, the best validation so far and its weights."
 
     spec: TaskSpec
     tok: object  # the checkpoint's tokenizer

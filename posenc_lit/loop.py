@@ -119,11 +119,8 @@ def _pending(acc: Accelerator, state: dict) -> dict:
     run = torch.tensor([state['run_loss'], *state['run_counts'].values()], dtype=torch.float64)
     if acc.num_processes > 1:
         run = acc.reduce(run.to(acc.device), 'mean').cpu()
-    return {
-        **state,
-        'run_loss': run[0].item(),
-        'run_counts': dict(zip(state['run_counts'], run[1:].tolist())),
-    }
+    counts = dict(zip(state['run_counts'], run[1:].tolist()))
+    return {**state, 'run_loss': run[0].item(), 'run_counts': counts}
 
 
 def _evaluate(acc: Accelerator, loop: Loop, state: dict, out: Path, bar: tqdm | None = None):
@@ -168,8 +165,7 @@ def fit(
     bar: tqdm | None = None,
 ) -> str | None:
     """Train from `state['step']` to `loop.steps` (or `stop_at`); the signal that stopped it, or None. A
-    signal
-    stops it after the step in progress, the last one included, with a checkpoint of that step."""
+    signal stops it after the step in progress, the last one included, with a checkpoint of that step."""
     start = {'micro_step': state['step'] * loop.grad_accum, 'run_loss': 0.0, 'run_n': 0, 'run_counts': {}}
     for k, v in start.items():
         state.setdefault(k, v)
@@ -346,10 +342,8 @@ def config_from(cls, cfg, **given):
 # %% ../nbs/11a_loop.ipynb #b7e02acb
 class SignalStop:
     """Context manager: the first SIGINT/SIGTERM sets `signum` instead of interrupting; a second acts as
-    usual.
-    A signal that no loop acted on (`fit` sets `acted` when it stops for it) is raised again on exit, so that
-    it
-    is never lost."""
+    usual. A signal that no loop acted on (`fit` sets `acted` when it stops for it) is raised again on
+    exit, so that it is never lost."""
 
     def __init__(self, signals=('SIGINT', 'SIGTERM')):
         self.signum, self.acted, self._names, self._old = None, False, signals, {}
@@ -525,8 +519,8 @@ def fit_run(
 
 
 def run_costs(acc: Accelerator, out: Path, model, step: int, rate: str) -> dict:
-    """The costs in a summary: `parameters`, `processes`, and `train_{rate}`, the mean of `rate` over the training
-    records to `step` (0 if there are none)."""
+    """The costs in a summary: `parameters`, `processes`, and `train_{rate}`, the mean of `rate` over the
+    training records to `step` (0 if there are none)."""
     values = [r[rate] for r in read_metrics(out / 'metrics.jsonl', step) if r['split'] == 'train']
     n, mean = count_parameters(acc.unwrap_model(model)), sum(values) / max(1, len(values))
     return {'parameters': n, 'processes': acc.num_processes, f'train_{rate}': mean}

@@ -370,8 +370,8 @@ def _phase_loop(r: _VitRun, acc: Accelerator, phase: Phase, parts: tuple) -> Loo
 # %% ../nbs/18_vit_train.ipynb #22deac7b
 def _phase_results(r: _VitRun, acc: Accelerator, model: ViT, phase: Phase) -> dict:
     """Validation (unless the phase's last evaluation left it in the trainer state) and test at the phase's
-    resolution, and test at every evaluation size and mode; after training, the model kept for `finetune_init`.
-    """
+    resolution, and test at every evaluation size and mode; after training, the model kept for
+    `finetune_init`."""
     (name, size, _, last, _), data, norm, cfg = phase, r.data, (r.info['mean'], r.info['std']), r.cfg
     ev = lambda split: (
         evaluate_images(model, *data[split], *norm, size, accelerator=acc) if len(data[split][1]) else None
@@ -401,8 +401,8 @@ def _phase_start(cfg: VitTrainConfig, out: Path, model: ViT, phase: Phase) -> Vi
 
 # %% ../nbs/18_vit_train.ipynb #751877a7
 def _fit_phases(r: _VitRun, model: ViT, phases: list[Phase]) -> tuple:
-    """`(acc, model, stop)`: `model` trained through `phases` from `r.state` (its `results`: of the phases that
-    finished), each with a fresh accelerator and AdamW; `stop` is what `stopped` returns if a signal or
+    """`(acc, model, stop)`: `model` trained through `phases` from `r.state` (its `results`: of the phases
+    that finished), each with a fresh accelerator and AdamW; `stop` is what `stopped` returns if a signal or
     `r.stop_at` stopped it, else None."""
     cfg, state = r.cfg, r.state
     for ph in phases:
