@@ -19,6 +19,7 @@ from .tasks import *
 from .heads import *
 from .heads import _context_mask, _is_hf_folder, _longest_run, _special
 from .loop import *
+from .runs import *
 
 # %% auto #0
 __all__ = ['FINETUNE_PRESETS', 'FinetuneConfig', 'make_finetune_config', 'finetune', 'finetune_seeds',
@@ -151,6 +152,30 @@ def _batch(data: dict, idx, kind: str):
 def _better(a: float, b: float | None, metric: str) -> bool:  # NaN never wins; a number beats NaN (but mse)
     return b is None or not math.isnan(a) and (a < b if metric == 'mse' else a > b or math.isnan(b))
 
+
+@dataclass
+class _TaskRun:
+    "What a fine-tuning run keeps: its task and data, its length, the best validation so far and its weights."
+
+    spec: TaskSpec
+    tok: object  # the checkpoint's tokenizer
+    dd: dict  # the task's splits as loaded (what `score` compares predictions with)
+    data: dict  # the splits encoded (`encode_task`)
+    per_epoch: int  # optimizer steps per epoch
+    steps: int  # optimizer steps of the run
+    t_start: float  # time.time() at the start
+    best: dict | None = None  # the best validation scores so far
+    best_step: int = 0
+    best_state: dict | None = None  # the weights that scored `best`, on the CPU
+    last: dict | None = None  # the last validation scores
+
+    def keep(self, scores: dict, step: int, model: nn.Module):
+        "Record the validation `scores` of `step`, and the weights of `model` if they are the best so far."
+        self.last, m = scores, self.spec.main_metric
+        if _better(scores[m], None if self.best is None else self.best[m], m):
+            weights = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+            self.best, self.best_step, self.best_state = scores, step, weights
+
 # %% ../nbs/16_finetune.ipynb #436a315d
 def finetune(
     cfg: FinetuneConfig,  # task, checkpoint and training settings (see make_finetune_config)
@@ -170,15 +195,14 @@ def finetune(
     set_seed(cfg.seed)  # the head is drawn again from this seed (`_setup` drew it before)
     nn.init.normal_(model.head.proj.weight, std=model.encoder.cfg.initializer_range)
     per_epoch = max(1, math.ceil(len(data['train']['input_ids']) / (cfg.batch_size * acc.num_processes)))
-    steps = per_epoch * cfg.epochs
-    run = dict(spec=spec, tok=tok, dd=dd, data=data, per_epoch=per_epoch, steps=steps, t_start=t_start)
-    parts = optimizer(acc, model, _param_groups(model, cfg), cfg.lr, steps, cfg.warmup)
+    run = _TaskRun(spec, tok, dd, data, per_epoch, per_epoch * cfg.epochs, t_start)
+    parts = optimizer(acc, model, _param_groups(model, cfg), cfg.lr, run.steps, cfg.warmup)
     state = {'step': 0}
-    with running(acc, out, cfg, 0, steps, f'finetune {cfg.task}', progress) as (stop, bar):
+    with running(acc, out, cfg, 0, run.steps, f'finetune {cfg.task}', progress) as (stop, bar):
         sig = fit(acc, _task_loop(cfg, acc, parts, run), state, out, stop=stop, bar=bar)
     if sig is not None:
-        return stopped(state, run['steps'], sig)
-    model.load_state_dict(run['best_state'])  # the module inside the prepared one
+        return stopped(state, run.steps, sig)
+    model.load_state_dict(run.best_state)  # the module inside the prepared one
     return _finish(cfg, out, acc, model, run)
 
 # %% ../nbs/16_finetune.ipynb #9f6a351d
@@ -194,17 +218,16 @@ def _param_groups(model: EncoderForTask, cfg: FinetuneConfig) -> list[dict]:
     return groups + [{'params': added_group, 'weight_decay': cfg.weight_decay, 'lr': cfg.add_relative_lr}]
 
 # %% ../nbs/16_finetune.ipynb #797e8460
-def _task_loop(cfg: FinetuneConfig, acc: Accelerator, parts: tuple, run: dict) -> Loop:
+def _task_loop(cfg: FinetuneConfig, acc: Accelerator, parts: tuple, run: _TaskRun) -> Loop:
     """What fine-tuning gives `fit`: the task loss of step `t`'s examples, and validation that keeps the best
     model."""
-    rank, world, dev, kind = acc.process_index, acc.num_processes, acc.device, run['spec'].kind
-    model, train, perms = parts[0], run['data']['train'], []
+    rank, world, dev, kind = acc.process_index, acc.num_processes, acc.device, run.spec.kind
+    model, train, perms = parts[0], run.data['train'], []
     inner = acc.unwrap_model(model)
-    run.update(best=None, best_step=0, best_state=None, last=None)  # the best validation so far, its model
     g = torch.Generator().manual_seed(cfg.seed)
 
     def loss(t):
-        epoch, b = divmod(t, run['per_epoch'])
+        epoch, b = divmod(t, run.per_epoch)
         # one seeded permutation per epoch, in order
         while len(perms) <= epoch:
             perms.append(torch.randperm(len(train['input_ids']), generator=g).tolist())
@@ -215,23 +238,19 @@ def _task_loop(cfg: FinetuneConfig, acc: Accelerator, parts: tuple, run: dict) -
         return out['loss'], {'tokens': int(am.sum())}
 
     def validation(step):
-        m, dd = run['spec'].main_metric, run['dd']
-        last = score(inner, run['data']['validation'], run['spec'], dd['validation'], 64, cfg.max_answer_len)
-        run['last'] = last
-        if _better(last[m], None if run['best'] is None else run['best'][m], m):
-            best_state = {k: v.detach().cpu().clone() for k, v in inner.state_dict().items()}
-            run.update(best=last, best_step=step, best_state=best_state)
-        return {'epoch': (step - 1) // run['per_epoch'] + 1, **last}
+        last = score(inner, run.data['validation'], run.spec, run.dd['validation'], 64, cfg.max_answer_len)
+        run.keep(last, step, inner)
+        return {'epoch': (step - 1) // run.per_epoch + 1, **last}
 
     per_s = lambda c, n, s: {'tokens_per_s': c['tokens'] * world / s}
-    kw = dict(steps=run['steps'], eval_every=cfg.eval_every or run['per_epoch'], eval_split='validation')
+    kw = dict(steps=run.steps, eval_every=cfg.eval_every or run.per_epoch, eval_split='validation')
     return Loop.of(cfg, parts, loss, validation, None, train_fields=per_s, **kw)  # no checkpoints
 
 # %% ../nbs/16_finetune.ipynb #b5fce545
-def _finish(cfg: FinetuneConfig, out: Path, acc: Accelerator, model, run: dict) -> dict:
+def _finish(cfg: FinetuneConfig, out: Path, acc: Accelerator, model, run: _TaskRun) -> dict:
     """Score the best model on test; the summary (written to `out/summary.json`) and the model in
     `out/checkpoint`."""
-    spec, tok, dd, data = run['spec'], run['tok'], run['dd'], run['data']
+    spec, tok, dd, data = run.spec, run.tok, run.dd, run.data
     test = score(model, data['test'], spec, dd['test'], 64, cfg.max_answer_len)
     enc = model.encoder.cfg  # as loaded, with what fine-tuning added
     summary = {
@@ -241,14 +260,14 @@ def _finish(cfg: FinetuneConfig, out: Path, acc: Accelerator, model, run: dict) 
         'checkpoint': str(cfg.checkpoint),
         'main_metric': spec.main_metric,
         'test': test,
-        'validation': run['best'],
-        'best_step': run['best_step'],
-        'last_validation': run['last'],
-        'steps': run['steps'],
+        'validation': run.best,
+        'best_step': run.best_step,
+        'last_validation': run.last,
+        'steps': run.steps,
         'examples': {s: len(data[s]['input_ids']) for s in TASK_SPLITS},
         'truncated': {s: data[s]['truncated'] for s in TASK_SPLITS},
-        **run_costs(acc, out, model, run['steps'], 'tokens_per_s'),
-        'wall_s': time.time() - run['t_start'],
+        **run_costs(acc, out, model, run.steps, 'tokens_per_s'),
+        'wall_s': time.time() - run.t_start,
     }
     if 'dropped' in data['train']:
         summary['dropped_train_answers'] = data['train']['dropped']
@@ -262,7 +281,7 @@ def _finish(cfg: FinetuneConfig, out: Path, acc: Accelerator, model, run: dict) 
         info = {
             'task': cfg.task,
             'head_dropout': cfg.head_dropout,
-            'step': run['best_step'],
+            'step': run.best_step,
             'from_checkpoint': str(cfg.checkpoint),
             'hf_tokenizer': _is_hf_folder(Path(cfg.checkpoint).expanduser()),
         }

@@ -17,70 +17,189 @@ from accelerate.utils import load as load_state_file, set_seed
 from .checks import is_int, is_real, memory_check
 from .files import LOCK_FILE, atomic_write, dumps, run_entries, write_json
 from .model import CheckpointError, check_field_types, count_parameters
+from .runs import *
+from .runs import _AGAIN, _check_processes, _json_object
 
 # %% auto #0
-__all__ = ['SPLITS', 'MIXED_PRECISION', 'RUN_FILES', 'CHECKPOINTS', 'STATE_FILE', 'RunDirError', 'log_record',
-           'read_metrics', 'restart_metrics', 'param_groups', 'lr_factor', 'scheduler', 'Range', 'OneOf',
-           'NonEmpty', 'ListOf', 'option', 'RunConfig', 'check_config', 'make_config', 'config_from',
-           'comma_list', 'path_text', 'SignalStop', 'any_process', 'check_creatable_dir', 'foreign_files',
-           'run_kind', 'read_config', 'check_own_files', 'checkpoint_record', 'foreign_checkpoint_files',
-           'check_checkpoint_files', 'check_folder_to_replace', 'check_replaceable', 'check_replaceable_runs',
-           'replace_run_dir', 'prepare_run_dir', 'clear_run_dir', 'read_trainer_state',
-           'check_checkpoint_digest', 'check_loop_state', 'save_checkpoint', 'load_resumed',
-           'load_checkpoint', 'NonFiniteLossError', 'Loop', 'fit', 'check_precision', 'check_one_batch',
-           'accelerator', 'optimizer', 'build_model', 'probe_step', 'begin_run', 'progress_bar', 'open_run',
-           'running', 'done_summary', 'stopped', 'fit_run', 'train_mean', 'run_costs', 'end_run', 'eval_sums',
-           'loss_accuracy', 'micro_batch', 'step_generator', 'Phase', 'phase_plan', 'PhaseRun',
-           'check_phase_state', 'fit_phases']
+__all__ = ['MIXED_PRECISION', 'NonFiniteLossError', 'Loop', 'fit', 'param_groups', 'lr_factor', 'scheduler',
+           'Range', 'OneOf', 'NonEmpty', 'ListOf', 'option', 'RunConfig', 'check_config', 'make_config',
+           'config_from', 'comma_list', 'path_text', 'SignalStop', 'check_precision', 'check_one_batch',
+           'accelerator', 'optimizer', 'build_model', 'probe_step', 'open_run', 'running', 'done_summary',
+           'stopped', 'fit_run', 'run_costs', 'end_run', 'eval_sums', 'loss_accuracy', 'micro_batch',
+           'step_generator']
 
-# %% ../nbs/11a_loop.ipynb #c922c711
-class RunDirError(ValueError):
-    "The run directory cannot be used as asked (exists without `resume`/`overwrite`, or holds another run)."
+# %% ../nbs/11a_loop.ipynb #df8b3ec1
+class NonFiniteLossError(ValueError):
+    "The training loss is NaN or infinite: the run stopped, with a checkpoint of the step before."
 
 
-SPLITS = ('train', 'eval', 'validation')
+@dataclass(kw_only=True)
+class Loop:
+    "What a kind of run gives `fit`: model, optimizer, loss, evaluation, saves, and when to do what."
+
+    model: torch.nn.Module  # prepared by the accelerator
+    opt: torch.optim.Optimizer  # prepared by the accelerator
+    sched: object  # the learning-rate schedule, stepped once per optimizer step
+    loss: Callable  # micro-step t -> (loss, {count: number}) on this process's batch t
+    evaluate: Callable  # step -> the fields of the evaluation record
+    save: Callable | None  # trainer state -> None: writes a checkpoint; None: never
+    steps: int  # the step at which the loop ends
+    log_every: int
+    eval_every: int
+    save_every: int = 0  # 0: checkpoints only at the end and on a stop
+    grad_accum: int = 1
+    max_grad_norm: float = 1.0
+    train_fields: Callable | None = None  # (mean counts, steps, seconds) -> more fields of the train record
+    tags: dict = field(default_factory=dict)  # fields of every record (e.g. the ViT's phase)
+    eval_split: str = 'eval'
+
+    @classmethod
+    def of(cls, cfg, parts: tuple, loss: Callable, evaluate: Callable, save: Callable | None, **kw) -> Loop:
+        """The `Loop` of `parts` (model, opt, sched) at the cadence of run config `cfg` (`_CADENCE`); `kw`
+        overrides."""
+        model, opt, sched = parts
+        every = {k: getattr(cfg, k) for k in _CADENCE if hasattr(cfg, k)}
+        return cls(model=model, opt=opt, sched=sched, loss=loss, evaluate=evaluate, save=save, **(every | kw))
 
 
-def log_record(out: Path, rec: dict, main: bool = True):
-    "Append `rec` as one line to `out/metrics.jsonl` (main process only; NaN and inf: null)."
-    if main:
-        with open(Path(out) / 'metrics.jsonl', 'a') as f:
-            f.write(dumps(rec) + '\n')
+_CADENCE = ('steps', 'log_every', 'eval_every', 'save_every', 'grad_accum', 'max_grad_norm')
+
+# %% ../nbs/11a_loop.ipynb #060588de
+def _micro_step(acc: Accelerator, loop: Loop, t: int):
+    "Forward and backward of micro-step `t` (the optimizer steps on the last); loss, counts."
+    with acc.accumulate(loop.model):
+        loss, counts = loop.loss(t)
+        if any_process(acc, not bool(torch.isfinite(loss.detach()))):
+            return None, counts
+        acc.backward(loss)
+        if acc.sync_gradients:
+            acc.clip_grad_norm_(loop.model.parameters(), loop.max_grad_norm)
+        loop.opt.step()
+        loop.opt.zero_grad()
+    return loss.detach().double().cpu(), counts
 
 
-def _check_record(path: Path, a: int, line: str):
-    try:
-        r = json.loads(line)
-    except json.JSONDecodeError:
-        return None
-    if not (isinstance(r, dict) and type(r.get('step')) is int and r.get('split') in SPLITS):
-        raise RunDirError(
-            f'{path} line {a + 1} is not a metrics record (an object with integer "step" and '
-            f'"split" one of {SPLITS}); got {line[:80]!r}: the run directory is damaged'
-        )
-    return r
+def _rng_state() -> tuple:
+    return torch.get_rng_state(), torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
 
 
-def read_metrics(path, upto_step: int) -> list:
-    "The records of `path` with `step <= upto_step`; a torn last line (an interrupted append) is dropped."
-    path = Path(path)
-    if not path.is_file():
-        return []
-    lines = [l for l in path.read_text().splitlines() if l.strip()]
-    recs = []
-    for a, line in enumerate(lines):
-        r = _check_record(path, a, line)
-        if r is None and a < len(lines) - 1:
-            raise RunDirError(f'{path} line {a + 1} is not JSON; the run directory is damaged')
-        if r is not None:
-            recs.append(r)
-    return [r for r in recs if r['step'] <= upto_step]
+def _set_rng_state(s: tuple):
+    torch.set_rng_state(s[0])
+    if s[1]:
+        torch.cuda.set_rng_state_all(s[1])
+
+# %% ../nbs/11a_loop.ipynb #d1330e97
+def _non_finite(acc: Accelerator, loop: Loop, state: dict, rng: tuple, saved: int):
+    "Save the checkpoint of the step before the non-finite loss (unless saved), then `NonFiniteLossError`."
+    step = state['step']
+    if loop.save is not None and saved != step:
+        _set_rng_state(rng)  # as it was when the step began
+        loop.save(dict(state))
+    where = f'the checkpoint of step {step} is kept' if loop.save is not None else 'nothing was saved'
+    raise NonFiniteLossError(
+        f'the training loss is not finite (NaN or inf) at step {step + 1}: the run stopped and {where}; '
+        'a lower learning rate usually helps (--lr; in Python also a smaller max_grad_norm): start the run '
+        'again with it, with --overwrite in the same --out or in another --out (--resume continues the '
+        'saved configuration only)'
+    )
 
 
-def restart_metrics(out: Path, upto_step: int):
-    "Keep only the records of `out/metrics.jsonl` up to `upto_step` (all of them written again, atomically)."
-    recs = read_metrics(out / 'metrics.jsonl', upto_step)
-    atomic_write(out / 'metrics.jsonl', lambda f: Path(f).write_text(''.join(dumps(r) + '\n' for r in recs)))
+def _record(acc: Accelerator, loop: Loop, state: dict, seconds: float) -> dict:
+    "The training record of the steps since the last one; resets the running sums of `state`."
+    run, n = _pending(acc, state), state['run_n']
+    rec = {'step': state['step'], 'split': 'train', **loop.tags, 'loss': run['run_loss'] / n}
+    rec['lr'] = loop.sched.get_last_lr()[0]
+    if loop.train_fields is not None:
+        rec.update(loop.train_fields(run['run_counts'], n, seconds))
+    state.update(run_loss=0.0, run_n=0, run_counts={})
+    return rec
+
+# %% ../nbs/11a_loop.ipynb #8bd0894d
+def _pending(acc: Accelerator, state: dict) -> dict:
+    "`state` with the unrecorded sums averaged over processes (the same on every process after a resume)."
+    run = torch.tensor([state['run_loss'], *state['run_counts'].values()], dtype=torch.float64)
+    if acc.num_processes > 1:
+        run = acc.reduce(run.to(acc.device), 'mean').cpu()
+    counts = dict(zip(state['run_counts'], run[1:].tolist()))
+    return {**state, 'run_loss': run[0].item(), 'run_counts': counts}
+
+
+def _evaluate(acc: Accelerator, loop: Loop, state: dict, out: Path, bar: tqdm | None = None):
+    "Log the evaluation record of this step (and show its numbers under the progress bar)."
+    rec = {'step': state['step'], 'split': loop.eval_split, **loop.tags, **loop.evaluate(state['step'])}
+    log_record(out, rec, acc.is_main_process)
+    shown = '  '.join(
+        f'{k} {v:.4f}'
+        for k, v in rec.items()
+        if isinstance(v, float) and k != 'lr' and not k.endswith('_per_s')
+    )
+    if bar is not None and not bar.disable and shown:
+        bar.write(f"step {state['step']}: {loop.eval_split} {shown}")
+
+# %% ../nbs/11a_loop.ipynb #20ce39a4
+def _one_step(acc: Accelerator, loop: Loop, state: dict, saved: int):
+    "One optimizer step: `grad_accum` micro-steps, then the schedule; the running sums of `state` updated."
+    rng, step_loss, counts = _rng_state(), torch.zeros((), dtype=torch.float64), {}
+    for a in range(loop.grad_accum):
+        loss, c = _micro_step(acc, loop, state['micro_step'] + a)
+        if loss is None:
+            _non_finite(acc, loop, state, rng, saved)
+        step_loss += loss / loop.grad_accum
+        for k, v in c.items():
+            counts[k] = counts.get(k, 0.0) + float(v)
+    loop.sched.step()
+    state['step'] += 1
+    state['micro_step'] += loop.grad_accum
+    state['run_loss'] += step_loss.item()
+    state['run_n'] += 1
+    for k, v in counts.items():
+        state['run_counts'][k] = state['run_counts'].get(k, 0.0) + v
+
+# %% ../nbs/11a_loop.ipynb #faf0154a
+def fit(
+    acc: Accelerator,
+    loop: Loop,
+    state: dict,
+    out: Path,
+    stop_at: int | None = None,
+    stop: SignalStop | None = None,
+    bar: tqdm | None = None,
+) -> str | None:
+    """Train from `state['step']` to `loop.steps` (or `stop_at`); the signal that stopped it, or None. A
+    signal stops it after the step in progress, the last one included, with a checkpoint of that step."""
+    start = {'micro_step': state['step'] * loop.grad_accum, 'run_loss': 0.0, 'run_n': 0, 'run_counts': {}}
+    for k, v in start.items():
+        state.setdefault(k, v)
+    end = loop.steps if stop_at is None else min(stop_at, loop.steps)
+    saved, t0, signalled = state['step'], time.time(), False
+    loop.model.train()
+    while state['step'] < end:
+        _one_step(acc, loop, state, saved)
+        step = state['step']
+        if bar is not None:
+            bar.update(1)
+        if step % loop.log_every == 0 or step == loop.steps:
+            rec = _record(acc, loop, state, time.time() - t0)
+            log_record(out, rec, acc.is_main_process)
+            if bar is not None:
+                bar.set_postfix(loss=f"{rec['loss']:.3f}")
+            t0 = time.time()
+        if step % loop.eval_every == 0 or step == loop.steps:
+            te = time.time()
+            _evaluate(acc, loop, state, out, bar)
+            loop.model.train()
+            t0 += time.time() - te
+        signalled = stop is not None and any_process(acc, stop.signum is not None)
+        due = (loop.save_every and step % loop.save_every == 0) or step in (loop.steps, stop_at) or signalled
+        if loop.save is not None and due:
+            ts = time.time()
+            loop.save(_pending(acc, state))
+            saved = step
+            t0 += time.time() - ts
+        if signalled:
+            stop.acted = True
+            return stop.name or 'signal'  # 'signal': another process got it
+    return None
 
 # %% ../nbs/11a_loop.ipynb #454e4507
 def param_groups(model: torch.nn.Module, weight_decay: float, no_decay: Callable | None = None) -> list[dict]:
@@ -257,10 +376,8 @@ def path_text(s: str) -> str:
 # %% ../nbs/11a_loop.ipynb #b7e02acb
 class SignalStop:
     """Context manager: the first SIGINT/SIGTERM sets `signum` instead of interrupting; a second acts as
-    usual.
-    A signal that no loop acted on (`fit` sets `acted` when it stops for it) is raised again on exit, so that
-    it
-    is never lost."""
+    usual. A signal that no loop acted on (`fit` sets `acted` when it stops for it) is raised again on
+    exit, so that it is never lost."""
 
     def __init__(self, signals=('SIGINT', 'SIGTERM')):
         self.signum, self.acted, self._names, self._old = None, False, signals, {}
@@ -288,682 +405,6 @@ class SignalStop:
     @property
     def name(self) -> str | None:
         return None if self.signum is None else signal.Signals(self.signum).name
-
-
-def any_process(accelerator: Accelerator, flag: bool) -> bool:
-    "True on every process if `flag` is true on any (one collective when there are several processes)."
-    if accelerator.num_processes == 1:
-        return flag
-    return accelerator.reduce(torch.tensor(float(flag), device=accelerator.device), 'sum').item() > 0
-
-# %% ../nbs/11a_loop.ipynb #a1e88d1e
-RUN_FILES = ('config.json', 'metrics.jsonl', 'summary.json', 'checkpoint', 'checkpoint.old', 'checkpoint.tmp')
-
-
-def check_creatable_dir(out):
-    """`RunDirError` unless `out` is a folder or can be made one: its nearest existing parent is writable, and no
-    part of it is a symbolic link to nothing."""
-    if not str(out).strip():
-        raise RunDirError('the run directory must not be empty (it would be read as the current folder)')
-    a = Path(out).absolute()
-    while not a.exists():
-        if a.is_symlink():  # a link to nothing: making the folder would fail with 'File exists'
-            raise RunDirError(
-                f'cannot create {out}: {a} is a symbolic link to {os.readlink(a)}, which does not exist; '
-                'choose another --out, or remove the link (or create what it points to)'
-            )
-        a = a.parent
-    if not a.is_dir():
-        raise RunDirError(f'cannot create {out}: {a} is a file, not a folder')
-    try:  # the only test that root and odd file systems answer truly
-        os.rmdir(tempfile.mkdtemp(dir=a, prefix='.posenc_lit-probe-'))
-    except OSError as e:
-        raise RunDirError(f'cannot create {out}: {a} is not writable ({e.strerror or e})') from None
-
-
-def foreign_files(out: Path, files: tuple) -> list[str]:
-    "The names in folder `out` a run writing `files` did not write (its `atomic_write` temporaries it did)."
-    own = lambda n: n in files or n == LOCK_FILE or any(n.startswith(f'.{f}.') for f in files)
-    return sorted(p.name for p in out.iterdir() if not own(p.name))
-
-
-def run_kind(c: dict) -> str:
-    "What a run directory's config.json describes, for messages: 'a pretraining run', 'a ViT training run', …"
-    if 'patch_size' in c:
-        return 'a ViT training run'
-    if 'task' in c:
-        return 'a fine-tuning run'
-    return 'a pretraining run' if 'seq_len' in c else 'another kind of run'
-
-
-def read_config(f: Path) -> dict:
-    """The object in the config.json `f`; `{}` if it is missing, damaged or not an object (`run_kind`: another
-    kind)."""
-    try:
-        c = json.loads(f.read_text())
-    except (OSError, ValueError):
-        return {}
-    return c if isinstance(c, dict) else {}
-
-
-def check_own_files(out: Path, files: tuple, kind: str):
-    "`RunDirError` naming what in folder `out` a `kind` ('a fine-tuning run') writing `files` did not write."
-    if other := foreign_files(out, files):
-        raise RunDirError(
-            f'{out} holds files {kind} does not write ({_listing(other)}): refusing to '
-            'delete them with --overwrite; move them out of the folder or choose another --out'
-        )
-
-
-def _listing(names: list) -> str:
-    return ', '.join(names[:5]) + (', …' if len(names) > 5 else '')
-
-
-CHECKPOINTS = ('checkpoint', 'checkpoint.old', 'checkpoint.tmp')
-# the files of a checkpoint without the record of its files (`checkpoint_record`): accelerate's, pretraining's, a
-# ViT's (`save_vit`), fine-tuning's (`save_task_model`, which keeps no record)
-_SAVED_NAMES = re.compile(
-    r'(model|pytorch_model|optimizer|scheduler|sampler|scaler|dl_state_dict)(_\d+)?\.(safetensors|bin|pt)'
-    r'|(random_states|custom_checkpoint)_\d+\.pkl|(train_)?config\.json|(tokenizer|task|trainer_state)\.json'
-)
-
-
-def checkpoint_record(ck: Path) -> list[str] | None:
-    "The files that checkpoint folder `ck`'s trainer_state.json records (`save_checkpoint`); None: no record."
-    files = read_config(ck / STATE_FILE).get('files')
-    if isinstance(files, list) and all(isinstance(f, str) for f in files):
-        return files
-    return None
-
-
-def _saved_name(n: str) -> bool:
-    "Whether `n` is a name a save writes (`_SAVED_NAMES`), or the temporary of one (`atomic_write`'s `.n.XXXX`)."
-    if n.startswith('.'):  # the temporary `.config.json.k2x_9q0a`: the name it becomes
-        n = n[1:].rpartition('.')[0]
-    return bool(_SAVED_NAMES.fullmatch(n))
-
-
-def foreign_checkpoint_files(ck: Path) -> list[str]:
-    """The paths in checkpoint folder `ck` (relative to it) that its save did not write: those its record
-    (`checkpoint_record`) does not hold; without a record (saved before it was kept, damaged, a fine-tuning
-    run's, a ViT's trained_model/), those whose names no save writes."""
-    files = checkpoint_record(ck)
-    parents = {p.as_posix() for f in files or () for p in Path(f).parents}
-    other = []
-    for p in sorted(ck.rglob('*')):
-        r = p.relative_to(ck).as_posix()
-        if p.is_dir() and not p.is_symlink():
-            own = files is None or r in parents
-        else:
-            own = r in files if files is not None else _saved_name(p.name)
-        if not own:
-            other.append(r)
-    return other
-
-
-def check_checkpoint_files(out: Path, option: str, names: tuple = CHECKPOINTS):
-    """`RunDirError` naming what the folders `names` in `out` (its checkpoints; for `--overwrite` every folder a
-    run writes) hold that no save wrote: `option` ('--overwrite', '--resume') would delete it."""
-    for name in names:
-        ck = out / name
-        if ck.is_dir() and not ck.is_symlink() and (other := foreign_checkpoint_files(ck)):
-            raise RunDirError(
-                f'{ck} holds files its save did not write ({_listing(other)}): refusing to delete them with '
-                f'{option}; move them out of the folder or choose another --out'
-            )
-
-# %% ../nbs/11a_loop.ipynb #d585997b
-def check_folder_to_replace(out: Path):
-    """`RunDirError` if `--overwrite` cannot replace folder `out` safely: `out` is a symbolic link
-    (`replace_run_dir` would replace the link, not the run), or holds the current folder."""
-    if out.is_symlink():
-        raise RunDirError(
-            f'--out {out} is a symbolic link to {os.readlink(out)}: pass the folder itself (--overwrite '
-            'replaces a folder, not a link)'
-        )
-    if Path(os.path.abspath(out)).resolve() in Path.cwd().parents:
-        raise RunDirError(
-            f'--out {out} holds the current folder ({Path.cwd()}): --overwrite would delete the folder this '
-            'command runs in; run it from outside that folder'
-        )
-
-
-def check_replaceable(out: Path, files: tuple, kind: str):
-    """`RunDirError` unless the non-empty folder `out` holds a `kind` ('a pretraining run') and nothing else:
-    a config.json of that kind (or, without one, a checkpoint with its trainer state); never a symbolic link
-    (`replace_run_dir` would replace the link, not the run) nor a folder holding the current folder."""
-    check_folder_to_replace(out)
-    names, other = [p.name for p in run_entries(out)], foreign_files(out, files)
-    what = kind.removeprefix('a ').removesuffix(' run')
-    if len(other) == len(names):
-        raise RunDirError(
-            f'{out} is not empty and holds no {what} run (none of {", ".join(files)}): '
-            'refusing to delete it with --overwrite; choose another --out'
-        )
-    check_own_files(out, files, kind)
-    check_checkpoint_files(out, '--overwrite', files)
-    f = out / 'config.json'
-    if not f.exists() and not any(
-        (out / ck / STATE_FILE).is_file() for ck in ('checkpoint', 'checkpoint.old')
-    ):
-        raise RunDirError(
-            f'{out} has no config.json and no checkpoint with its {STATE_FILE}: it only looks like a {what} '
-            f'run ({_listing(sorted(names))}); refusing to delete it with --overwrite; choose another --out'
-        )
-    if f.exists() and run_kind(read_config(f)) != kind:
-        raise RunDirError(
-            f'{f} is not a {what} configuration (another kind of run or damaged): refusing '
-            f'to delete {out} with --overwrite; choose another --out'
-        )
-
-
-def check_replaceable_runs(out: Path, cfg):
-    """`RunDirError` unless the non-empty folder `out` holds what `--overwrite` may delete for run config `cfg`:
-    one run of its kind (`check_replaceable`), or, for a kind with `seeds_files`, a folder of runs: seed<N>/
-    folders, each such a run, and the `seeds_files` its driver writes beside them. The names it did not write
-    are listed."""
-    kind, files = cfg.kind, RUN_FILES + cfg.run_files
-    ours = lambda d: run_kind(read_config(d / 'config.json')) == kind
-    if cfg.seeds_files is None or ours(out):
-        return check_replaceable(out, files, kind)
-    check_folder_to_replace(out)
-    is_seed = lambda d: re.fullmatch(r'seed\d+', d.name) and d.is_dir() and not d.is_symlink() and ours(d)
-    seeds = [d.name for d in sorted(out.iterdir()) if is_seed(d)]
-    if not seeds:
-        raise RunDirError(
-            f'{out} is not empty and holds no {kind.removeprefix("a ")} (another kind of run, or other files): '
-            'refusing to delete it with --overwrite; choose another --out'
-        )
-    check_own_files(out, (*seeds, *cfg.seeds_files), kind)
-    for d in seeds:
-        check_replaceable(out / d, files, kind)
-
-
-def replace_run_dir(out: Path):
-    """Delete the run in `out`; renamed aside first, so an interruption leaves the old run or none.
-    `out` is taken as an absolute path (`--out .` has no name to rename); where it is the current folder
-    it is made again, empty, and becomes the current folder, so relative paths still name it. The lock file
-    (`LOCK_FILE`) moves into the new folder, still held."""
-    a = Path(os.path.abspath(out))
-    here = a.resolve() == Path.cwd()
-    aside = a.with_name(f'.{a.name}.replaced-{os.getpid()}')
-    a.rename(aside)
-    lock = aside / LOCK_FILE  # the lock this command holds (`acquire_run_lock`) goes on, held
-    if here or lock.exists():
-        a.mkdir()
-    if lock.exists():
-        lock.rename(a / LOCK_FILE)
-    if here:
-        os.chdir(a)
-    shutil.rmtree(aside)
-
-# %% ../nbs/11a_loop.ipynb #d4dcdf31
-def _json_object(f: Path, err: type, what: str, damaged: str) -> dict:
-    """The JSON object (`what`) in file `f`; else `err` (not JSON, or not an object) saying that it is
-    `damaged`."""
-    try:
-        v = json.loads(f.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise err(f'{f} is not valid JSON ({e}); {damaged}') from None
-    if not isinstance(v, dict):
-        raise err(f'{f} must hold a JSON object ({what}); got {type(v).__name__}: {damaged}')
-    return v
-
-
-def _saved_config(out: Path, config: dict, defaults: dict, kind: str):
-    "`RunDirError` if `out/config.json` is damaged, of another kind, or another configuration than `config`."
-    old = _json_object(out / 'config.json', RunDirError, 'the configuration', 'the run directory is damaged')
-    if run_kind(old) != kind:
-        raise RunDirError(
-            f'{out} holds {run_kind(old)}, not {kind} (its config.json): --resume continues '
-            f'{kind} only; choose another --out'
-        )
-    old = {**json.loads(dumps(defaults)), **old}  # options added since the run was saved: defaults
-    new = json.loads(dumps(config))
-    if old != new:
-        diff = {k: (old.get(k), new.get(k)) for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)}
-        raise RunDirError(
-            f'{out} holds a run with another configuration (saved, asked): {diff}; to continue it, repeat the '
-            'options it was started with (its config.json), e.g. the same --preset; or use another --out'
-        )
-
-
-def prepare_run_dir(
-    out: Path,
-    cfg,
-    resume: bool | None,
-    overwrite: bool = False,
-    *,
-    steps: int | None = None,
-    ends: tuple = (),
-) -> dict | None:
-    """Check `out` against run config `cfg` (a dataclass: options it did not have when the run was saved take
-    their defaults); the trainer state of its checkpoint to resume from (checked by `check_loop_state` for a
-    run of `steps`, default `cfg.steps`, with phases ending at `ends`), or None: a fresh run. `resume=None`:
-    a kind of run that is never resumed; `check_replaceable_runs` checks what `overwrite` would delete."""
-    kind, files = cfg.kind, RUN_FILES + cfg.run_files
-    if resume and overwrite:
-        raise ValueError('resume and overwrite exclude each other: continue the run, or replace it')
-    if out.exists() and not out.is_dir():
-        raise RunDirError(f'{out} is a file, not a run directory; choose another --out')
-    if not (out.exists() and run_entries(out)):
-        return None
-    if overwrite:
-        check_replaceable_runs(out, cfg)
-        return None
-    if not resume:
-        how = 'pass --overwrite' if resume is None else 'pass --resume to continue it, --overwrite'
-        raise RunDirError(
-            f'run directory {out} exists and is not empty: {how} to replace it, or choose another --out'
-        )
-    if not (out / 'config.json').exists() and (other := foreign_files(out, files)):
-        raise RunDirError(
-            f'{out} holds no {kind.removeprefix("a ")} to resume ({_listing(other)}): '
-            'choose another --out (a new or empty folder starts a run)'
-        )
-    if (out / 'config.json').is_file():
-        _saved_config(out, asdict(cfg), asdict(type(cfg)()), kind)
-    check_checkpoint_files(out, '--resume')
-    ck, old = out / 'checkpoint', out / 'checkpoint.old'
-    if not ck.exists() and old.exists():
-        old.rename(ck)  # interrupted between the two renames of a save
-    if not ck.exists():
-        return None
-    state, accum = read_trainer_state(ck), getattr(cfg, 'grad_accum', 1)
-    return check_loop_state(ck / STATE_FILE, state, steps or cfg.steps, accum, cfg.log_every, ends)
-
-
-def clear_run_dir(out: Path, cfg, overwrite: bool, source: str | Path | None = None):
-    """For a kind of run that is never resumed: `out` checked (`prepare_run_dir`), then emptied if `overwrite`.
-    `ValueError` if `out` holds `source`, the path the run reads (`--overwrite` would delete it); `RunDirError`
-    for what else is in the folder."""
-    src = Path(source).expanduser().resolve() if source else None
-    if src and out.is_dir() and (out.resolve() == src or out.resolve() in src.parents):
-        raise ValueError(
-            f'--out {out} holds {source}, which this {cfg.kind.removeprefix("a ")} reads: choose another --out'
-        )
-    prepare_run_dir(out, cfg, None, overwrite)
-    if overwrite and out.is_dir() and run_entries(out):
-        replace_run_dir(out)
-
-# %% ../nbs/11a_loop.ipynb #a0bbe922
-STATE_FILE = 'trainer_state.json'
-
-
-def read_trainer_state(ck: Path) -> dict:
-    "The `trainer_state.json` of checkpoint `ck`; or `CheckpointError` (missing, damaged)."
-    f, again = ck / STATE_FILE, '--overwrite (instead of --resume) starts the run again'
-    if not f.is_file():
-        raise CheckpointError(
-            f'{ck} has no {STATE_FILE}: the checkpoint is damaged (it is written last, so '
-            f'the other files are not known to be whole); {again}'
-        )
-    state = _json_object(f, CheckpointError, 'the trainer state', f'the checkpoint is damaged; {again}')
-    if type(state.get('step')) is not int or state['step'] < 0:
-        raise CheckpointError(
-            f'{f} must hold an object with an integer step ≥ 0; got {str(state)[:120]}: '
-            f'the checkpoint is damaged; {again}'
-        )
-    return state
-
-
-def check_checkpoint_digest(ck: Path, state: dict, files: bool = True):
-    """`CheckpointError` unless `state`, the trainer state of checkpoint `ck`, is the one its save wrote (its
-    `digest`) and, with `files`, every file it records has the SHA-256 it had then: an edited step, or another
-    run's weights copied in, is refused. A checkpoint saved before digests were kept passes."""
-    if 'digest' not in state:
-        return
-    f = ck / STATE_FILE
-    if state['digest'] != _digest(state) or not isinstance(state.get('sha256'), dict):
-        raise CheckpointError(
-            f'{f} was changed after its save (its digest does not match its fields, e.g. an edited step): '
-            'the checkpoint cannot be trusted; --overwrite (instead of --resume) starts the run again'
-        )
-    for name, h in state['sha256'].items() if files else ():
-        p = ck / name
-        if not p.is_file() or _sha256(p) != h:
-            why = 'its SHA-256 differs' if p.is_file() else 'missing'
-            raise CheckpointError(
-                f'{p} is not the file the save of step {state["step"]} wrote ({why}: another run\'s file copied '
-                "in, or a damaged one): --resume would mix two runs; put the run's own checkpoint back, or "
-                '--overwrite (instead of --resume) starts the run again'
-            )
-
-
-def check_loop_state(st: Path, state: dict, steps: int, grad_accum: int, log_every: int, ends=()) -> dict:
-    """`state` if the fields `fit` and `save_checkpoint` write (step, micro_step, processes, run_n, run_loss)
-    have the type and range of a run of `steps` whose training records also fall on `ends` (the ends of its
-    phases); else `CheckpointError` naming `st` and the field."""
-
-    def bad(k, allowed):
-        raise CheckpointError(
-            f'{st}: {k} must be {allowed}; got {state.get(k)!r}: the checkpoint is damaged; '
-            '--overwrite (instead of --resume) starts the run again'
-        )
-
-    step, micro = state['step'], state.get('micro_step')
-    if not 0 <= step <= steps:
-        bad('step', f'an integer in [0, steps={steps}]')
-    if not is_int(micro) or micro != step * grad_accum:
-        bad('micro_step', f"step × grad_accum = {step} × {grad_accum} = {step * grad_accum}")
-    if 'processes' in state and (not is_int(state['processes']) or state['processes'] < 1):
-        bad('processes', 'an integer ≥ 1')
-    n = step - max(e for e in (step - step % log_every, steps, *ends) if e <= step)  # since the last record
-    if 'run_n' in state and (not is_int(state['run_n']) or state['run_n'] != n):
-        bad('run_n', f'the steps since the last training record, {n}')
-    v = state.get('run_loss', 0.0)
-    if not is_real(v) or not math.isfinite(v) or v < 0:
-        bad('run_loss', 'a finite number ≥ 0 (a sum of cross-entropies)')
-    return state
-
-
-def _disk_full(e: BaseException) -> bool:
-    text = str(e)
-    return getattr(e, 'errno', None) == errno.ENOSPC or 'unexpected pos' in text or 'No space left' in text
-
-# %% ../nbs/11a_loop.ipynb #558f484e
-def _save_failed(e: BaseException | None, tmp: Path, ck: Path, step: int) -> Exception:
-    "The error to raise for a save that failed on some process (`e`: this process's error, if it had one)."
-    kept = f'{ck} is left as it was' if ck.exists() else 'no earlier checkpoint exists'
-    if e is not None and _disk_full(e):
-        return OSError(
-            errno.ENOSPC,
-            f'No space left on device: the disk is full; the checkpoint of step '
-            f'{step} was not saved ({tmp} removed) and {kept}: free some space, then --resume',
-        )
-    if e is None:
-        return RuntimeError(f'another process failed to save the checkpoint of step {step}; {kept}')
-    return e
-
-
-def _stop_if_failed(acc: Accelerator, err: BaseException | None, tmp: Path, ck: Path, step: int):
-    "On every process: `tmp` removed and `_save_failed` raised if the save failed on any (a barrier too)."
-    if any_process(acc, err is not None):
-        if acc.is_main_process:
-            shutil.rmtree(tmp, ignore_errors=True)
-        raise _save_failed(err, tmp, ck, step)
-
-
-def _sha256(f: Path) -> str:
-    h = hashlib.sha256()
-    with open(f, 'rb') as r:
-        for block in iter(lambda: r.read(1 << 20), b''):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _digest(record: dict) -> str:  # of the record without its digest: an edited field changes it
-    return hashlib.sha256(
-        dumps({k: v for k, v in record.items() if k != 'digest'}, sort_keys=True).encode()
-    ).hexdigest()
-
-
-def _write_state(acc: Accelerator, tmp: Path, state: dict):
-    """`state`, the number of processes, the files in `tmp` (its own name too), the SHA-256 of each and the
-    `digest` of it all, as its `STATE_FILE` (`check_checkpoint_digest` reads them back)."""
-    files = sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob('*') if not p.is_dir())
-    record = {**state, 'processes': acc.num_processes, 'files': sorted([*files, STATE_FILE])}
-    record['sha256'] = {f: _sha256(tmp / f) for f in files}
-    (tmp / STATE_FILE).write_text(dumps({**record, 'digest': _digest(record)}))
-
-
-def save_checkpoint(acc: Accelerator, out: Path, write: Callable[[Path], None], state: dict):
-    """Write a checkpoint: accelerate's `save_state` on every process; on the main process `write(tmp)` (the
-    kind's own files), then, once every process has written, `state` (and the number of processes, and the
-    names of the files: `checkpoint_record`) as `trainer_state.json`; then the swap."""
-    ck, tmp, old = out / 'checkpoint', out / 'checkpoint.tmp', out / 'checkpoint.old'
-    if acc.is_main_process:
-        if tmp.exists():
-            shutil.rmtree(tmp)  # left by a save that was interrupted
-        if old.exists() and ck.exists():
-            shutil.rmtree(old)  # left by a removal that was interrupted
-        tmp.mkdir(parents=True)
-    acc.wait_for_everyone()
-    err = None
-    try:
-        acc.save_state(str(tmp), safe_serialization=True)
-        if acc.is_main_process:
-            write(tmp)
-    except (OSError, RuntimeError) as e:
-        err = e
-    _stop_if_failed(acc, err, tmp, ck, state['step'])  # every process has finished writing
-    try:
-        if acc.is_main_process:
-            _write_state(acc, tmp, state)
-    except OSError as e:
-        err = e
-    _stop_if_failed(acc, err, tmp, ck, state['step'])
-    if acc.is_main_process:
-        if ck.exists():
-            ck.rename(old)
-        tmp.rename(ck)
-        if old.exists():
-            shutil.rmtree(old)
-    acc.wait_for_everyone()
-
-# %% ../nbs/11a_loop.ipynb #1c7cde87
-_AGAIN = 'the checkpoint is damaged: --overwrite (instead of --resume) starts the run again'
-
-
-def load_resumed(ck: Path, load: Callable):
-    "`load()`; any error it raises becomes a `CheckpointError`: `ck` cannot be resumed from (damaged)."
-    try:
-        return load()
-    except Exception as e:
-        raise CheckpointError(
-            f'cannot resume from {ck} ({type(e).__name__}: {str(e)[:300]}); {_AGAIN}'
-        ) from None
-
-
-def _check_processes(acc: Accelerator, ck: Path, state: dict):
-    n = state.get('processes', acc.num_processes)
-    if n != acc.num_processes:  # the data order depends on it
-        raise CheckpointError(
-            f'{ck} was written by {n} processes and this run has {acc.num_processes}: '
-            f'resume with the same number (accelerate launch --num_processes {n})'
-        )
-
-
-def load_checkpoint(acc: Accelerator, ck: Path, check: Callable[[Path], object] | None = None):
-    """Restore model, optimizer, scheduler and random states from checkpoint `ck` (`check(ck)` first);
-    `CheckpointError` if it is damaged, holds files its save did not write (`check_checkpoint_digest`), or was
-    written by another number of processes."""
-    state = read_trainer_state(ck)
-    _check_processes(acc, ck, state)
-    try:
-        if check is not None:
-            check(ck)
-    except CheckpointError as e:
-        raise CheckpointError(f'cannot resume from {ck}: {e}; {_AGAIN}') from None
-    check_checkpoint_digest(ck, state)
-
-    def restore():
-        if 'torch_manual_seed' not in load_state_file(ck / f'random_states_{acc.process_index}.pkl'):
-            raise KeyError('torch_manual_seed')
-        acc.load_state(str(ck))
-
-    load_resumed(ck, restore)
-
-# %% ../nbs/11a_loop.ipynb #df8b3ec1
-class NonFiniteLossError(ValueError):
-    "The training loss is NaN or infinite: the run stopped, with a checkpoint of the step before."
-
-
-@dataclass(kw_only=True)
-class Loop:
-    "What a kind of run gives `fit`: model, optimizer, loss, evaluation, saves, and when to do what."
-
-    model: torch.nn.Module  # prepared by the accelerator
-    opt: torch.optim.Optimizer  # prepared by the accelerator
-    sched: object  # the learning-rate schedule, stepped once per optimizer step
-    loss: Callable  # micro-step t -> (loss, {count: number}) on this process's batch t
-    evaluate: Callable  # step -> the fields of the evaluation record
-    save: Callable | None  # trainer state -> None: writes a checkpoint; None: never
-    steps: int  # the step at which the loop ends
-    log_every: int
-    eval_every: int
-    save_every: int = 0  # 0: checkpoints only at the end and on a stop
-    grad_accum: int = 1
-    max_grad_norm: float = 1.0
-    train_fields: Callable | None = None  # (mean counts, steps, seconds) -> more fields of the train record
-    tags: dict = field(default_factory=dict)  # fields of every record (e.g. the ViT's phase)
-    eval_split: str = 'eval'
-
-    @classmethod
-    def of(cls, cfg, parts: tuple, loss: Callable, evaluate: Callable, save: Callable | None, **kw) -> Loop:
-        """The `Loop` of `parts` (model, opt, sched) at the cadence of run config `cfg` (`_CADENCE`); `kw`
-        overrides."""
-        model, opt, sched = parts
-        every = {k: getattr(cfg, k) for k in _CADENCE if hasattr(cfg, k)}
-        return cls(model=model, opt=opt, sched=sched, loss=loss, evaluate=evaluate, save=save, **(every | kw))
-
-
-_CADENCE = ('steps', 'log_every', 'eval_every', 'save_every', 'grad_accum', 'max_grad_norm')
-
-# %% ../nbs/11a_loop.ipynb #060588de
-def _micro_step(acc: Accelerator, loop: Loop, t: int):
-    "Forward and backward of micro-step `t` (the optimizer steps on the last); loss, counts."
-    with acc.accumulate(loop.model):
-        loss, counts = loop.loss(t)
-        if any_process(acc, not bool(torch.isfinite(loss.detach()))):
-            return None, counts
-        acc.backward(loss)
-        if acc.sync_gradients:
-            acc.clip_grad_norm_(loop.model.parameters(), loop.max_grad_norm)
-        loop.opt.step()
-        loop.opt.zero_grad()
-    return loss.detach().double().cpu(), counts
-
-
-def _rng_state() -> tuple:
-    return torch.get_rng_state(), torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
-
-
-def _set_rng_state(s: tuple):
-    torch.set_rng_state(s[0])
-    if s[1]:
-        torch.cuda.set_rng_state_all(s[1])
-
-# %% ../nbs/11a_loop.ipynb #d1330e97
-def _non_finite(acc: Accelerator, loop: Loop, state: dict, rng: tuple, saved: int):
-    "Save the checkpoint of the step before the non-finite loss (unless saved), then `NonFiniteLossError`."
-    step = state['step']
-    if loop.save is not None and saved != step:
-        _set_rng_state(rng)  # as it was when the step began
-        loop.save(dict(state))
-    where = f'the checkpoint of step {step} is kept' if loop.save is not None else 'nothing was saved'
-    raise NonFiniteLossError(
-        f'the training loss is not finite (NaN or inf) at step {step + 1}: the run stopped and {where}; '
-        'a lower learning rate usually helps (--lr; in Python also a smaller max_grad_norm): start the run '
-        'again with it, with --overwrite in the same --out or in another --out (--resume continues the '
-        'saved configuration only)'
-    )
-
-
-def _record(acc: Accelerator, loop: Loop, state: dict, seconds: float) -> dict:
-    "The training record of the steps since the last one; resets the running sums of `state`."
-    run = torch.tensor([state['run_loss'], *state['run_counts'].values()], dtype=torch.float64)
-    run = acc.reduce(run.to(acc.device), 'mean').cpu().tolist() if acc.num_processes > 1 else run.tolist()
-    n, counts = state['run_n'], dict(zip(state['run_counts'], run[1:]))
-    rec = {
-        'step': state['step'],
-        'split': 'train',
-        **loop.tags,
-        'loss': run[0] / n,
-        'lr': loop.sched.get_last_lr()[0],
-    }
-    if loop.train_fields is not None:
-        rec.update(loop.train_fields(counts, n, seconds))
-    state.update(run_loss=0.0, run_n=0, run_counts={})
-    return rec
-
-# %% ../nbs/11a_loop.ipynb #8bd0894d
-def _pending(acc: Accelerator, state: dict) -> dict:
-    "`state` with the unrecorded sums averaged over processes (the same on every process after a resume)."
-    run = torch.tensor([state['run_loss'], *state['run_counts'].values()], dtype=torch.float64)
-    if acc.num_processes > 1:
-        run = acc.reduce(run.to(acc.device), 'mean').cpu()
-    counts = dict(zip(state['run_counts'], run[1:].tolist()))
-    return {**state, 'run_loss': run[0].item(), 'run_counts': counts}
-
-
-def _evaluate(acc: Accelerator, loop: Loop, state: dict, out: Path, bar: tqdm | None = None):
-    "Log the evaluation record of this step (and show its numbers under the progress bar)."
-    rec = {'step': state['step'], 'split': loop.eval_split, **loop.tags, **loop.evaluate(state['step'])}
-    log_record(out, rec, acc.is_main_process)
-    shown = '  '.join(
-        f'{k} {v:.4f}'
-        for k, v in rec.items()
-        if isinstance(v, float) and k != 'lr' and not k.endswith('_per_s')
-    )
-    if bar is not None and not bar.disable and shown:
-        bar.write(f"step {state['step']}: {loop.eval_split} {shown}")
-
-# %% ../nbs/11a_loop.ipynb #20ce39a4
-def _one_step(acc: Accelerator, loop: Loop, state: dict, saved: int):
-    "One optimizer step: `grad_accum` micro-steps, then the schedule; the running sums of `state` updated."
-    rng, step_loss, counts = _rng_state(), torch.zeros((), dtype=torch.float64), {}
-    for a in range(loop.grad_accum):
-        loss, c = _micro_step(acc, loop, state['micro_step'] + a)
-        if loss is None:
-            _non_finite(acc, loop, state, rng, saved)
-        step_loss += loss / loop.grad_accum
-        for k, v in c.items():
-            counts[k] = counts.get(k, 0.0) + float(v)
-    loop.sched.step()
-    state['step'] += 1
-    state['micro_step'] += loop.grad_accum
-    state['run_loss'] += step_loss.item()
-    state['run_n'] += 1
-    for k, v in counts.items():
-        state['run_counts'][k] = state['run_counts'].get(k, 0.0) + v
-
-# %% ../nbs/11a_loop.ipynb #faf0154a
-def fit(
-    acc: Accelerator,
-    loop: Loop,
-    state: dict,
-    out: Path,
-    stop_at: int | None = None,
-    stop: SignalStop | None = None,
-    bar: tqdm | None = None,
-) -> str | None:
-    """Train from `state['step']` to `loop.steps` (or `stop_at`); the signal that stopped it, or None. A
-    signal
-    stops it after the step in progress, the last one included, with a checkpoint of that step."""
-    start = {'micro_step': state['step'] * loop.grad_accum, 'run_loss': 0.0, 'run_n': 0, 'run_counts': {}}
-    for k, v in start.items():
-        state.setdefault(k, v)
-    end = loop.steps if stop_at is None else min(stop_at, loop.steps)
-    saved, t0, signalled = state['step'], time.time(), False
-    loop.model.train()
-    while state['step'] < end:
-        _one_step(acc, loop, state, saved)
-        step = state['step']
-        if bar is not None:
-            bar.update(1)
-        if step % loop.log_every == 0 or step == loop.steps:
-            rec = _record(acc, loop, state, time.time() - t0)
-            log_record(out, rec, acc.is_main_process)
-            if bar is not None:
-                bar.set_postfix(loss=f"{rec['loss']:.3f}")
-            t0 = time.time()
-        if step % loop.eval_every == 0 or step == loop.steps:
-            te = time.time()
-            _evaluate(acc, loop, state, out, bar)
-            loop.model.train()
-            t0 += time.time() - te
-        signalled = stop is not None and any_process(acc, stop.signum is not None)
-        due = (loop.save_every and step % loop.save_every == 0) or step in (loop.steps, stop_at) or signalled
-        if loop.save is not None and due:
-            ts = time.time()
-            loop.save(_pending(acc, state))
-            saved = step
-            t0 += time.time() - ts
-        if signalled:
-            stop.acted = True
-            return stop.name or 'signal'  # 'signal': another process got it
-    return None
 
 # %% ../nbs/11a_loop.ipynb #06ae3a76
 def check_precision(mixed_precision: str):
@@ -1030,25 +471,6 @@ def probe_step(model: torch.nn.Module, loss: Callable, what: str, remedy: str, d
 
 
 # %% ../nbs/11a_loop.ipynb #0b20ec49
-def begin_run(acc: Accelerator, out: Path, config: dict, step: int = 0):
-    "On the main process: `out` made, `config.json` written, the records after `step` dropped."
-    if acc.is_main_process:
-        out.mkdir(parents=True, exist_ok=True)
-        write_json(out / 'config.json', config, indent=2, sort_keys=True)
-        restart_metrics(out, step)
-
-
-def progress_bar(acc: Accelerator, total: int, desc: str, show: bool = True, initial: int = 0) -> tqdm:
-    "A progress bar on stderr, on the main process only."
-    return tqdm(
-        total=total,
-        initial=initial,
-        desc=desc,
-        disable=not (acc.is_main_process and show),
-        dynamic_ncols=True,
-    )
-
-
 def open_run(cfg, out, resume: bool, overwrite: bool, **steps) -> tuple:
     """`(out, acc, state, done)` of a run with checkpoints: `out` checked (`check_creatable_dir`, then
     `prepare_run_dir` with `steps`), a fresh `accelerator`, the trainer state to resume from (None: a fresh
@@ -1069,13 +491,21 @@ def running(
     acc: Accelerator, out: Path, cfg, step: int, total: int, desc: str, progress=True, overwrite=False
 ):
     """`(stop, bar)` for the steps of run config `cfg` from `step` to `total`: the run in `out` deleted first
-    if `overwrite` (every input is checked by now; every process waits for it), `begin_run`, a `SignalStop`
-    and a `progress_bar`."""
+    if `overwrite` (every input is checked by now; every process waits for it); `out/config.json` written and
+    the records after `step` dropped (by the main process); a `SignalStop` and a progress bar on stderr (main
+    process only)."""
     if overwrite and acc.is_main_process and out.exists() and run_entries(out):
         replace_run_dir(out)
     acc.wait_for_everyone()
-    begin_run(acc, out, asdict(cfg), step)
-    with SignalStop() as stop, progress_bar(acc, total, desc, progress, step) as bar:
+    if acc.is_main_process:
+        out.mkdir(parents=True, exist_ok=True)
+        write_json(out / 'config.json', asdict(cfg), indent=2, sort_keys=True)
+        restart_metrics(out, step)
+    show = acc.is_main_process and progress
+    with (
+        SignalStop() as stop,
+        tqdm(total=total, initial=step, desc=desc, disable=not show, dynamic_ncols=True) as bar,
+    ):
         yield stop, bar
 
 # %% ../nbs/11a_loop.ipynb #e827647a
@@ -1122,16 +552,12 @@ def fit_run(
     return state['step'], None if done else stopped(state, cfg.steps, sig)
 
 
-def train_mean(out: Path, step: int, key: str) -> float:
-    "The mean of `key` over the training records of `out/metrics.jsonl` up to `step` (0 if there are none)."
-    values = [r[key] for r in read_metrics(out / 'metrics.jsonl', step) if r['split'] == 'train']
-    return sum(values) / max(1, len(values))
-
-
 def run_costs(acc: Accelerator, out: Path, model, step: int, rate: str) -> dict:
-    "The costs in a summary: `parameters`, `processes`, and `train_{rate}`, the mean of `rate` to `step`."
-    n = count_parameters(acc.unwrap_model(model))
-    return {'parameters': n, 'processes': acc.num_processes, f'train_{rate}': train_mean(out, step, rate)}
+    """The costs in a summary: `parameters`, `processes`, and `train_{rate}`, the mean of `rate` over the
+    training records to `step` (0 if there are none)."""
+    values = [r[rate] for r in read_metrics(out / 'metrics.jsonl', step) if r['split'] == 'train']
+    n, mean = count_parameters(acc.unwrap_model(model)), sum(values) / max(1, len(values))
+    return {'parameters': n, 'processes': acc.num_processes, f'train_{rate}': mean}
 
 
 def end_run(acc: Accelerator, out: Path, summary: dict) -> dict:
@@ -1199,77 +625,3 @@ def step_generator(seed: int, t: int, rank: int) -> torch.Generator:
     """The generator of micro-batch `t` on process `rank` (MLM masking, image augmentation): a function of its
     arguments."""
     return torch.Generator().manual_seed(((seed * 1_000_003 + t) * 1_009 + rank) % 2**63)
-
-# %% ../nbs/11a_loop.ipynb #0c5229c2
-class Phase(NamedTuple):
-    "A phase of a run: its optimizer steps `first` to `last` (numbered on through the run), its own optimizer."
-
-    name: str  # the key of its results, the phase of its records: 'train', 'finetune-bicubic', ...
-    size: tuple  # what it trains on (the ViT's image size (H, W))
-    first: int
-    last: int
-    lr: float  # peak learning rate
-
-
-def phase_plan(specs: list) -> list[Phase]:
-    "The `Phase`s of `specs`, `(name, size, steps, lr)` each, run one after the other from step 0."
-    phases, first = [], 0
-    for name, size, steps, lr in specs:
-        phases.append(Phase(name, tuple(size), first, first + steps, lr))
-        first += steps
-    return phases
-
-# %% ../nbs/11a_loop.ipynb #55aed099
-@dataclass(kw_only=True)
-class PhaseRun:
-    "What a run of `Phase`s gives `fit_phases`: what each phase needs from its kind of run, where the run stands."
-
-    out: Path  # the run directory
-    start: Callable  # (model, phase) -> the model the phase starts from, at its first step
-    groups: Callable  # model -> its AdamW groups (param_groups)
-    loop: Callable  # (acc, phase, parts) -> the Loop of the phase
-    results: Callable  # (acc, model, phase) -> the results of the finished phase, kept in the trainer state
-    write: Callable  # (acc, model, tmp) -> None: the kind's own files in a checkpoint (save_checkpoint)
-    t_start: float  # time.time() at the start, less the seconds the run took before it was resumed
-    stop_at: int | None = None  # stop after this step, as an interruption would
-    stop: SignalStop | None = None
-    bar: tqdm | None = None
-
-    def save(self, acc: Accelerator, model, state: dict):
-        "A checkpoint of `state` (and the seconds since the run began)."
-        write = lambda tmp: self.write(acc, model, tmp)
-        save_checkpoint(acc, self.out, write, {**state, 'elapsed': time.time() - self.t_start})
-
-
-def check_phase_state(out: Path, state: dict | None):
-    """`CheckpointError` unless the trainer state to resume from (None: a fresh run) holds the results of the
-    phases (a dict) and the elapsed seconds (a number); checked before a finished run's summary is too."""
-    if state is not None and not (isinstance(state.get('results'), dict) and is_real(state.get('elapsed'))):
-        raise CheckpointError(
-            f"{out / 'checkpoint' / STATE_FILE} must hold the results of the phases and elapsed; got "
-            f'{str(state)[:120]}: {_AGAIN}'
-        )
-
-# %% ../nbs/11a_loop.ipynb #1e653ed2
-def fit_phases(cfg, model, state: dict, phases: list, run: PhaseRun) -> tuple:
-    """`(acc, model, stop)`: `model` trained through `phases` from trainer state `state` (its `results`: of the
-    phases that finished), each with a fresh accelerator and AdamW (`cfg`'s `mixed_precision`, `warmup`,
-    `schedule`); `stop` is what `stopped` returns if a signal or `run.stop_at` stopped it, else None."""
-    for ph in phases:
-        here = ph.first < state['step'] <= ph.last  # resumed from a checkpoint of this phase
-        if ph.name in state['results'] and not here:
-            continue
-        if state['step'] == ph.first:
-            model = run.start(model, ph)
-        acc = accelerator(cfg.mixed_precision)
-        parts = optimizer(acc, model, run.groups(model), ph.lr, ph.last - ph.first, cfg.warmup, cfg.schedule)
-        if here:
-            load_checkpoint(acc, run.out / 'checkpoint')
-        if ph.name in state['results']:  # resumed at the end of this phase
-            continue
-        sig = fit(acc, run.loop(acc, ph, parts), state, run.out, run.stop_at, run.stop, run.bar)
-        if sig is not None or state['step'] < ph.last:  # a signal, the phase's last step's too, or stop_at
-            return acc, model, stopped(state, phases[-1].last, sig)
-        state['results'][ph.name] = run.results(acc, model, ph)
-        run.save(acc, model, state)
-    return acc, model, None

@@ -7,8 +7,9 @@ from __future__ import annotations
 import sys, time
 from dataclasses import dataclass, field, asdict
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 import torch
+from tokenizers import Tokenizer
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 from .core import *
@@ -17,10 +18,11 @@ from .files import dumps
 from .model import *
 from .data import *
 from .loop import *
+from .runs import *
 
 # %% auto #0
 __all__ = ['CORPUS', 'PRESETS', 'TrainConfig', 'model_config', 'make_train_config', 'eval_set', 'evaluate',
-           'pretrain']
+           'MLMData', 'pretrain']
 
 # %% ../nbs/12_training.ipynb #6eb4edc2
 CORPUS = NonEmpty("'default', a local folder, or a hub dataset name")
@@ -111,7 +113,18 @@ def evaluate(model, inputs, labels, batch_size: int, accelerator: Accelerator | 
     return loss_accuracy(sums, 'tokens')
 
 # %% ../nbs/12_training.ipynb #b1a2a03c
-def _setup(cfg: TrainConfig, world: int = 1) -> dict:
+class MLMData(NamedTuple):
+    "What a pretraining run reads and checks before anything is written."
+
+    tok: Tokenizer  # the tokenizer (`load_tokenizer`)
+    train: torch.Tensor  # int64 `(N, seq_len)` training blocks
+    ev_in: torch.Tensor  # int64 `(M, seq_len)` evaluation inputs, masked once (`eval_set`)
+    ev_lab: torch.Tensor  # int64 `(M, seq_len)` their labels, -100 where no token is scored
+    unigram: float  # the unigram baseline's loss on `ev_lab`
+    vocab: int  # V, the tokenizer's vocabulary size
+
+
+def _setup(cfg: TrainConfig, world: int = 1) -> MLMData:
     """Load and check data before anything is written: tokenizer, train/validation blocks, eval set, unigram
     baseline."""
     tok = load_tokenizer()
@@ -127,21 +140,21 @@ def _setup(cfg: TrainConfig, world: int = 1) -> dict:
             'raise eval_blocks'
         )
     uni = unigram_loss(unigram_logprobs(train, V), labels)
-    return {'tok': tok, 'train': train, 'ev_in': inputs, 'ev_lab': labels, 'uni': uni, 'vocab': V}
+    return MLMData(tok, train, inputs, labels, uni, V)
 
 # %% ../nbs/12_training.ipynb #b6fde310
-def _model(cfg: TrainConfig, acc: Accelerator, d: dict):
+def _model(cfg: TrainConfig, acc: Accelerator, d: MLMData):
     """The MLM model (drawn from `cfg.seed`), AdamW and its schedule, prepared; one step of `batch_size` blocks
     probed (`probe_step`: `MemoryLimitError` if it does not fit)."""
     set_seed(cfg.seed)
-    mcfg = model_config(cfg, d['vocab'])
+    mcfg = model_config(cfg, d.vocab)
     model = build_model(
         'the model', EncoderForMLM, mcfg, ('d_model', 'd_ff', 'n_layers', 'max_position_embeddings')
     )
     groups = param_groups(model, cfg.weight_decay)
     parts = optimizer(acc, model, groups, cfg.lr, cfg.steps, cfg.warmup, betas=(0.9, 0.98), eps=1e-6)
     g, dev = torch.Generator().manual_seed(0), acc.device
-    x, y = mask_tokens(d['train'][: cfg.batch_size], g, d['vocab'], cfg.mlm_probability)
+    x, y = mask_tokens(d.train[: cfg.batch_size], g, d.vocab, cfg.mlm_probability)
     what = f'one training step of batch_size={cfg.batch_size} blocks of seq_len={cfg.seq_len} tokens'
     step = lambda m: m(x.to(dev), labels=y.to(dev))['loss']
     probe_step(parts[0], step, what, 'use a smaller seq_len or batch_size', dev)
@@ -165,9 +178,9 @@ def pretrain(
         return done
     d = _setup(cfg, acc.num_processes)
     loop = _mlm_loop(cfg, out, acc, d, _model(cfg, acc, d))
-    if cfg.eval_blocks > len(d['ev_in']) and acc.is_main_process:  # stderr: stdout carries the summary
+    if cfg.eval_blocks > len(d.ev_in) and acc.is_main_process:  # stderr: stdout carries the summary
         print(
-            f"note: eval_blocks={cfg.eval_blocks} is more than the {len(d['ev_in'])} validation blocks: "
+            f"note: eval_blocks={cfg.eval_blocks} is more than the {len(d.ev_in)} validation blocks: "
             'all are evaluated',
             file=sys.stderr,
         )
@@ -189,30 +202,30 @@ def pretrain(
     return _finish(cfg, out, acc, loop.model, step, d)
 
 # %% ../nbs/12_training.ipynb #f5385988
-def _mlm_loop(cfg: TrainConfig, out: Path, acc: Accelerator, d: dict, parts: tuple) -> Loop:
+def _mlm_loop(cfg: TrainConfig, out: Path, acc: Accelerator, d: MLMData, parts: tuple) -> Loop:
     "What pretraining gives `fit`: the masked-token loss of micro-batch `t`, the evaluation, the checkpoint."
     (model, _, sched), rank, world, dev = parts, acc.process_index, acc.num_processes, acc.device
 
     def loss(t):
-        x = micro_batch(d['train'], t, cfg.batch_size, rank, world, cfg.seed)
-        inputs, labels = mask_tokens(x, step_generator(cfg.seed, t, rank), d['vocab'], cfg.mlm_probability)
+        x = micro_batch(d.train, t, cfg.batch_size, rank, world, cfg.seed)
+        inputs, labels = mask_tokens(x, step_generator(cfg.seed, t, rank), d.vocab, cfg.mlm_probability)
         return model(inputs.to(dev), labels=labels.to(dev))['loss'], {}
 
     def evaluation(step):
         te = time.time()
-        ev = evaluate(model, d['ev_in'], d['ev_lab'], cfg.batch_size * 2, acc)
+        ev = evaluate(model, d.ev_in, d.ev_lab, cfg.batch_size * 2, acc)
         return {
             'loss': ev['loss'],
             'accuracy': ev['accuracy'],
             'lr': sched.get_last_lr()[0],
-            'tokens_per_s': d['ev_in'].numel() / (time.time() - te),
-            'unigram_loss': d['uni'],
+            'tokens_per_s': d.ev_in.numel() / (time.time() - te),
+            'unigram_loss': d.unigram,
         }
 
     def write(tmp: Path):  # beside accelerate's state
         (tmp / 'config.json').write_text(acc.unwrap_model(model).cfg.to_json())
         (tmp / 'train_config.json').write_text(dumps(asdict(cfg), indent=2, sort_keys=True))
-        d['tok'].save(str(tmp / 'tokenizer.json'))
+        d.tok.save(str(tmp / 'tokenizer.json'))
 
     save = lambda state: save_checkpoint(acc, out, write, state)
     tokens = cfg.batch_size * world * cfg.grad_accum * cfg.seq_len  # per optimizer step
@@ -220,7 +233,7 @@ def _mlm_loop(cfg: TrainConfig, out: Path, acc: Accelerator, d: dict, parts: tup
     return Loop.of(cfg, parts, loss, evaluation, save, train_fields=per_s)
 
 # %% ../nbs/12_training.ipynb #34659a33
-def _finish(cfg: TrainConfig, out: Path, acc: Accelerator, model, step: int, d: dict) -> dict:
+def _finish(cfg: TrainConfig, out: Path, acc: Accelerator, model, step: int, d: MLMData) -> dict:
     "The summary of a finished run, from its records; written to `out/summary.json`."
     ev = [r for r in read_metrics(out / 'metrics.jsonl', step) if r['split'] == 'eval'][-1]
     summary = {
@@ -228,8 +241,8 @@ def _finish(cfg: TrainConfig, out: Path, acc: Accelerator, model, step: int, d: 
         'steps': step,
         'eval_loss': ev['loss'],
         'eval_accuracy': ev['accuracy'],
-        'unigram_loss': d['uni'],
-        'eval_tokens': int((d['ev_lab'] != -100).sum()),
+        'unigram_loss': d.unigram,
+        'eval_tokens': int((d.ev_lab != -100).sum()),
         'tokens_per_step': cfg.batch_size * acc.num_processes * cfg.grad_accum * cfg.seq_len,
     }
     return end_run(acc, out, summary | run_costs(acc, out, model, step, 'tokens_per_s'))

@@ -5,6 +5,7 @@
 # %% ../nbs/18_vit_train.ipynb #75837a4b
 from __future__ import annotations
 import copy, time
+from typing import NamedTuple
 from dataclasses import dataclass, field, asdict
 from pathlib import Path
 from typing import ClassVar
@@ -13,15 +14,20 @@ import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 from .core import get_encoding
+from tqdm import tqdm
+from .checks import is_real
 from .loop import *
+from .runs import *
+from .model import CheckpointError
+from .runs import _AGAIN
 from .vision import *
 from .vit import ViT, ViTConfig, load_vit, save_vit
 from .vit import reinit_pos_embed_, resize_pos_embed_
 
 # %% auto #0
 __all__ = ['EVAL_MODES', 'IMAGES', 'VIT_PRESETS', 'MAX_PATCHES', 'VitTrainConfig', 'vit_config',
-           'make_vit_config', 'vit_no_decay', 'evaluate_images', 'model_for', 'evaluate_sizes', 'total_steps',
-           'train_vit']
+           'make_vit_config', 'vit_no_decay', 'evaluate_images', 'model_for', 'evaluate_sizes', 'Phase',
+           'total_steps', 'train_vit']
 
 # %% ../nbs/18_vit_train.ipynb #adb82fe5
 # interpolate the table on the fly (two methods), or re-initialise it
@@ -261,17 +267,30 @@ def evaluate_sizes(
     return out
 
 # %% ../nbs/18_vit_train.ipynb #48e0d8df
+class Phase(NamedTuple):
+    "A phase of a run: its optimizer steps `first` to `last` (numbered on through the run), its own optimizer."
+
+    name: str  # the key of its results, the phase of its records: 'train', 'finetune-bicubic', ...
+    size: tuple  # the image size (H, W) it trains at
+    first: int
+    last: int
+    lr: float  # peak learning rate
+
+
 def _phases(cfg: VitTrainConfig) -> list[Phase]:
-    "The run's `Phase`s: training at `image_size`, then each fine-tune at `finetune_res`."
+    "The run's `Phase`s: training at `image_size`, then each fine-tune at `finetune_res`, end to end."
     names = ['finetune'] if cfg.finetune_init is None else [f'finetune-{i}' for i in cfg.finetune_init]
     ft = [(n, cfg.finetune_res, cfg.finetune_steps, cfg.finetune_lr) for n in names if cfg.finetune_steps]
-    return phase_plan([('train', cfg.image_size, cfg.steps, cfg.lr), *ft])
+    phases, first = [], 0
+    for name, size, steps, lr in [('train', cfg.image_size, cfg.steps, cfg.lr), *ft]:
+        phases.append(Phase(name, tuple(size), first, first + steps, lr))
+        first += steps
+    return phases
 
 
 def total_steps(cfg: VitTrainConfig) -> int:
     "Optimizer steps of the whole run: training, then each fine-tune."
     return _phases(cfg)[-1].last
-
 
 # %% ../nbs/18_vit_train.ipynb #b520d593
 def _setup(cfg: VitTrainConfig, world: int = 1) -> tuple[dict, dict]:
@@ -305,11 +324,41 @@ def _setup(cfg: VitTrainConfig, world: int = 1) -> tuple[dict, dict]:
     return data, info
 
 # %% ../nbs/18_vit_train.ipynb #776ab3aa
-def _phase_loop(cfg: VitTrainConfig, acc: Accelerator, d: dict, phase: Phase, state: dict, parts) -> Loop:
+@dataclass
+class _VitRun:
+    "What the phases of a ViT run share: its config, folder and data, the trainer state, what may stop it."
+
+    cfg: VitTrainConfig
+    out: Path  # the run directory
+    data: dict  # the splits of `load_images`
+    info: dict  # what `_setup` says of them: n_classes, mean, std, ...
+    state: dict  # the trainer state: step, `results` of the finished phases, `elapsed` seconds
+    t_start: float  # time.time() at the start, less the seconds the run took before it was resumed
+    stop_at: int | None = None  # stop after this step, as an interruption would
+    stop: SignalStop | None = None
+    bar: tqdm | None = None
+
+    def save(self, acc: Accelerator, model, state: dict):
+        "A checkpoint of `state` (and the seconds since the run began), the model beside it (`save_vit`)."
+        write = lambda tmp: save_vit(acc.unwrap_model(model), tmp / 'model')
+        save_checkpoint(acc, self.out, write, {**state, 'elapsed': time.time() - self.t_start})
+
+
+def _check_phase_state(out: Path, state: dict | None):
+    """`CheckpointError` unless the trainer state to resume from (None: a fresh run) holds the results of the
+    phases (a dict) and the elapsed seconds (a number); checked before a finished run's summary is too."""
+    if state is not None and not (isinstance(state.get('results'), dict) and is_real(state.get('elapsed'))):
+        raise CheckpointError(
+            f"{out / 'checkpoint' / STATE_FILE} must hold the results of the phases and elapsed; got "
+            f'{str(state)[:120]}: {_AGAIN}'
+        )
+
+
+def _phase_loop(r: _VitRun, acc: Accelerator, phase: Phase, parts: tuple) -> Loop:
     """What `phase` gives `fit`: the cross-entropy of step `t`'s images (and correct predictions), validation,
     saves."""
-    (name, size, first, last, _), model, n = phase, parts[0], cfg.batch_size
-    (X, y), mean, std = d['data']['train'], d['info']['mean'], d['info']['std']
+    (name, size, first, last, _), model, cfg, n = phase, parts[0], r.cfg, r.cfg.batch_size
+    (X, y), mean, std = r.data['train'], r.info['mean'], r.info['std']
     rank, world = acc.process_index, acc.num_processes
     seed = cfg.seed + (name != 'train')  # another order for fine-tunes, the same for each
 
@@ -323,34 +372,33 @@ def _phase_loop(cfg: VitTrainConfig, acc: Accelerator, d: dict, phase: Phase, st
 
     def evaluation(step):
         v = {'loss': None, 'accuracy': None}
-        if len(d['data']['validation'][1]):
+        if len(r.data['validation'][1]):
             v = evaluate_images(
-                acc.unwrap_model(model), *d['data']['validation'], mean, std, size, accelerator=acc
+                acc.unwrap_model(model), *r.data['validation'], mean, std, size, accelerator=acc
             )
         if step == last and v['loss'] is not None:
-            state['val_end'] = v  # the phase's validation result, not computed again
+            r.state['val_end'] = v  # the phase's validation result, not computed again
         return {'image_size': list(size), 'loss': v['loss'], 'accuracy': v['accuracy']}
 
-    save = lambda st: d['run'].save(acc, model, st)
+    save = lambda st: r.save(acc, model, st)
     per_s = lambda c, k, s: {'accuracy': c['correct'] / (k * n), 'images_per_s': k * n * world / s}
     return Loop.of(cfg, parts, loss, evaluation, save, steps=last, train_fields=per_s, tags={'phase': name})
 
 # %% ../nbs/18_vit_train.ipynb #22deac7b
-def _phase_results(
-    cfg: VitTrainConfig, acc: Accelerator, model: ViT, d: dict, phase: Phase, state: dict
-) -> dict:
-    """Validation (unless the phase's last evaluation left it in `state`) and test at the phase's resolution,
-    and test at every evaluation size and mode; after training, the model kept for `finetune_init`."""
-    (name, size, _, last, _), data, norm = phase, d['data'], (d['info']['mean'], d['info']['std'])
+def _phase_results(r: _VitRun, acc: Accelerator, model: ViT, phase: Phase) -> dict:
+    """Validation (unless the phase's last evaluation left it in the trainer state) and test at the phase's
+    resolution, and test at every evaluation size and mode; after training, the model kept for
+    `finetune_init`."""
+    (name, size, _, last, _), data, norm, cfg = phase, r.data, (r.info['mean'], r.info['std']), r.cfg
     ev = lambda split: (
         evaluate_images(model, *data[split], *norm, size, accelerator=acc) if len(data[split][1]) else None
     )
-    test, val = ev('test'), state.pop('val_end', None) or ev('validation')
+    test, val = ev('test'), r.state.pop('val_end', None) or ev('validation')
     sizes = cfg.eval_sizes if name == 'train' or cfg.finetune_eval_sizes is None else cfg.finetune_eval_sizes
     known = {tuple(size): test['accuracy']} if test else None  # the test at the phase's size is not repeated
     evs = evaluate_sizes(model, *data['test'], *norm, sizes, cfg.eval_modes, accelerator=acc, known=known)
     if name == 'train' and cfg.finetune_init and acc.is_main_process:
-        save_vit(model, d['run'].out / 'trained_model')
+        save_vit(model, r.out / 'trained_model')
     return dict(image_size=list(size), step=last, validation=val, test=test, eval=evs)
 
 # %% ../nbs/18_vit_train.ipynb #c0b7ad15
@@ -368,10 +416,36 @@ def _phase_start(cfg: VitTrainConfig, out: Path, model: ViT, phase: Phase) -> Vi
         torch.manual_seed(cfg.seed)
         return reinit_pos_embed_(m, size)
 
+# %% ../nbs/18_vit_train.ipynb #751877a7
+def _fit_phases(r: _VitRun, model: ViT, phases: list[Phase]) -> tuple:
+    """`(acc, model, stop)`: `model` trained through `phases` from `r.state` (its `results`: of the phases
+    that finished), each with a fresh accelerator and AdamW; `stop` is what `stopped` returns if a signal or
+    `r.stop_at` stopped it, else None."""
+    cfg, state = r.cfg, r.state
+    for ph in phases:
+        here = ph.first < state['step'] <= ph.last  # resumed from a checkpoint of this phase
+        if ph.name in state['results'] and not here:
+            continue
+        if state['step'] == ph.first:
+            model = _phase_start(cfg, r.out, model, ph)
+        acc = accelerator(cfg.mixed_precision)
+        groups = param_groups(model, cfg.weight_decay, vit_no_decay)
+        parts = optimizer(acc, model, groups, ph.lr, ph.last - ph.first, cfg.warmup, cfg.schedule)
+        if here:
+            load_checkpoint(acc, r.out / 'checkpoint')
+        if ph.name in state['results']:  # resumed at the end of this phase
+            continue
+        sig = fit(acc, _phase_loop(r, acc, ph, parts), state, r.out, r.stop_at, r.stop, r.bar)
+        if sig is not None or state['step'] < ph.last:  # a signal, the phase's last step's too, or stop_at
+            return acc, model, stopped(state, phases[-1].last, sig)
+        state['results'][ph.name] = _phase_results(r, acc, model, ph)
+        r.save(acc, model, state)
+    return acc, model, None
+
 # %% ../nbs/18_vit_train.ipynb #42722ab7
-def _finish(cfg: VitTrainConfig, acc: Accelerator, m: ViT, d: dict, state: dict) -> dict:
+def _finish(r: _VitRun, acc: Accelerator, m: ViT) -> dict:
     "The summary of a finished run, from its phase results and records; written to `out/summary.json`."
-    r, info = state['results'], d['info']
+    cfg, res, info = r.cfg, r.state['results'], r.info
     ft = lambda f, steps=cfg.finetune_steps: {  # what the summary says of a phase
         'image_size': f['image_size'],
         'steps': steps,
@@ -384,26 +458,25 @@ def _finish(cfg: VitTrainConfig, acc: Accelerator, m: ViT, d: dict, state: dict)
         how = 'the learned table, interpolated on the fly (bicubic, bilinear) or re-initialised (none)'
     summary = {
         **{k: getattr(cfg, k) for k in ('pe', 'pe_kwargs', 'patch_size')},
-        **ft(r['train'], cfg.steps),
+        **ft(res['train'], cfg.steps),
         **{k: v for k, v in info.items() if k not in ('n_classes', 'mean', 'std')},  # the data's
         'grid': [s // cfg.patch_size for s in cfg.image_size],
         'epochs': cfg.steps * cfg.batch_size * acc.num_processes / info['images']['train'],
-        'test_loss': r['train']['test']['loss'],
+        'test_loss': res['train']['test']['loss'],
         'interpolation': how,
-        **run_costs(acc, d['run'].out, m, state['step'], 'images_per_s'),
-        'wall_s': time.time() - d['run'].t_start,
+        **run_costs(acc, r.out, m, r.state['step'], 'images_per_s'),
+        'wall_s': time.time() - r.t_start,
     }
-    if 'finetune' in r:
-        summary['finetune'] = ft(r['finetune'])
+    if 'finetune' in res:
+        summary['finetune'] = ft(res['finetune'])
     if cfg.finetune_init:
-        summary['finetunes'] = {p.name.removeprefix('finetune-'): ft(r[p.name]) for p in _phases(cfg)[1:]}
-    return end_run(acc, d['run'].out, summary)
-
+        summary['finetunes'] = {p.name.removeprefix('finetune-'): ft(res[p.name]) for p in _phases(cfg)[1:]}
+    return end_run(acc, r.out, summary)
 
 # %% ../nbs/18_vit_train.ipynb #876e4d30
 def _start_model(cfg: VitTrainConfig, out: Path, info: dict, state: dict | None) -> ViT:
     """The model to train: drawn from `cfg.seed` for a fresh run; to resume (`state` checked by
-    `check_phase_state`), the checkpoint's, of its phase's shape (`load_checkpoint` restores the rest)."""
+    `_check_phase_state`), the checkpoint's, of its phase's shape (`load_checkpoint` restores the rest)."""
     if state is not None:
         return load_resumed(out / 'checkpoint', lambda: load_vit(out / 'checkpoint' / 'model'))
     set_seed(cfg.seed)
@@ -423,24 +496,14 @@ def train_vit(
     phases = _phases(cfg)
     ends = [ph.last for ph in phases]
     out, acc, state, done = open_run(cfg, out, resume, overwrite, steps=ends[-1], ends=ends)
-    check_phase_state(out, state)
+    _check_phase_state(out, state)
     if done is not None:
         return done  # finished: left as it is
     data, info = _setup(cfg, acc.num_processes)
     model = _start_model(cfg, out, info, state)
     state = state or {'step': 0, 'results': {}, 'elapsed': 0.0}
-    d = {'data': data, 'info': info}
-    r = d['run'] = PhaseRun(
-        out=out,
-        start=lambda m, phase: _phase_start(cfg, out, m, phase),
-        groups=lambda m: param_groups(m, cfg.weight_decay, vit_no_decay),
-        loop=lambda acc, phase, parts: _phase_loop(cfg, acc, d, phase, state, parts),
-        results=lambda acc, m, phase: _phase_results(cfg, acc, m, d, phase, state),
-        write=lambda acc, m, tmp: save_vit(acc.unwrap_model(m), tmp / 'model'),
-        t_start=time.time() - state['elapsed'],
-        stop_at=stop_at,
-    )
+    r = _VitRun(cfg, out, data, info, state, time.time() - state['elapsed'], stop_at)
     span = running(acc, out, cfg, state['step'], ends[-1], f'vit {cfg.pe}', progress, overwrite)
     with span as (r.stop, r.bar):
-        acc, model, stop = fit_phases(cfg, model, state, phases, r)
-        return stop or _finish(cfg, acc, model, d, state)
+        acc, model, stop = _fit_phases(r, model, phases)
+        return stop or _finish(r, acc, model)
