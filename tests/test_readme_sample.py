@@ -59,6 +59,7 @@ def test_the_sample_shows_what_the_preset_promises(res):
         if WORSE in row:
             assert WORSE_LEGEND + ':' in before and f'\n  {row.split()[0]}: ' in before, row
     assert 'none is last on pretrain loss' in before or 'none is not last on pretrain loss' in before
+    assert any(l.startswith('The committed study') for l in lines[top:])
 
 
 def test_none_is_last_and_every_entry_below_unigram(res):
@@ -67,4 +68,3 @@ def test_none_is_last_and_every_entry_below_unigram(res):
     loss = {pe: p['eval_loss'] for pe, p in pre.items()}
     assert max(loss, key=loss.get) == 'none', loss
     assert all(loss[pe] < p['unigram_loss'] for pe, p in pre.items()), loss
-    assert any(l.startswith('The committed study') for l in lines[top:])
