@@ -428,13 +428,24 @@ def _check_pe_call(pe, q, k, ctx):
         p = getattr(ctx, key)
         if is_tracing() or not (isinstance(p, torch.Tensor) and isinstance(t, torch.Tensor) and t.ndim == 4):
             continue
-        if p.shape[-1] != t.shape[2] or p.ndim == 2 and p.shape[0] not in (1, t.shape[0]):
+        if p.shape[-1] != t.shape[2]:
             raise ValueError(
                 f'ctx was prepared for {p.shape[-1]} {key} positions but {name} {tuple(t.shape)} has '
-                f'{t.shape[2]} at dim 2 (positions {tuple(p.shape)}, batch {t.shape[0]}): q, k, v must be '
-                '(b, h, n, d), and ctx must come from pe.prepare(q_pos, k_pos) for the positions of this '
-                'call'
+                f'{t.shape[2]} at dim 2: q, k, v must be (b, h, n, d), and ctx must come from '
+                'pe.prepare(q_pos, k_pos) for the positions of this call'
             )
+        if p.ndim == 2 and p.shape[0] not in (1, t.shape[0]):
+            raise ValueError(
+                f'ctx was prepared for a batch of {p.shape[0]} ({key} {tuple(p.shape)}) but {name} '
+                f'{tuple(t.shape)} has a batch of {t.shape[0]}: its position terms do not fit {name}; '
+                'prepare ctx from the positions of this call'
+            )
+    km = getattr(ctx, 'key_mask', None)  # an encoding whose positions depend on the mask (CoPE)
+    if isinstance(km, torch.Tensor) and isinstance(q, torch.Tensor) and km.shape[0] not in (1, q.shape[0]):
+        raise ValueError(
+            f'the context was prepared with a key_mask of {km.shape[0]} rows but q has a batch of '
+            f'{q.shape[0]} (shape {tuple(q.shape)}): prepare it with key_mask (b, j) of this batch'
+        )
 
 # %% ../nbs/01_attention.ipynb #4e68f14f
 # the contract's names, defined in core, are also this module's (`from posenc_lit.attention import *`)

@@ -162,7 +162,7 @@ def fit(
     state: dict,
     out: Path,
     stop_at: int | None = None,
-    stop: SignalStop | None = None,
+    stop: object = None,  # a SignalStop (see Interruptions), or None
     bar: tqdm | None = None,
 ) -> str | None:
     """Train from `state['step']` to `loop.steps` (or `stop_at`); the signal that stopped it, or None. A

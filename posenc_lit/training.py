@@ -116,9 +116,9 @@ def evaluate(model, inputs, labels, batch_size: int, accelerator: Accelerator | 
 class MLMData(NamedTuple):
     "What a pretraining run reads and checks before anything is written."
 
-    tok: Tokenizer  # the tokenizer (`load_tokenizer`)
+    tok: Tokenizer  # the tokenizer (load_tokenizer)
     train: torch.Tensor  # int64 `(N, seq_len)` training blocks
-    ev_in: torch.Tensor  # int64 `(M, seq_len)` evaluation inputs, masked once (`eval_set`)
+    ev_in: torch.Tensor  # int64 `(M, seq_len)` evaluation inputs, masked once (eval_set)
     ev_lab: torch.Tensor  # int64 `(M, seq_len)` their labels, -100 where no token is scored
     unigram: float  # the unigram baseline's loss on `ev_lab`
     vocab: int  # V, the tokenizer's vocabulary size

@@ -184,7 +184,7 @@ def test_bad_input_exits_2_before_anything_runs(argv, msg, study, tmp_path, caps
 
 def test_another_study_in_the_same_folder_is_refused(study, capsys):
     rc, _, err = run_cli(['compare', '--preset', 'quick', '--out', str(study[0]), '--encodings', 'learned'], capsys)
-    assert rc == 2 and "holds a study with another preset, spec (about, finetune, known, length_tokens, lengths, " in err and "(preset 'tiny')" in err, err
+    assert rc == 2 and "holds a study with another preset, spec (about, encodings, finetune, known, length_tokens, lengths, " in err and "(preset 'tiny')" in err, err
 
 
 def test_a_folder_of_other_files_is_refused(tmp_path, capsys):
