@@ -133,7 +133,7 @@ _LAYER = 0  # the layer address the encodings' hooks get at the core level: laye
 
 def core_attention(pe: PositionEncoding, q, k, v, pos, fast=True):
     """Attention of `q, k, v (b, h, L, d)` at positions `pos (1, L)` with `pe`'s signal:
-    `MultiHeadAttention.forward` without its projections."""
+    `MultiHeadAttention`'s forward without its projections."""
     return position_attention(pe, q, k, v, pe.prepare(pos, pos), _LAYER, fast=fast)
 
 
