@@ -14,11 +14,11 @@ from .core import *
 from .checks import *
 
 # %% auto #0
-__all__ = ['FUSED_AUTO', 'causal_mask', 'scores', 'attend_manual', 'is_tracing', 'attend_fast',
-           'attend_compiled', 'fused_unavailable', 'use_fused', 'dense_mod', 'causal_block_mask',
-           'attend_fused', 'attend', 'default_positions', 'MultiHeadAttention', 'as_layer', 'layer_index',
-           'position_attention', 'position_scores', 'KVCache', 'CombinedContext', 'CombinedEncoding',
-           'Context', 'LayerRef', 'PositionEncoding', 'check_context']
+__all__ = ['FUSED_AUTO', 'causal_mask', 'scores', 'attend_manual', 'is_tracing', 'attend_fast', 'attend_compiled',
+           'fused_unavailable', 'use_fused', 'dense_mod', 'causal_block_mask', 'attend_fused', 'attend',
+           'default_positions', 'MultiHeadAttention', 'as_layer', 'layer_index', 'position_attention',
+           'position_scores', 'KVCache', 'CombinedContext', 'CombinedEncoding', 'Context', 'LayerRef',
+           'PositionEncoding', 'check_context']
 
 # %% ../nbs/01_attention.ipynb #4eacdacb
 def causal_mask(i: int, j: int, device: torch.device | str | None = None) -> torch.Tensor:

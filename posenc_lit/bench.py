@@ -24,10 +24,10 @@ from .alibi import ALiBi
 from .rope import RoPE
 
 # %% auto #0
-__all__ = ['TARGETS', 'TARGET_SIZE', 'BENCH_METRICS', 'RESULTS', 'allocator', 'peak_memory',
-           'time_interleaved', 'Case', 'core_attention', 'naive_attention', 'term_cases',
-           'hf_deberta_modules', 'hf_t5_modules', 'hf_cases', 'model_throughput', 'bench', 'bench_ratios',
-           'bench_targets', 'format_bench', 'plot_bench', 'load_bench', 'write_bench']
+__all__ = ['TARGETS', 'TARGET_SIZE', 'BENCH_METRICS', 'RESULTS', 'allocator', 'peak_memory', 'time_interleaved', 'Case',
+           'core_attention', 'naive_attention', 'term_cases', 'hf_deberta_modules', 'hf_t5_modules', 'hf_cases',
+           'model_throughput', 'bench', 'bench_ratios', 'bench_targets', 'format_bench', 'plot_bench', 'load_bench',
+           'write_bench']
 
 # %% ../nbs/24_bench.ipynb #204e5a59
 def allocator() -> str:

@@ -8,9 +8,9 @@ import contextlib, contextvars, math, re
 import torch
 
 # %% auto #0
-__all__ = ['POSITION_LIMIT', 'value_range', 'PositionRangeError', 'is_int', 'is_real', 'is_int_tensor',
-           'MemoryLimitError', 'memory_check', 'check_positions', 'check_position_limit', 'test_close_rel',
-           'check_sizes', 'check_flags', 'check_finite']
+__all__ = ['POSITION_LIMIT', 'value_range', 'PositionRangeError', 'is_int', 'is_real', 'is_int_tensor', 'MemoryLimitError',
+           'memory_check', 'check_positions', 'check_position_limit', 'test_close_rel', 'check_sizes', 'check_flags',
+           'check_finite']
 
 # %% ../nbs/00a_checks.ipynb #73316b72
 def value_range(t: torch.Tensor) -> tuple:  # any shape, non-empty, integer or float

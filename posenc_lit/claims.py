@@ -11,12 +11,11 @@ from typing import Callable
 from scipy import stats
 
 # %% auto #0
-__all__ = ['STUDY', 'ABS_MARGIN', 'ENTRY_SETTINGS', 'VERDICTS', 'LEVEL', 'MARGIN', 'LONG', 'SPEED',
-           'TUPE_SPEED', 'DROPIN', 'CLAIMS', 'COLOURS', 'entry_settings', 'check_run', 'seed_runs',
-           'loss_values', 'study_loss', 'eval_loss', 'seed_noise', 'loss_at', 'eval_curve', 'task_values',
-           'downstream', 'minilm_values', 'gap_interval', 'verdict', 'Measured', 'Measure', 'Claim',
-           'pretrain_loss', 'task_metric', 'trained_offsets', 'growth_values', 'growth', 'vit', 'check_root',
-           'judge', 'claims', 'claims_markdown', 'forest_plot']
+__all__ = ['STUDY', 'ABS_MARGIN', 'ENTRY_SETTINGS', 'VERDICTS', 'LEVEL', 'MARGIN', 'LONG', 'SPEED', 'TUPE_SPEED', 'DROPIN',
+           'CLAIMS', 'COLOURS', 'entry_settings', 'check_run', 'seed_runs', 'loss_values', 'study_loss', 'eval_loss',
+           'seed_noise', 'loss_at', 'eval_curve', 'task_values', 'downstream', 'minilm_values', 'gap_interval',
+           'verdict', 'Measured', 'Measure', 'Claim', 'pretrain_loss', 'task_metric', 'trained_offsets',
+           'growth_values', 'growth', 'vit', 'check_root', 'judge', 'claims', 'claims_markdown', 'forest_plot']
 
 # %% ../nbs/25_claims.ipynb #4172f9dc
 STUDY = 'study'  # results/study/<entry>[-s<seed>]/ (tools/run_study.sh, the `study` preset; issue 29)

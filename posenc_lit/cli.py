@@ -11,9 +11,9 @@ from .files import dumps, run_entries
 from .loop import ListOf, NonEmpty, OneOf, Range, path_text
 
 # %% auto #0
-__all__ = ['UsageError', 'cmd_encodings', 'config_flags', 'config_overrides', 'cmd_pretrain', 'cmd_lengths',
-           'cmd_finetune', 'cmd_tasks', 'cmd_vit', 'cmd_compare', 'cmd_probes', 'cmd_bench', 'cmd_lm',
-           'build_parser', 'Interrupted', 'main']
+__all__ = ['UsageError', 'cmd_encodings', 'config_flags', 'config_overrides', 'cmd_pretrain', 'cmd_lengths', 'cmd_finetune',
+           'cmd_tasks', 'cmd_vit', 'cmd_compare', 'cmd_probes', 'cmd_bench', 'cmd_lm', 'build_parser', 'Interrupted',
+           'main']
 
 # %% ../nbs/13_cli.ipynb #90336ca0
 class UsageError(ValueError):

@@ -29,8 +29,7 @@ from posenc_lit.probes import (
 from .compare_figures import save_figures
 
 # %% auto #0
-__all__ = ['QUICK_STEPS', 'QUICK_TRAIN', 'QUICK_ENTRIES', 'COMPARE_PRESETS', 'compare_plan',
-           'pretrained_runs', 'compare']
+__all__ = ['QUICK_STEPS', 'QUICK_TRAIN', 'QUICK_ENTRIES', 'COMPARE_PRESETS', 'compare_plan', 'pretrained_runs', 'compare']
 
 # %% ../nbs/19_compare.ipynb #acd90be7
 # fmt: off

@@ -13,9 +13,9 @@ import torch
 import torch.nn as nn
 
 # %% auto #0
-__all__ = ['CONVENTIONS', 'KINDS', 'MODALITIES', 'ENCODING_MODULES', 'NAME_PATTERN', 'rel_pos',
-           'to_convention', 'EncodingSpec', 'register_encoding', 'list_encodings', 'get_encoding',
-           'list_ablations', 'encoding_families', 'Context', 'LayerRef', 'PositionEncoding', 'check_context']
+__all__ = ['CONVENTIONS', 'KINDS', 'MODALITIES', 'ENCODING_MODULES', 'NAME_PATTERN', 'rel_pos', 'to_convention', 'EncodingSpec',
+           'register_encoding', 'list_encodings', 'get_encoding', 'list_ablations', 'encoding_families', 'Context',
+           'LayerRef', 'PositionEncoding', 'check_context']
 
 # %% ../nbs/00_core.ipynb #2283af21
 def rel_pos(

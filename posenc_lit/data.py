@@ -14,9 +14,9 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from .checks import is_int_tensor
 
 # %% auto #0
-__all__ = ['SPECIAL_TOKENS', 'PAD_ID', 'UNK_ID', 'CLS_ID', 'SEP_ID', 'MASK_ID', 'SPLITS', 'NEVER_MASKED',
-           'CorpusError', 'corpus_dir', 'load_corpus', 'train_tokenizer', 'load_tokenizer', 'tokenize_blocks',
-           'mask_tokens', 'unigram_logprobs', 'unigram_loss']
+__all__ = ['SPECIAL_TOKENS', 'PAD_ID', 'UNK_ID', 'CLS_ID', 'SEP_ID', 'MASK_ID', 'SPLITS', 'NEVER_MASKED', 'CorpusError',
+           'corpus_dir', 'load_corpus', 'train_tokenizer', 'load_tokenizer', 'tokenize_blocks', 'mask_tokens',
+           'unigram_logprobs', 'unigram_loss']
 
 # %% ../nbs/11_data.ipynb #e80dfaaf
 class CorpusError(ValueError):

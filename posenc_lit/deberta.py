@@ -17,8 +17,8 @@ from .fused import batched_positions, check_position_pair, offset_mod
 from .relative import rel_scores, row_range, _distance_extremes
 
 # %% auto #0
-__all__ = ['POS_ATT_TYPES', 'build_relative_position', 'deberta_delta', 'make_log_bucket_position',
-           'DebertaContext', 'DebertaRelative']
+__all__ = ['POS_ATT_TYPES', 'build_relative_position', 'deberta_delta', 'make_log_bucket_position', 'DebertaContext',
+           'DebertaRelative']
 
 # %% ../nbs/06_deberta.ipynb #2fd69ee3
 def build_relative_position(

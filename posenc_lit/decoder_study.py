@@ -33,15 +33,14 @@ from posenc_lit.probes import (
 from .claims import Claim, Measure, Measured, judge, vit, claims_markdown
 
 # %% auto #0
-__all__ = ['BOS_ID', 'CORPUS', 'LM_PRESETS', 'ROPE_SCALINGS', 'CAUSAL_PROBE_PRESETS', 'SET', 'INC', 'NOISE',
-           'COUNT0', 'BLANK', 'COPY', 'DATA', 'W', 'R', 'I', 'BIT', 'CAUSAL_PROBES', 'DECODER', 'ENTRIES',
-           'ROWS', 'DECODER_CLAIMS', 'lm_blocks', 'LMConfig', 'make_lm_config', 'lm_model_config', 'lm_model',
-           'lm_loss', 'lm_evaluate', 'LMData', 'eval_stream', 'lm_data', 'pretrain_lm', 'load_lm',
-           'position_buckets', 'lm_length_loss', 'rescaled', 'lm_lengths', 'CausalProbeConfig',
-           'make_causal_probe_config', 'causal_index_batch', 'causal_precede_batch', 'counting_batch',
-           'selective_copy_batch', 'flip_flop_batch', 'CausalProbeModel', 'run_causal_probes', 'entry_runs',
-           'length_losses', 'decoder_table', 'plot_lengths', 'read_causal_probes', 'probe_table', 'loss_at',
-           'probe_accuracy_at', 'decoder_claims']
+__all__ = ['BOS_ID', 'CORPUS', 'LM_PRESETS', 'ROPE_SCALINGS', 'CAUSAL_PROBE_PRESETS', 'SET', 'INC', 'NOISE', 'COUNT0', 'BLANK',
+           'COPY', 'DATA', 'W', 'R', 'I', 'BIT', 'CAUSAL_PROBES', 'DECODER', 'ENTRIES', 'ROWS', 'DECODER_CLAIMS',
+           'lm_blocks', 'LMConfig', 'make_lm_config', 'lm_model_config', 'lm_model', 'lm_loss', 'lm_evaluate', 'LMData',
+           'eval_stream', 'lm_data', 'pretrain_lm', 'load_lm', 'position_buckets', 'lm_length_loss', 'rescaled',
+           'lm_lengths', 'CausalProbeConfig', 'make_causal_probe_config', 'causal_index_batch', 'causal_precede_batch',
+           'counting_batch', 'selective_copy_batch', 'flip_flop_batch', 'CausalProbeModel', 'run_causal_probes',
+           'entry_runs', 'length_losses', 'decoder_table', 'plot_lengths', 'read_causal_probes', 'probe_table',
+           'loss_at', 'probe_accuracy_at', 'decoder_claims']
 
 # %% ../nbs/26_decoder_study.ipynb #a1835fa0
 BOS_ID = CLS_ID  # the tokenizer's [CLS] opens every block: the decoder's [BOS]

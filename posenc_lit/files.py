@@ -10,8 +10,8 @@ from typing import Callable
 import numpy as np
 
 # %% auto #0
-__all__ = ['LOCK_FILE', 'atomic_write', 'json_safe', 'dumps', 'write_json', 'RunLockedError',
-           'acquire_run_lock', 'release_run_lock', 'run_entries', 'environment']
+__all__ = ['LOCK_FILE', 'atomic_write', 'json_safe', 'dumps', 'write_json', 'RunLockedError', 'acquire_run_lock',
+           'release_run_lock', 'run_entries', 'environment']
 
 # %% ../nbs/00c_files.ipynb #2683fb7b
 def atomic_write(

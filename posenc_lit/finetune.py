@@ -22,8 +22,7 @@ from .loop import *
 from .runs import *
 
 # %% auto #0
-__all__ = ['FINETUNE_PRESETS', 'FinetuneConfig', 'make_finetune_config', 'finetune', 'finetune_seeds',
-           'format_summary']
+__all__ = ['FINETUNE_PRESETS', 'FinetuneConfig', 'make_finetune_config', 'finetune', 'finetune_seeds', 'format_summary']
 
 # %% ../nbs/16_finetune.ipynb #a6318dc9
 @dataclass(kw_only=True)

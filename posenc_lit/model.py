@@ -18,10 +18,10 @@ from .attention import *
 from .absolute import four_terms
 
 # %% auto #0
-__all__ = ['ModelConfig', 'Embeddings', 'EncoderLayer', 'build_encoding', 'mask_positions', 'Encoder',
-           'EncoderForMLM', 'padding_invariance_error', 'CheckpointError', 'check_weight_dtypes',
-           'check_state_dict', 'read_weights', 'save_model', 'load_config', 'load_weights', 'load_model',
-           'four_term_scores', 'count_parameters', 'check_field_types']
+__all__ = ['ModelConfig', 'Embeddings', 'EncoderLayer', 'build_encoding', 'mask_positions', 'Encoder', 'EncoderForMLM',
+           'padding_invariance_error', 'CheckpointError', 'check_weight_dtypes', 'check_state_dict', 'read_weights',
+           'save_model', 'load_config', 'load_weights', 'load_model', 'four_term_scores', 'count_parameters',
+           'check_field_types']
 
 # %% ../nbs/10_model.ipynb #948948d1
 def _config_to_json(cfg) -> str:

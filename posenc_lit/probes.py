@@ -27,12 +27,11 @@ from .rope import RoPE
 from .tupe import TUPE
 
 # %% auto #0
-__all__ = ['PAD', 'BOS', 'FIRST', 'COUNT', 'PROBE_PRESETS', 'PROBES', 'SOLVABLE', 'ProbeConfig',
-           'make_probe_config', 'probe_seeds', 'offset_batch', 'index_batch', 'precede_batch', 'Probe',
-           'ProbeModel', 'probe_loss', 'probe_accuracy', 'train_probe', 'score_probe', 'run_probe',
-           'position_signal', 'reversal_bound', 'probe_theory', 'probe_lengths', 'new_probe_results',
-           'read_probe_results', 'run_probes', 'seed_records', 'probe_cell', 'probe_training', 'probe_rows',
-           'probe_rule', 'format_probe_table', 'plot_probes']
+__all__ = ['PAD', 'BOS', 'FIRST', 'COUNT', 'PROBE_PRESETS', 'PROBES', 'SOLVABLE', 'ProbeConfig', 'make_probe_config',
+           'probe_seeds', 'offset_batch', 'index_batch', 'precede_batch', 'Probe', 'ProbeModel', 'probe_loss',
+           'probe_accuracy', 'train_probe', 'score_probe', 'run_probe', 'position_signal', 'reversal_bound',
+           'probe_theory', 'probe_lengths', 'new_probe_results', 'read_probe_results', 'run_probes', 'seed_records',
+           'probe_cell', 'probe_training', 'probe_rows', 'probe_rule', 'format_probe_table', 'plot_probes']
 
 # %% ../nbs/19a_probes.ipynb #b3bd4b09
 PAD, BOS, FIRST = 0, 1, 2  # token ids: padding (never drawn), the start token, the first content id

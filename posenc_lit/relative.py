@@ -14,8 +14,7 @@ from .attention import *
 from .fused import batched_positions, check_position_pair, offset_mod
 
 # %% auto #0
-__all__ = ['rel_index', 'rel_scores', 'row_range', 'rel_values', 'RelativeContext', 'RelativeVectors', 'Shaw',
-           'HuangMethod4']
+__all__ = ['rel_index', 'rel_scores', 'row_range', 'rel_values', 'RelativeContext', 'RelativeVectors', 'Shaw', 'HuangMethod4']
 
 # %% ../nbs/03_relative.ipynb #f3349c1b
 def rel_index(

@@ -12,8 +12,8 @@ from .checks import *
 from .attention import *
 
 # %% auto #0
-__all__ = ['PAIRINGS', 'SCALINGS', 'rope_inv_freq', 'rope_cos_sin', 'apply_rope', 'pairing_permutation',
-           'rope_frequencies', 'RoPEContext', 'RoPE']
+__all__ = ['PAIRINGS', 'SCALINGS', 'rope_inv_freq', 'rope_cos_sin', 'apply_rope', 'pairing_permutation', 'rope_frequencies',
+           'RoPEContext', 'RoPE']
 
 # %% ../nbs/07_rope.ipynb #f1167af0
 #| code-fold: true

@@ -16,12 +16,12 @@ from .files import LOCK_FILE, atomic_write, dumps, run_entries, write_json
 from .model import CheckpointError
 
 # %% auto #0
-__all__ = ['SPLITS', 'RUN_FILES', 'CHECKPOINTS', 'STATE_FILE', 'RunDirError', 'log_record', 'read_metrics',
-           'restart_metrics', 'check_creatable_dir', 'foreign_files', 'run_kind', 'read_config',
-           'check_own_files', 'checkpoint_record', 'foreign_checkpoint_files', 'check_checkpoint_files',
-           'check_folder_to_replace', 'check_replaceable', 'check_replaceable_runs', 'replace_run_dir',
-           'prepare_run_dir', 'clear_run_dir', 'read_trainer_state', 'check_checkpoint_digest',
-           'check_loop_state', 'any_process', 'save_checkpoint', 'load_resumed', 'load_checkpoint']
+__all__ = ['SPLITS', 'RUN_FILES', 'CHECKPOINTS', 'STATE_FILE', 'RunDirError', 'log_record', 'read_metrics', 'restart_metrics',
+           'check_creatable_dir', 'foreign_files', 'run_kind', 'read_config', 'check_own_files', 'checkpoint_record',
+           'foreign_checkpoint_files', 'check_checkpoint_files', 'check_folder_to_replace', 'check_replaceable',
+           'check_replaceable_runs', 'replace_run_dir', 'prepare_run_dir', 'clear_run_dir', 'read_trainer_state',
+           'check_checkpoint_digest', 'check_loop_state', 'any_process', 'save_checkpoint', 'load_resumed',
+           'load_checkpoint']
 
 # %% ../nbs/11b_runs.ipynb #c922c711
 class RunDirError(ValueError):

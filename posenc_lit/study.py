@@ -18,13 +18,12 @@ from posenc_lit.claims import (
 )
 
 # %% auto #0
-__all__ = ['HEADLINE', 'VARIANTS', 'FIRST_STUDY', 'GROUPS', 'ENTRIES', 'SEEDS', 'WINDOW', 'FLAT',
-           'SWEEP_ENTRIES', 'SWEEP_GRID', 'SWEEP_STEPS', 'OLD_LR', 'TIE', 'LR_FROM', 'word_scale',
-           'study_rows', 'run_curve', 'last_drop', 'convergence', 'lr_text', 'sweep_losses', 'pick_lr',
-           'study_lr', 'chosen_lrs', 'sweep_markdown', 'sweep_parameters', 'study_lrs_markdown', 'plot_sweep',
-           'study_markdown', 'seed_band', 'study_families', 'plot_study_curves', 'position_tables',
-           'untrained', 'coverage', 'lengths_markdown', 'coverage_markdown', 'calls_markdown', 'task_rows',
-           'task_markdown']
+__all__ = ['HEADLINE', 'VARIANTS', 'FIRST_STUDY', 'GROUPS', 'ENTRIES', 'SEEDS', 'WINDOW', 'FLAT', 'SWEEP_ENTRIES', 'SWEEP_GRID',
+           'SWEEP_STEPS', 'OLD_LR', 'TIE', 'LR_FROM', 'word_scale', 'study_rows', 'run_curve', 'last_drop',
+           'convergence', 'lr_text', 'sweep_losses', 'pick_lr', 'study_lr', 'chosen_lrs', 'sweep_markdown',
+           'sweep_parameters', 'study_lrs_markdown', 'plot_sweep', 'study_markdown', 'seed_band', 'study_families',
+           'plot_study_curves', 'position_tables', 'untrained', 'coverage', 'lengths_markdown', 'coverage_markdown',
+           'calls_markdown', 'task_rows', 'task_markdown']
 
 # %% ../nbs/19c_study.ipynb #4ec5e8df
 HEADLINE = (

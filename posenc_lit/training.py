@@ -21,8 +21,7 @@ from .loop import *
 from .runs import *
 
 # %% auto #0
-__all__ = ['CORPUS', 'PRESETS', 'TrainConfig', 'model_config', 'make_train_config', 'eval_set', 'evaluate',
-           'MLMData', 'pretrain']
+__all__ = ['CORPUS', 'PRESETS', 'TrainConfig', 'model_config', 'make_train_config', 'eval_set', 'evaluate', 'MLMData', 'pretrain']
 
 # %% ../nbs/12_training.ipynb #6eb4edc2
 CORPUS = NonEmpty("'default', a local folder, or a hub dataset name")

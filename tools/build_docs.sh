@@ -19,10 +19,10 @@ t0=$SECONDS
 echo "== 1/3 nbdev: process notebooks into _proc/"
 rm -rf _proc _site
 # `nbdev_proc_nbs` in nbdev 2.4.14 first calls `_ensure_quarto()`, which tries to download and `sudo` install
-# Quarto when it is missing, then rebuilds posenc_lit/_modidx.py as a bare nbdev_export writes it (unwrapped, lines
-# over 120: tests/test_style.py, run beside the docs build by the other pytest worker, saw that file). The rest is
-# what we want (refresh nbdev.yml, the sidebar step -- a no-op with custom_sidebar = True -- then `proc_nbs`), so
-# run it with both off: the docs read the _modidx.py that `python tools/export.py` wrote (test.sh step 2 checks it).
+# Quarto when it is missing, then rebuilds posenc_lit/_modidx.py (while the other pytest worker may be reading
+# the package). The rest is what we want (refresh nbdev.yml, the sidebar step -- a no-op with custom_sidebar =
+# True -- then `proc_nbs`), so run it with both off: the docs read the _modidx.py that nbdev_export wrote (test.sh
+# step 2 checks it is in sync).
 # (python -c, not a heredoc: proc_nbs uses spawned workers, which must be able to re-import __main__)
 "$PY" -c '
 import sys

@@ -106,7 +106,7 @@ def main(argv=None) -> int:
     if args.check and bad:
         print(
             f'{bad} notebook(s) not formatted: run python tools/format_nbs.py NOTEBOOK, then nbdev_clean and '
-            'python tools/export.py',
+            'nbdev_export',
             file=sys.stderr,
         )
         return 1

@@ -2,8 +2,7 @@
 # The project's one test command:  bash tools/test.sh
 # In order, stopping at the first failure:
 #   1. notebooks clean     nbdev_clean, then no diff under nbs/
-#   2. package in sync     python tools/export.py (nbdev_export, then it wraps nbdev's `__all__` and _modidx.py
-#                          at 110 characters), then no diff and no new untracked file under posenc_lit/
+#   2. package in sync     nbdev_export, then no diff and no new untracked file under posenc_lit/
 #   3. formatted           python tools/format_nbs.py --check: black at pyproject.toml's [tool.black] (110 characters)
 #                          on the notebooks' exported cells (tests/test_style.py: no line over 120, ≤ 8 positional)
 #   4. README in sync      python tools/make_readme.py --check
@@ -34,12 +33,12 @@ else
   git --no-pager diff --exit-code --stat -- nbs || fail "notebooks not clean: run nbdev_clean (the files above changed)"
   done_
 
-  step "2/6 package in sync: python tools/export.py (nbdev_export, then the wrap of __all__ and _modidx.py)"
-  python tools/export.py || fail "tools/export.py crashed (nbdev_export or the wrap; its traceback is above)"
-  git --no-pager diff --exit-code --stat -- posenc_lit || fail "package out of sync: run python tools/export.py \
-(not bare nbdev_export: it leaves nbdev's __all__ and _modidx.py lines over 120) and commit the files above"
+  step "2/6 package in sync: nbdev_export"
+  nbdev_export || fail "nbdev_export crashed (its traceback is above)"
+  git --no-pager diff --exit-code --stat -- posenc_lit || fail "package out of sync: run nbdev_export and commit \
+the files above"
   new=$(git ls-files --others --exclude-standard -- posenc_lit)
-  [ -z "$new" ] || fail "package out of sync: run python tools/export.py and add the new files: $new"
+  [ -z "$new" ] || fail "package out of sync: run nbdev_export and add the new files: $new"
   done_
 fi
 
