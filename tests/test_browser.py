@@ -23,7 +23,8 @@ from conftest import NBS, ROOT, exported, notebooks, quarto_pages
 ARTIFACTS = Path(os.environ.get('POSENC_LIT_ARTIFACTS', ROOT / 'tests' / 'artifacts'))
 BROWSERS = ('chromium', 'chromium-browser', 'google-chrome', 'google-chrome-stable')
 # the reader's order of the sidebar's groups (STYLE.md); groups not named here may stand anywhere
-GROUPS = ['Core', 'Absolute', 'Relative', 'Untied & disentangled', 'Vision', 'Beyond the papers', 'Experiments', 'Benchmarks']
+GROUPS = ['Core', 'Absolute', 'Relative', 'Untied & disentangled', 'Beyond the papers', 'Vision',
+          'Models and training', 'Fine-tuning', 'Experiments', 'Benchmarks', 'Utilities']
 RAW_TEX = re.compile(r'\$\$|\\[()\[\]]|\\(?:begin|frac|mathrm|sqrt|text|operatorname)\{|\$[^$\n]{0,200}?[\\^_{][^$\n]{0,200}?\$')
 
 
@@ -417,7 +418,7 @@ def test_screenshots(visits):
 # Reading surface (issue 28): the implementation beside its equation, code that fits the column, readable search
 # results, equation numbers a phone can reach. These pages are read at 1400 px (and 390 px for the phone).
 
-READ_PAGES = ('03_relative.html', '05_tupe.html', '06_deberta.html')   # the relative, TUPE and DeBERTa pages
+READ_PAGES = ('05_relative.html', '07_tupe.html', '08_deberta.html')   # the relative, TUPE and DeBERTa pages
 
 CODE_BLOCKS = r'''(async () => {
   await document.fonts.ready;
@@ -544,7 +545,7 @@ def test_implementation_on_the_page(code_blocks):
         assert len(want) >= 5, f'{page}: only {want} body lines to look for'
         missing = [l for l in want if not any(l in t for t in texts)]
         assert not missing, f'{page}: lines of the implementation not in any visible code block: {missing[:8]}'
-    deberta = ' '.join(b['text'] for b in code_blocks['06_deberta.html']['blocks'] if b['visible'])
+    deberta = ' '.join(b['text'] for b in code_blocks['08_deberta.html']['blocks'] if b['visible'])
     assert '(rel.long() + k).clamp(0, 2 * k - 1)' in deberta, "DeBERTa's δ(i,j) (eq. 3) is not on its page"
 
 
@@ -563,7 +564,7 @@ def test_code_fits_the_column(code_blocks):
 def test_search_snippets_readable(site, server, browser):
     "Search results (titles, sections, snippets, highlighted words) have text contrast ≥ 4.5:1 against their background (WCAG AA)."
     cdp, sid = browser
-    found = _visit(cdp, sid, f'{server}/06_deberta.html', SEARCH, 1400)
+    found = _visit(cdp, sid, f'{server}/08_deberta.html', SEARCH, 1400)
     assert 'error' not in found, found
     assert found['results'] > 0 and found['parts'], f'searching "relative" gave no results: {found}'
     kinds = {p['part'] for p in found['parts']}
@@ -588,7 +589,7 @@ def test_phone_width_keeps_equation_numbers(site, server, browser):
 
 # The studies' results tables (issue 28 item 3): HTML tables that fit the text column at 1400 px, so that a reader
 # sees every column without scrolling sideways (the probe table's 10 columns once needed 848 px of a 760 px column).
-TABLE_PAGES = ('19_compare.html', '19a_probes.html')
+TABLE_PAGES = ('30_compare.html', '33_probes.html')
 
 TABLES = r'''(async () => {
   await document.fonts.ready;

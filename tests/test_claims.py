@@ -1,4 +1,4 @@
-"""The claims page (nbs/25_claims.ipynb; issues 6, 29, 37, 40): one verdict rule applied by one function to every
+"""The claims page (nbs/41_claims.ipynb; issues 6, 29, 37, 40): one verdict rule applied by one function to every
 row; each row a part of a claim against the paper's own baseline, with its seeds and a Welch 95 % interval from each
 entry's own spread; the forest plot first, then the table, both `claims` of the committed results; a results folder
 that is not what its place says is an error naming the file."""
@@ -94,7 +94,7 @@ def test_bad_input_to_the_rule_is_an_error():
 # --- the committed results ----------------------------------------------------------------------------------------
 
 def test_notebook_shows_the_plot_then_the_table_of_the_committed_json():
-    nb = json.loads((ROOT / 'nbs' / '25_claims.ipynb').read_text())
+    nb = json.loads((ROOT / 'nbs' / '41_claims.ipynb').read_text())
     code = [c for c in nb['cells'] if c['cell_type'] == 'code']
     src = [''.join(c['source']) for c in code]
     plot = next(i for i, s in enumerate(src) if 'forest_plot(rows)' in s)

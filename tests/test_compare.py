@@ -1,6 +1,6 @@
 """`posenc_lit compare` end to end on a tiny study (issue 6, item 4): the records of results.json, the printed table,
 resume (finished stages skipped, files untouched), reused pretraining runs, and bad input (exit status 2, nothing written).
-The quick preset itself is far too long for the test suite; it is measured by hand (see nbs/19_compare.ipynb)."""
+The quick preset itself is far too long for the test suite; it is measured by hand (see nbs/30_compare.ipynb)."""
 import os
 os.environ.setdefault('HF_HUB_OFFLINE', '1'); os.environ.setdefault('HF_DATASETS_OFFLINE', '1')
 
@@ -204,14 +204,14 @@ def test_a_narrower_selection_in_the_same_folder_is_refused(study, capsys):
 
 
 def _markdown_output(cell_marker: str) -> str:
-    "The Markdown that the cell of nbs/19_compare.ipynb holding `cell_marker` displays."
-    nb = json.loads((Path(__file__).resolve().parent.parent / 'nbs' / '19_compare.ipynb').read_text())
+    "The Markdown that the cell of nbs/30_compare.ipynb holding `cell_marker` displays."
+    nb = json.loads((Path(__file__).resolve().parent.parent / 'nbs' / '30_compare.ipynb').read_text())
     cell = next(c for c in nb['cells'] if c['cell_type'] == 'code' and cell_marker in ''.join(c['source']))
     return ''.join(''.join(o['data']['text/markdown']) for o in cell['outputs'] if 'text/markdown' in o.get('data', {}))
 
 
 def test_notebook_table_is_the_committed_json():
-    "The quick study's tables in nbs/19_compare.ipynb are `results_markdown` of the committed results.json, not typed numbers."
+    "The quick study's tables in nbs/30_compare.ipynb are `results_markdown` of the committed results.json, not typed numbers."
     from posenc_lit.report import results_markdown
     root = Path(__file__).resolve().parent.parent
     from posenc_lit.probes import read_probe_results
@@ -224,7 +224,7 @@ def test_notebook_table_is_the_committed_json():
 
 
 def test_notebook_reference_table_is_the_committed_json():
-    "The reference study's tables in nbs/19_compare.ipynb are `results_markdown` of the committed results/compare/reference/results.json."
+    "The reference study's tables in nbs/30_compare.ipynb are `results_markdown` of the committed results/compare/reference/results.json."
     from posenc_lit.report import results_markdown
     f = Path(__file__).resolve().parent.parent / 'results' / 'compare' / 'reference' / 'results.json'
     shown = _markdown_output('if ref: display(Markdown(results_markdown(ref)))')

@@ -1,4 +1,4 @@
-"""The decoder study (issue 41, nbs/26_decoder_study.ipynb): causal-LM pretraining resumes exactly, the length
+"""The decoder study (issue 41, nbs/42_decoder_study.ipynb): causal-LM pretraining resumes exactly, the length
 evaluation equals a naive computation, the causal probes' generators equal their closed forms, the page reads
 a results folder, and the runner runs end to end at smoke size."""
 

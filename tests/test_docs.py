@@ -98,6 +98,27 @@ def test_display_maths_markup(site):
     assert 'renderMathInElement' in js and r'left: "\\["' in js, 'smalldocs.js no longer calls auto-render with \\[ \\]'
 
 
+def sidebar_notebooks() -> list[str]:
+    "The notebooks of nbs/sidebar.yml in the order it lists them."
+    import yaml
+    out = []
+    def walk(items):
+        for it in items or []:
+            if isinstance(it, str): out.append(it)
+            elif isinstance(it, dict): walk(it.get('contents'))
+    walk(yaml.safe_load((NBS / 'sidebar.yml').read_text(encoding='utf-8'))['website']['sidebar']['contents'])
+    return out
+
+
+def test_notebooks_numbered_in_reading_order():
+    "The notebooks' numbers follow the sidebar (the reader's order), and every notebook is listed once (issue 39)."
+    listed = [n for n in sidebar_notebooks() if n != 'index.ipynb']
+    numbers = [int(re.match(r'(\d+)_', n).group(1)) for n in listed]
+    assert numbers == sorted(numbers) and len(set(numbers)) == len(numbers), f'numbers out of order: {listed}'
+    have = sorted(nb.relative_to(NBS).as_posix() for nb in notebooks() if nb.name != 'index.ipynb')
+    assert sorted(listed) == have, f'sidebar and nbs/ differ: {set(listed) ^ set(have)}'
+
+
 def test_sidebar_links_resolve(site):
     "Every local link of the home page (navbar and sidebar) points at a page that exists, and every notebook is in the sidebar."
     index = site / 'index.html'

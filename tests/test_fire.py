@@ -1,4 +1,4 @@
-"""FIRE (Li et al. 2024, nbs/08a_fire.ipynb): parity with a naive scalar loop, the closed form at chosen
+"""FIRE (Li et al. 2024, nbs/11_fire.ipynb): parity with a naive scalar loop, the closed form at chosen
 points, cached decoding in the `CausalLM`, the `Encoder` with it, and the checks of its constructor.
 
 One formula serves both attentions: for the keys a causal query sees (j ≤ i) it is the paper's

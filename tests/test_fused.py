@@ -1,4 +1,4 @@
-"""Fused path (issue 42, `01b_fused`): FlexAttention with the encodings' `score_mods` against the manual path.
+"""Fused path (issue 42, `03_fused`): FlexAttention with the encodings' `score_mods` against the manual path.
 
 - Every registered encoding (text and image) and a few options the registry's defaults do not reach (Shaw
   without values, causal T5 and ALiBi, DeBERTa with log buckets, c2p only, shared keys, TUPE-R's reset, a
@@ -146,7 +146,7 @@ def test_every_score_term_encoding_is_fused():
         with torch.no_grad():
             fused = pe.score_mods(q, k, ctx, _layer()) is not None
         assert fused != (name in NOT_FUSED), (
-            f'{modality} encoding {name!r}: give it a score_mods (01b_fused) or list it in NOT_FUSED with why'
+            f'{modality} encoding {name!r}: give it a score_mods (03_fused) or list it in NOT_FUSED with why'
             if not fused
             else f'{name!r} is fused now: take it out of NOT_FUSED'
         )

@@ -37,7 +37,7 @@ WORKERS = int(os.environ.get('JUPYTER_TEST_WORKERS', 2))
 _re_ansi = re.compile(r'\x1b\[[0-9;]*[A-Za-z]')
 
 
-DEFAULT = '00_core 01a_your_attention 19c_study index'
+DEFAULT = '00_core 02_your_attention 35_study index'
 
 
 def selected():

@@ -84,12 +84,12 @@ def test_readme_relink():
     mr, s = tool('make_readme'), settings()
     git, site = own_prefixes()
     md = (
-        f'[a]({site}/tupe.html#eq "t") [b]({site}/core.html) [c](06_deberta.ipynb#x) '
+        f'[a]({site}/tupe.html#eq "t") [b]({site}/core.html) [c](08_deberta.ipynb#x) '
         f'[d]({git}/blob/main/setup.py) '
         f'[e](https://arxiv.org/abs/2006.15595) [f](#the-encodings)'
     )
     want = (
-        '[a](nbs/05_tupe.ipynb "t") [b](nbs/00_core.ipynb) [c](nbs/06_deberta.ipynb) [d](setup.py) '
+        '[a](nbs/07_tupe.ipynb "t") [b](nbs/00_core.ipynb) [c](nbs/08_deberta.ipynb) [d](setup.py) '
         '[e](https://arxiv.org/abs/2006.15595) [f](#the-encodings)'
     )
     assert mr.relink(md, s, NBS) == want

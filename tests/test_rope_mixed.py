@@ -1,4 +1,4 @@
-"""RoPE-Mixed (`posenc_lit.rope_mixed`, Heo et al. 2024) beyond its notebook (nbs/09a_rope_mixed.ipynb).
+"""RoPE-Mixed (`posenc_lit.rope_mixed`, Heo et al. 2024) beyond its notebook (nbs/14_rope_mixed.ipynb).
 
 - The rotation against a naive loop of scalar arithmetic (per layer, head, patch and pair), float32, ≤ 1e-6, both
   pairings; [CLS] unrotated.

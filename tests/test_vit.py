@@ -5,7 +5,7 @@
 - A whole model: our `ViT(pe='learned', pool='cls', stem='patch')` with an HF `ViTModel`'s weights copied in gives HF's
   last hidden state at the training size and, with `interpolate='bicubic'`, at other sizes
   (`interpolate_pos_encoding=True`), non-square included.
-The notebook (nbs/09_vit.ipynb) stays free of `transformers`, a dev-only dependency; run with `-s` to print the
+The notebook (nbs/13_vit.ipynb) stays free of `transformers`, a dev-only dependency; run with `-s` to print the
 relative differences.
 """
 import pytest

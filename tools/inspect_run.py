@@ -1,4 +1,4 @@
-"""Small artifacts of a finished reference run for the 20_pretraining notebook, written to results/pretraining/<pe>/.
+"""Small artifacts of a finished reference run for the 36_pretraining notebook, written to results/pretraining/<pe>/.
 
 - `inspect.safetensors`: the attention probabilities of every layer on one sentence (`attn.<layer>`: (h, n, n)),
   its `input_ids`, and the learned position parameters of the encoding (`pe.<name>`, without projection matrices;

@@ -7,7 +7,7 @@
 # git_dirty false), runs the quick preset there (one command, timed), copies its results.json and what it printed to
 # results/compare/quick/ of this checkout, then makes the README's sample again from that file: the sample cell of
 # nbs/index.ipynb (id 6c829d98; no other cell is touched) is run again and README.md regenerated
-# (tools/make_readme.py), and so are the cells of nbs/19_compare.ipynb that show the quick study (its tables, times
+# (tools/make_readme.py), and so are the cells of nbs/30_compare.ipynb that show the quick study (its tables, times
 # and figures). tests/test_readme_sample.py checks the README against the file. Commit the four afterwards.
 # PYTHON: an interpreter with posenc_lit's dependencies (default: python). Threads: PyTorch's default (one per core)
 # unless OMP_NUM_THREADS is set; the run records which in results.json (`environment`). COMPARE_ARGS: more options
@@ -55,8 +55,8 @@ sh.cell(cell)
 cell.outputs = sorted(cell.outputs, key=lambda o: o.get('output_type') == 'stream')
 assert not any(o.get('output_type') == 'error' for o in cell.outputs), cell.outputs
 write_nb(nb, 'index.ipynb')
-# the quick study's tables, times and figures in 19_compare (tests/test_compare.py checks the tables)
-nb, sh = read_nb('19_compare.ipynb'), CaptureShell(mpl_format='png')
+# the quick study's tables, times and figures in 30_compare (tests/test_compare.py checks the tables)
+nb, sh = read_nb('30_compare.ipynb'), CaptureShell(mpl_format='png')
 for i in ('d7847fd3', 'd8ee4555'):   # the imports
     sh.run(next(c for c in nb.cells if c.get('id') == i).source)
 sh.run('from posenc_lit.compare import *')
@@ -64,10 +64,10 @@ for i in ('2e1949fd', 'b339f67f', '7dcf2d94', '5a44863b', '25c5c27b'):
     cell = next(c for c in nb.cells if c.get('id') == i)
     sh.cell(cell)
     assert not any(o.get('output_type') == 'error' for o in cell.outputs), (i, cell.outputs)
-write_nb(nb, '19_compare.ipynb')
+write_nb(nb, '30_compare.ipynb')
 EOF
 nbdev_clean --fname nbs/index.ipynb
-nbdev_clean --fname nbs/19_compare.ipynb
+nbdev_clean --fname nbs/30_compare.ipynb
 "$py" tools/make_readme.py
 PYTHONPATH=$here "$py" -m pytest -q tests/test_readme_sample.py
-echo "now commit results/compare/quick nbs/index.ipynb nbs/19_compare.ipynb README.md (the README names $commit)" >&2
+echo "now commit results/compare/quick nbs/index.ipynb nbs/30_compare.ipynb README.md (the README names $commit)" >&2

@@ -12,7 +12,7 @@ dropped, and Quarto callouts (`::: {.callout-note}`) become GitHub alerts (`> [!
 The Markdown itself is written by nbconvert's MarkdownExporter.
 
 Links are made to work from a checkout (and on a repository host), since the docs site is not published:
-a link to another notebook (`05_tupe.ipynb#eq`) becomes `nbs/05_tupe.ipynb`; a link to a page of the site
+a link to another notebook (`07_tupe.ipynb#eq`) becomes `nbs/07_tupe.ipynb`; a link to a page of the site
 (settings.ini `doc_host` + `doc_baseurl`, as nbdev's doc links and `posenc_lit.catalog.doc_url` write them)
 becomes the notebook of that page; a link into the repository (`git_url`/blob/`branch`/PATH) becomes PATH.
 Anchors are dropped: a notebook file has none. A link to a page that no notebook makes is an error.
@@ -43,7 +43,7 @@ def settings():
 
 
 def notebook_pages(nbs):
-    "{Quarto page (`tupe.html`, nbdev's `output-file`) or notebook file (`05_tupe.ipynb`): notebook path}."
+    "{Quarto page (`tupe.html`, nbdev's `output-file`) or notebook file (`07_tupe.ipynb`): notebook path}."
     pages = {}
     for nb in sorted(nbs.rglob('*.ipynb')):
         rel = nb.relative_to(nbs)

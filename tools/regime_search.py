@@ -1,4 +1,4 @@
-"""The search for a pretraining regime in which absolute positions are learned (issue 29; nbs/19b_regime.ipynb).
+"""The search for a pretraining regime in which absolute positions are learned (issue 29; nbs/34_regime.ipynb).
 
 Each entry of SEARCH is a `posenc_lit pretrain` configuration: the `quick` preset with the overrides given, run for
 `learned` and `none` (and `sinusoidal` where listed). A run resumes from its folder, so a search can stop and go on.

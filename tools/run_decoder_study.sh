@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The decoder study (issue 41; nbs/26_decoder_study.ipynb): a small causal LM per position encoding,
+# The decoder study (issue 41; nbs/42_decoder_study.ipynb): a small causal LM per position encoding,
 # pretrained with the `study` preset of `posenc_lit lm` (64-token blocks) and evaluated at 1×, 2×, 4×, 8× the
 # training length; and the causal probes (counting, selective copy, flip-flop, offset, index, precede) at 32 …
 # 256 tokens, three seeds.

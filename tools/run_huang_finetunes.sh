@@ -8,7 +8,7 @@
 #   extension — the reviews fine-tuned cut to 256 tokens, twice the pretraining length: the learned table's rows
 #               128–255 as they are (never trained), copied, or interpolated (`--extend-positions`), 3 seeds.
 # Each finished comparison's summary goes to results/huang/<name>/summary.json, with added_tables.json (how far the
-# added tables moved, tools/dropin_tables.py) for the drop-ins (committed; 22a_huang reads them);
+# added tables moved, tools/dropin_tables.py) for the drop-ins (committed; 39_huang reads them);
 # a finished one is skipped. Usage: bash tools/run_huang_finetunes.sh [name ...]
 set -euo pipefail
 cd "$(dirname "$0")/.."

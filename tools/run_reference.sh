@@ -2,9 +2,9 @@
 # The reference pretraining study: one run per study entry with the `reference` preset, resumable.
 # Each run resumes from runs/reference/<name>/checkpoint if interrupted; a finished run is skipped.
 # When a run finishes, its config.json, metrics.jsonl and summary.json are copied to results/pretraining/<name>/, its
-# length generalization is measured (lengths.json; 21_lengths) and tools/inspect_run.py saves attention maps and the
+# length generalization is measured (lengths.json; 37_lengths) and tools/inspect_run.py saves attention maps and the
 # learned position parameters (inspect.safetensors), and the attention mass at each distance is measured (locality.json;
-# 22_locality) — all committed; the 20_pretraining and 21_lengths notebooks read them.
+# 38_locality) — all committed; the 36_pretraining and 37_lengths notebooks read them.
 # Usage: bash tools/run_reference.sh [name ...]   (default: every entry of the study, in the order below)
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -24,7 +24,7 @@ for name in "${names[@]}"; do
   posenc_lit lengths --run "$run"
   cp "$run/lengths.json" results/pretraining/$name/
   python tools/inspect_run.py "$run" results/pretraining/$name
-  python -c 'import sys; from posenc_lit.locality import locality_run; locality_run(sys.argv[1])' "$run"   # 22_locality
+  python -c 'import sys; from posenc_lit.locality import locality_run; locality_run(sys.argv[1])' "$run"   # 38_locality
   cp "$run/locality.json" results/pretraining/$name/
   echo "finished $name: $(tr -d '\n ' < results/pretraining/$name/summary.json)"
 done

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The study (issue 29): every encoding and the TUPE and DeBERTa ablations pretrained with the `study` preset (12,000 steps
-# of 64 × 32 tokens, the regime in which absolute positions are learned; nbs/19b_regime.ipynb), resumable, in lanes.
+# of 64 × 32 tokens, the regime in which absolute positions are learned; nbs/34_regime.ipynb), resumable, in lanes.
 #
 # Usage: bash tools/run_study.sh NAME [NAME ...]
 #   NAME is a study entry (below), optionally with a seed: `learned` (seed 0), `learned-s1` (seed 1).
@@ -9,8 +9,8 @@
 #     OMP_NUM_THREADS=1 bash tools/run_study.sh none sinusoidal t5 &
 # Each run trains in runs/study/NAME and resumes from its checkpoint when started again (a finished run is skipped).
 # When it finishes, results/study/NAME/ gets config.json, metrics.jsonl, summary.json, lengths.json (masked-token loss
-# at 32, 64, 128, 256 tokens; 21_lengths), diagnostics.json (position sensitivity, table geometry; 19b_regime),
-# inspect.safetensors (tools/inspect_run.py) and locality.json (22_locality), and is committed (COMMIT=0 to skip).
+# at 32, 64, 128, 256 tokens; 37_lengths), diagnostics.json (position sensitivity, table geometry; 34_regime),
+# inspect.safetensors (tools/inspect_run.py) and locality.json (38_locality), and is committed (COMMIT=0 to skip).
 # Each entry runs at its family's learning rate from the committed sweep (tools/run_sweep.sh; posenc_lit.study.study_lr),
 # and a seed-0 run is fine-tuned on the order and sentiment tasks right after (tools/run_order.sh; FINETUNE=0 skips).
 set -euo pipefail
@@ -49,7 +49,7 @@ for name in "$@"; do
   fi
 done
 
-# the learning rate of each entry is the sweep's choice for its family (nbs/19c_study.ipynb, "Learning rates");
+# the learning rate of each entry is the sweep's choice for its family (nbs/35_study.ipynb, "Learning rates");
 # an entry whose family's sweep has not given one is refused before anything runs
 declare -A LR
 for name in "$@"; do

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The study's learning-rate sweep (issue 37): one entry per family on a short schedule (the `study` preset cut to
 # SWEEP_STEPS = 3,000 steps, a quarter, with the same warm-up fraction and linear decay), seed 0, at each peak
-# learning rate named. The rule that picks each family's rate is in nbs/19c_study.ipynb ("Learning rates").
+# learning rate named. The rule that picks each family's rate is in nbs/35_study.ipynb ("Learning rates").
 #
 # Usage: bash tools/run_sweep.sh ENTRY@LR [ENTRY@LR ...]     e.g. learned@1e-3 learned@2e-3 learned@4e-3
 #   One lane per core: OMP_NUM_THREADS=1 bash tools/run_sweep.sh ... &

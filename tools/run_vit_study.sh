@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The ViT reference study (23_vit_study): one run per study entry with the `reference` preset, resumable.
+# The ViT reference study (40_vit_study): one run per study entry with the `reference` preset, resumable.
 # Each run resumes from runs/vit/<name>/checkpoint if interrupted; a finished run is skipped. Every run is tested at
 # 28×28, 56×56 and 28×56 with the table interpolated bicubically, bilinearly or re-initialised (`none`). `learned` also
 # fine-tunes at 56×56 three times from the trained model (table bicubic, bilinear, re-initialised), `sincos2d` once.
 # `quick` is the quick preset (learned, 1,000 steps on the embedded subset), the run the notebook's quick-run claim reads.
 # When a run finishes, its config.json, metrics.jsonl and summary.json are copied to results/vit/<name>/, with its trained
-# position table (pos_embed.safetensors, tools/vit_pos_table.py) — all committed; the 23_vit_study notebook reads them.
+# position table (pos_embed.safetensors, tools/vit_pos_table.py) — all committed; the 40_vit_study notebook reads them.
 # Usage: bash tools/run_vit_study.sh [name ...]   (default: every entry of the study, in the order below)
 # Run it with OMP_NUM_THREADS set to the threads you can spare (the numbers depend on it in the last digits).
 set -euo pipefail

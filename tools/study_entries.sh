@@ -2,7 +2,7 @@
 # The pretrain options of each study entry, shared by tools/run_reference.sh, tools/run_study.sh and
 # tools/run_sweep.sh (study entry -> pretrain options; an encoding name alone runs that encoding with its defaults).
 #
-# Fair settings (issue 37; nbs/19c_study.ipynb, "The entries"): every clipped relative table uses Shaw's paper's
+# Fair settings (issue 37; nbs/35_study.ipynb, "The entries"): every clipped relative table uses Shaw's paper's
 # k = 16, which 32-token training blocks reach on both sides (offsets −31..31 clip to ±16), so no row is untrained by
 # construction; huang4-k511 (k = max_position_embeddings − 1, HF's relative_key_query) is kept as the variant the
 # longer-input claim needs. DeBERTa's headline entry has the same depth as every other entry: the Enhanced Mask Decoder

@@ -1,4 +1,4 @@
-"""Save the trained position table of a ViT run for the vit_study notebook (23_vit_study): `pos_embed.safetensors` in
+"""Save the trained position table of a ViT run for the vit_study notebook (40_vit_study): `pos_embed.safetensors` in
 OUT holds `table`, float32 `(1, n, D)` (the [CLS] row, then the patches in reading order), for an encoding with a learned
 table; nothing is written for one without (sincos2d, rope2d, rel2d, none). The trained model is `RUN/trained_model`
 when the run fine-tuned from it several times (`finetune_init`), else `RUN/checkpoint/model`.
