@@ -13,8 +13,10 @@ from posenc_lit.claims import (
     _records,
     check_root,
     downstream,
+    gap_interval,
     seed_runs,
     study_loss,
+    verdict,
 )
 
 # %% auto #0
@@ -560,21 +562,18 @@ def coverage_markdown(rows: list[dict]) -> str:
 
 # %% ../nbs/35_study.ipynb #65c9b53e
 def calls_markdown(rows: list[dict]) -> str:
-    """The rows ranked by loss, each against the next: the gap, two standard errors of it from the two entries'
-    own seed spreads, and whether it is called (beyond the bar, both with `SEEDS` seeds)."""
+    """The rows ranked by loss, each against the next: the gap (nats), its Welch 95 % interval from the two
+    entries' per-seed `values` (`claims.gap_interval`), and whether it is called by the claims page's rule
+    (`claims.verdict`: the interval excludes zero)."""
     ranked = sorted(rows, key=lambda r: r['loss'])
-    out = ['| entry | next | gap (nats) | 2·√(s₁²/n₁ + s₂²/n₂) | called |', '|---|---|---:|---:|---|']
+    out = ['| entry | next | seeds | gap (nats) | 95 % interval | called |', '|---|---|---|---:|---|---|']
     for a, b in zip(ranked, ranked[1:]):
-        gap = b['loss'] - a['loss']
-        if min(a['seeds'], b['seeds']) < 2:
-            out.append(f"| {a['entry']} | {b['entry']} | {gap:.3f} | n/a | no: a spread needs two seeds |")
-            continue
-        bar = 2 * math.sqrt(a['std'] ** 2 / a['seeds'] + b['std'] ** 2 / b['seeds'])
-        if min(a['seeds'], b['seeds']) < SEEDS:
-            called = f"not yet: {min(a['seeds'], b['seeds'])} of {SEEDS} seeds"
-        else:
-            called = 'yes' if gap > bar else 'no'
-        out.append(f"| {a['entry']} | {b['entry']} | {gap:.3f} | {bar:.3f} | {called} |")
+        gap, lo, hi = gap_interval(b['values'], a['values'])  # positive: `a` has the lower loss
+        called = verdict(gap, lo, hi)
+        called = 'yes' if called == 'holds' else called
+        ci = 'n/a (one seed)' if lo is None else f'[{lo:+.3f}, {hi:+.3f}]'
+        seeds = f"{a['seeds']} vs {b['seeds']}"
+        out.append(f"| {a['entry']} | {b['entry']} | {seeds} | {gap:.3f} | {ci} | {called} |")
     return '\n'.join(out)
 
 # %% ../nbs/35_study.ipynb #0e3a9190
