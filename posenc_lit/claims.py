@@ -14,8 +14,9 @@ from scipy import stats
 __all__ = ['STUDY', 'ABS_MARGIN', 'ENTRY_SETTINGS', 'VERDICTS', 'LEVEL', 'MARGIN', 'LONG', 'SPEED', 'TUPE_SPEED', 'DROPIN',
            'CLAIMS', 'COLOURS', 'entry_settings', 'check_run', 'seed_runs', 'loss_values', 'study_loss', 'eval_loss',
            'seed_noise', 'loss_at', 'eval_curve', 'task_values', 'downstream', 'minilm_values', 'gap_interval',
-           'verdict', 'Measured', 'Measure', 'Claim', 'pretrain_loss', 'task_metric', 'trained_offsets',
-           'growth_values', 'growth', 'vit', 'check_root', 'judge', 'claims', 'claims_markdown', 'forest_plot']
+           'verdict', 'Measured', 'Measure', 'Claim', 'pretrain_loss', 'checkpoint_values', 'task_metric',
+           'trained_offsets', 'growth_values', 'growth', 'vit', 'check_root', 'judge', 'claims', 'claims_markdown',
+           'forest_plot']
 
 # %% ../nbs/41_claims.ipynb #4172f9dc
 STUDY = 'study'  # results/study/<entry>[-s<seed>]/ (tools/run_study.sh, the `study` preset; issue 29)
@@ -494,12 +495,30 @@ def pretrain_loss(ours: str, base: str) -> Measure:
     return Measure('masked-token loss', 'nats', read)
 
 
+def checkpoint_values(root, entry: str, task: str) -> tuple[list[float], list[int], str]:
+    """The test metric on `task` of each fine-tuned pretraining run of study entry `entry` (the mean over that
+    checkpoint's fine-tuning seeds: `study_<task>/<entry>`, `<entry>-s1`, ...), the number of fine-tuning seeds
+    of each, and the metric's name. FileNotFoundError while seed 0's fine-tuning is not committed."""
+    v, metric = task_values(root, entry, task)
+    out, n = [statistics.fmean(v)], [len(v)]
+    more = [p.name for p in Path(root, f'study_{task}').glob(f'{entry}-s*') if (p / 'summary.json').is_file()]
+    for name in sorted(m for m in more if re.fullmatch(rf'{re.escape(entry)}-s[1-9]\d*', m)):
+        v, _ = task_values(root, name, task)
+        out.append(statistics.fmean(v))
+        n.append(len(v))
+    return out, n, metric
+
+
 def task_metric(ours: str, base: str, task: str) -> Measure:
-    "The test metric (× 100) of each fine-tuning seed of `ours` and `base` on the study's `task`."
+    """The test metric (× 100) on the study's `task` of each fine-tuned pretraining run of `ours` and `base`
+    (`checkpoint_values`: a checkpoint's fine-tuning seeds averaged into one value)."""
 
     def read(root):
-        (a, m), (b, _) = _both(lambda: task_values(root, ours, task), lambda: task_values(root, base, task))
-        note = f'{m}; fine-tuning seeds of one checkpoint (seed 0): no pretraining spread'
+        (a, na, m), (b, nb, _) = _both(
+            lambda: checkpoint_values(root, ours, task), lambda: checkpoint_values(root, base, task)
+        )
+        ft = '/'.join(map(str, sorted(set(na + nb))))
+        note = f'{m}; pretraining seeds, each the mean of its {ft} fine-tuning seed(s)'
         return Measured([100 * x for x in a], [100 * x for x in b], note)
 
     return Measure(f'{task} test metric', 'points', read)
@@ -615,11 +634,11 @@ def _minilm_bow(root) -> Measured:
 
 
 def _study_bow(root) -> Measured:
-    v, m = task_values(root, 'learned', 'sentiment')
+    v, n, m = checkpoint_values(root, 'learned', 'sentiment')
     bow = _num(root, ('study_sentiment', 'learned', 'summary.json'), 'baselines', 'bow', m)
-    return Measured(
-        [100 * x for x in v], 100 * bow, 'fine-tuning seeds of seed 0; bag-of-words: one fixed fit'
-    )
+    ft = '/'.join(map(str, sorted(set(n))))
+    note = f'pretraining seeds, each the mean of its {ft} fine-tuning seed(s); bag-of-words: one fixed fit'
+    return Measured([100 * x for x in v], 100 * bow, note)
 
 # %% ../nbs/41_claims.ipynb #30961cda
 def _parts(

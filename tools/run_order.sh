@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# A fine-tuning task (default: the order task of issue 29 item 3) from each study checkpoint, three seeds, the quick
-# fine-tuning preset.
+# A fine-tuning task (default: the order task of issue 29 item 3) from each study checkpoint, three seeds (FT_SEEDS:
+# the fine-tuning seeds, default "0 1 2"), the quick fine-tuning preset.
 #
 # Usage: [TASK=order] bash tools/run_order.sh NAME [NAME ...]   NAME: a study run (runs/study/NAME; results/study/NAME)
 # TASK: a task of `posenc_lit tasks` (order, sentiment, rating, reviews).
@@ -22,7 +22,8 @@ for name in "$@"; do
     echo "waiting for the study run $name to finish (results/study/$name/summary.json)"
   fi
   until [ -f "results/study/$name/summary.json" ]; do sleep 60; done
-  posenc_lit finetune --checkpoint "runs/study/$name" --task "$task" --preset quick --seeds 0 1 2 \
+  # shellcheck disable=SC2086  # FT_SEEDS is a list of seeds
+  posenc_lit finetune --checkpoint "runs/study/$name" --task "$task" --preset quick --seeds ${FT_SEEDS:-0 1 2} \
     --out "$run" --overwrite --quiet
   mkdir -p "$dest"
   tar -C "$run" --exclude=checkpoint -cf - . | tar -C "$dest" -xf -

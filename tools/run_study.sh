@@ -12,7 +12,7 @@
 # at 32, 64, 128, 256 tokens; 37_lengths), diagnostics.json (position sensitivity, table geometry; 34_regime),
 # inspect.safetensors (tools/inspect_run.py) and locality.json (38_locality), and is committed (COMMIT=0 to skip).
 # Each entry runs at its family's learning rate from the committed sweep (tools/run_sweep.sh; posenc_lit.study.study_lr),
-# and a seed-0 run is fine-tuned on the order and sentiment tasks right after (tools/run_order.sh; FINETUNE=0 skips).
+# and every run is fine-tuned on the order and sentiment tasks right after (tools/run_order.sh; FINETUNE=0 skips).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 cd "${STUDY_ROOT:-$(dirname "$0")/..}"   # STUDY_ROOT: the checkout to write into (the code may be a frozen copy)
@@ -77,10 +77,14 @@ for name in "$@"; do
   cp "$run/lengths.json" "$dest/"
   commit_result "$dest" "study: $name finished (tools/run_study.sh)"
   echo "finished $name: $(tr -d '\n ' < "$dest/summary.json")"
-  # fine-tuning needs the checkpoint, which does not survive a change of machine: the seed-0 run of an entry is
-  # fine-tuned on the order and sentiment tasks in the same lane, right after its pretraining (FINETUNE=0 to skip)
-  if [ "$seed" = 0 ] && [ "${FINETUNE:-1}" = 1 ]; then
-    TASK=order bash "$HERE/run_order.sh" "$name"
-    TASK=sentiment bash "$HERE/run_order.sh" "$name"
+  # fine-tuning needs the checkpoint, which does not survive a change of machine: every run is fine-tuned on the
+  # order and sentiment tasks in the same lane, right after its pretraining (FINETUNE=0 to skip). The unit of a
+  # seed on the claims page is the pretraining run, so each checkpoint counts once: seed 0 with three fine-tuning
+  # seeds, the others with one (nbs/41_claims.ipynb, "The rule")
+  if [ "${FINETUNE:-1}" = 1 ]; then
+    ft_seeds="0 1 2"
+    [ "$seed" = 0 ] || ft_seeds="0"
+    FT_SEEDS=$ft_seeds TASK=order bash "$HERE/run_order.sh" "$name"
+    FT_SEEDS=$ft_seeds TASK=sentiment bash "$HERE/run_order.sh" "$name"
   fi
 done
