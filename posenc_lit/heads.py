@@ -469,13 +469,14 @@ def trained_length(checkpoint) -> int:
 
 # %% ../nbs/28_heads.ipynb #721c1d9f
 def collate(seqs: list[list[int]], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """`input_ids` `(b, n)` right-padded with `pad_id` to the longest sequence, and the `(b, n)` bool
-    attention mask."""
-    n = max(map(len, seqs))
-    ids = torch.full((len(seqs), n), pad_id, dtype=torch.long)
-    for k, s in enumerate(seqs):
-        ids[k, : len(s)] = torch.tensor(s)
-    return ids, ids.new_tensor([[t < len(s) for t in range(n)] for s in seqs], dtype=torch.bool)
+    """`input_ids` `(b, n)` long, right-padded with `pad_id` to the longest sequence (`pad_sequence`), and the
+    `(b, n)` bool attention mask, True = real token; `ValueError` for an empty batch."""
+    if not seqs:
+        raise ValueError('collate needs at least one sequence; got an empty batch')
+    ids = [torch.tensor(s, dtype=torch.long) for s in seqs]
+    lengths = torch.tensor([len(s) for s in ids])  # (b,)
+    padded = nn.utils.rnn.pad_sequence(ids, batch_first=True, padding_value=pad_id)  # (b, n)
+    return padded, torch.arange(padded.shape[1]) < lengths[:, None]  # (b, n)
 
 
 def _context_mask(data: dict, idx, n: int) -> torch.Tensor:  # (b, n): the paragraph tokens of each example
