@@ -4,7 +4,7 @@
 
 # %% ../nbs/28_heads.ipynb #8d069e41
 from __future__ import annotations
-import dataclasses, json, statistics
+import contextlib, dataclasses, json, statistics
 from pathlib import Path
 import numpy as np, torch
 import datasets
@@ -91,12 +91,12 @@ def add_relative(
     added = new.pe.members[1]
     if not any(True for _ in added.parameters()):  # it could not start at zero: it would change the model
         raise ValueError(f'{name!r} has no learned parameters: add one that has (huang4, shaw, t5)')
-    sd = {('pe.members.0.' + k[3:] if k.startswith('pe.') else k): v for k, v in encoder.state_dict().items()}
-    missing, unexpected = new.load_state_dict(sd, strict=False)
-    assert not unexpected and all(k.startswith('pe.members.1.') for k in missing), (missing, unexpected)
     with torch.no_grad():
         for p in added.parameters():
             p.zero_()
+    sd = {('pe.members.0.' + k[3:] if k.startswith('pe.') else k): v for k, v in encoder.state_dict().items()}
+    sd |= {f'pe.members.1.{k}': v for k, v in added.state_dict().items()}  # its zeros (and buffers)
+    new.load_state_dict(sd)  # strict: every weight of `encoder` has its place, and nothing else is missing
     return new.train(encoder.training)
 
 # %% ../nbs/28_heads.ipynb #ac4d26ea
@@ -205,24 +205,14 @@ class EncoderForTask(nn.Module):
     ) -> dict:
         """Logits of the task head and, given `labels`, the loss: cross-entropy, squared error, or the mean of
         the start and end cross-entropies."""
-        if self.kind == 'paired':
-            _check_inputs(input_ids, attention_mask, None)  # the kinds of tensor, before the cut
-            if labels is not None:
-                _check_labels(self, labels, *input_ids.shape)  # see Input checks
-            ids, mask = split_pairs(
-                input_ids, attention_mask, *self.special
-            )  # (2b, w): x halves, then y halves
-            h = self.encoder(ids, attention_mask=mask)['hidden_states']  # (2b, w, D)
-            s_x, s_y = self.head(h).squeeze(-1).chunk(2)  # (b,) each: s(x), s(y)
-            logits = torch.stack([s_y, s_x], -1)  # (b, 2): class 1 iff s(x) > s(y)
-            return {
-                'logits': logits,
-                'loss': None if labels is None else F.cross_entropy(logits.float(), labels),
-            }
-        # (b, n, D); the encoder checks the inputs
-        h = self.encoder(input_ids, attention_mask=attention_mask)['hidden_states']
+        if self.kind == 'paired':  # the kinds of tensor, checked before the cut
+            _check_inputs(input_ids, attention_mask, None)
+            ids, mask = split_pairs(input_ids, attention_mask, *self.special)  # (2b, w): x, then y halves
+        else:  # the encoder checks them
+            ids, mask = input_ids, attention_mask
+        h = self.encoder(ids, attention_mask=mask)['hidden_states']  # (b, n, D); paired: (2b, w, D)
         if labels is not None:
-            _check_labels(self, labels, *h.shape[:2], context_mask)
+            _check_labels(self, labels, *input_ids.shape, context_mask)  # see Input checks
         if self.kind == 'span':
             start, end = self.head(h)  # (b, n) each
             if context_mask is not None:
@@ -237,7 +227,11 @@ class EncoderForTask(nn.Module):
                 / 2
             )
             return {'logits': (start, end), 'loss': loss}
-        logits = self.head(h)  # (b, K)
+        if self.kind == 'paired':
+            s_x, s_y = self.head(h).squeeze(-1).chunk(2)  # (b,) each: s(x), s(y)
+            logits = torch.stack([s_y, s_x], -1)  # (b, 2): class 1 iff s(x) > s(y)
+        else:
+            logits = self.head(h)  # (b, K)
         if self.kind == 'regression':
             logits = logits.squeeze(-1)  # (b,)
             return {
@@ -251,29 +245,26 @@ class EncoderForTask(nn.Module):
 def _check_labels(m: EncoderForTask, labels, b: int, n: int, context_mask: torch.Tensor | None = None):
     """`ValueError` unless `labels` fit the head: `(b,)` class ids in `[0, n_labels)`, `(b,)` targets, or
     `(b, 2)` token indices in the paragraph."""
-    span, t = m.kind == 'span', labels
-    ok = isinstance(t, torch.Tensor) and t.shape == ((b, 2) if span else (b,)) and t.dtype != torch.bool
+    t, span = labels, m.kind == 'span'
+    shape, hi = ((b, 2), n) if span else ((b,), m.n_labels)
+    ok = isinstance(t, torch.Tensor) and t.shape == shape and t.dtype != torch.bool
     if m.kind == 'regression':
         ok = ok and not t.dtype.is_complex
-    else:  # integer ids in range (one host read), and spans inside the paragraph
-        hi = n if span else m.n_labels
+    else:  # integer ids in range, and spans inside the paragraph
         ok = ok and is_int_tensor(t) and (t.numel() == 0 or int(t.min()) >= 0 and int(t.max()) < hi)
-        ok = ok and not (
-            span and context_mask is not None and t.numel() and not context_mask.gather(1, t.long()).all()
-        )
+        ok = ok and not (span and context_mask is not None and not context_mask.gather(1, t.long()).all())
     if not ok:
-        want = {
-            'classification': f'(b,) = ({b},) integer class ids in [0, {m.n_labels})',
-            'regression': f'(b,) = ({b},) float targets',
-            'span': f'(b, 2) = ({b}, 2) integer (start, end) token indices in [0, {n}), inside context_mask',
-            'paired': f'(b,) = ({b},) integer class ids in [0, 2) (1: the first text is the better)',
+        what = {
+            'classification': f'integer class ids in [0, {hi})',
+            'regression': 'float targets',
+            'span': f'integer (start, end) token indices in [0, {hi}), inside context_mask',
+            'paired': f'integer class ids in [0, {hi}) (1: the first text is the better)',
         }[m.kind]
-        got = (
-            f'{t.dtype} tensor of shape {tuple(t.shape)} with values {t.flatten()[:8].tolist()}'
-            if isinstance(t, torch.Tensor)
-            else type(t).__name__
-        )
-        raise ValueError(f'labels of a {m.kind} head must be {want}; got {got}')
+        got = type(t).__name__
+        if isinstance(t, torch.Tensor):
+            got = f'{t.dtype} tensor of shape {tuple(t.shape)} with values {t.flatten()[:8].tolist()}'
+        dims = '(b, 2)' if span else '(b,)'
+        raise ValueError(f'labels of a {m.kind} head must be {dims} = {shape} {what}; got {got}')
 
 # %% ../nbs/28_heads.ipynb #34af1b68
 def best_spans(
@@ -357,20 +348,28 @@ def encode_squad(ds, tok: Tokenizer, max_len: int | None = None) -> dict:
     return out
 
 # %% ../nbs/28_heads.ipynb #813e5b83
-@torch.no_grad()
-def check_length(encoder: Encoder, n: int, what: str | None = None):
-    """`TaskError` if `encoder` cannot run a sequence of `n` tokens (e.g. a learned position table with fewer
-    rows)."""
-    was = encoder.training
-    encoder.eval()
+@contextlib.contextmanager
+def _evaluating(model: nn.Module):
+    "`model` in eval mode and without gradients inside the block; its mode restored afterwards."
+    was = model.training
+    model.eval()
     try:
-        encoder(torch.full((1, n), 1, dtype=torch.long, device=encoder.embeddings.word.weight.device))
-    except PositionRangeError as e:
-        raise TaskError(
-            f'{what or f"a sequence of {n} tokens"} is past what the encoding can take: {e}'
-        ) from None
+        with torch.no_grad():
+            yield model
     finally:
-        encoder.train(was)
+        model.train(was)
+
+
+def check_length(encoder: Encoder, n: int, what: str | None = None, remedy: str = ''):
+    """`TaskError` if `encoder` cannot run a sequence of `n` tokens (e.g. a learned position table with fewer
+    rows); the message names `what` (default: the sequence) and ends with `remedy`."""
+    with _evaluating(encoder):
+        try:
+            encoder(torch.full((1, n), 1, dtype=torch.long, device=encoder.embeddings.word.weight.device))
+        except PositionRangeError as e:
+            raise TaskError(
+                f'{what or f"a sequence of {n} tokens"} is past what the encoding can take: {e}{remedy}'
+            ) from None
 
 # %% ../nbs/28_heads.ipynb #64910eb1
 def _longest_run(data: dict, kind: str, sep: int) -> int:
@@ -390,17 +389,12 @@ def encode_task(dd, spec: TaskSpec, tok: Tokenizer, encoder: Encoder, max_len: i
     }
     sep = _special(tok)[1]
     split, longest = max(((s, _longest_run(e, spec.kind, sep)) for s, e in enc.items()), key=lambda t: t[1])
-    if max_len is not None and longest == max_len:
-        check_length(encoder, longest, f'max_len={max_len}')  # what runs, never more
+    if max_len is not None and longest == max_len:  # max_len itself is what runs, never more
+        what, hint = f'max_len={max_len}', ''
     else:
-        try:
-            check_length(
-                encoder, longest, f'the longest {split} example of task {spec.name} ({longest} tokens)'
-            )
-        except TaskError as e:
-            raise TaskError(
-                f'{e}. Pass max_len=N (--max-len N) to truncate every example to N tokens explicitly'
-            ) from None
+        what = f'the longest {split} example of task {spec.name} ({longest} tokens)'
+        hint = '. Pass max_len=N (--max-len N) to truncate every example to N tokens explicitly'
+    check_length(encoder, longest, what, hint)
     return enc
 
 # %% ../nbs/28_heads.ipynb #f68725c0
@@ -469,13 +463,12 @@ def trained_length(checkpoint) -> int:
 
 # %% ../nbs/28_heads.ipynb #721c1d9f
 def collate(seqs: list[list[int]], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """`input_ids` `(b, n)` right-padded with `pad_id` to the longest sequence, and the `(b, n)` bool
-    attention mask."""
-    n = max(map(len, seqs))
-    ids = torch.full((len(seqs), n), pad_id, dtype=torch.long)
-    for k, s in enumerate(seqs):
-        ids[k, : len(s)] = torch.tensor(s)
-    return ids, ids.new_tensor([[t < len(s) for t in range(n)] for s in seqs], dtype=torch.bool)
+    """`input_ids` `(b, n)` long, right-padded with `pad_id` to the longest sequence (`pad_sequence`), and the
+    `(b, n)` bool attention mask, True = real token; an empty batch: `pad_sequence`'s `RuntimeError`."""
+    ids = [torch.tensor(s, dtype=torch.long) for s in seqs]
+    lengths = torch.tensor([len(s) for s in ids])  # (b,)
+    padded = nn.utils.rnn.pad_sequence(ids, batch_first=True, padding_value=pad_id)  # (b, n)
+    return padded, torch.arange(padded.shape[1]) < lengths[:, None]  # (b, n)
 
 
 def _context_mask(data: dict, idx, n: int) -> torch.Tensor:  # (b, n): the paragraph tokens of each example
@@ -489,31 +482,28 @@ def _context_mask(data: dict, idx, n: int) -> torch.Tensor:  # (b, n): the parag
 PAIRED_TIE = 1e-5  # paired scores closer than this, relative to 1 + their size, are a tie (float rounding)
 
 
-@torch.no_grad()
 def predict(model: EncoderForTask, data: dict, batch_size: int = 64, max_answer_len: int = 30):
     """Predictions for every example of `data` in order: class ids, floats (regression), or `(start, end)`
     token pairs."""
-    was = model.training
-    model.eval()
-    dev = next(model.parameters()).device
-    order = sorted(range(len(data['input_ids'])), key=lambda k: len(data['input_ids'][k]))
-    preds = [None] * len(order)
-    for b in range(0, len(order), batch_size):
-        idx = order[b : b + batch_size]
-        ids, am = collate([data['input_ids'][k] for k in idx])
-        if model.kind == 'span':
-            cm = _context_mask(data, idx, ids.shape[1])
-            s, e = model(ids.to(dev), am.to(dev), context_mask=cm.to(dev))['logits']
-            p = best_spans(s.cpu(), e.cpu(), cm, max_answer_len).tolist()
-        else:
-            lg = model(ids.to(dev), am.to(dev))['logits'].float().cpu()
-            if model.kind == 'paired':  # (s(y), s(x)): 1 iff s(x) wins beyond rounding
-                p = (lg[:, 1] - lg[:, 0] > PAIRED_TIE * (1 + lg.abs().amax(-1))).long().tolist()
+    with _evaluating(model):
+        dev = next(model.parameters()).device
+        order = sorted(range(len(data['input_ids'])), key=lambda k: len(data['input_ids'][k]))
+        preds = [None] * len(order)
+        for b in range(0, len(order), batch_size):
+            idx = order[b : b + batch_size]
+            ids, am = collate([data['input_ids'][k] for k in idx])
+            if model.kind == 'span':
+                cm = _context_mask(data, idx, ids.shape[1])
+                s, e = model(ids.to(dev), am.to(dev), context_mask=cm.to(dev))['logits']
+                p = best_spans(s.cpu(), e.cpu(), cm, max_answer_len).tolist()
             else:
-                p = (lg.argmax(-1) if model.kind == 'classification' else lg).tolist()
-        for k, v in zip(idx, p):
-            preds[k] = v
-    model.train(was)
+                lg = model(ids.to(dev), am.to(dev))['logits'].float().cpu()
+                if model.kind == 'paired':  # (s(y), s(x)): 1 iff s(x) wins beyond rounding
+                    p = (lg[:, 1] - lg[:, 0] > PAIRED_TIE * (1 + lg.abs().amax(-1))).long().tolist()
+                else:
+                    p = (lg.argmax(-1) if model.kind == 'classification' else lg).tolist()
+            for k, v in zip(idx, p):
+                preds[k] = v
     return preds
 
 # %% ../nbs/28_heads.ipynb #06d47da7
@@ -546,14 +536,12 @@ def score_at_lengths(
     ds,
     spec: TaskSpec,
     tok: Tokenizer,
-    lengths,  # maximum lengths in tokens, each ≥ 4 (special tokens included)
+    lengths,  # maximum lengths in tokens, integers ≥ 4 with the special tokens (FinetuneConfig checks them)
     batch_size: int = 64,
     max_answer_len: int = 30,
 ) -> list[dict]:  # per length: {'max_len', metrics…, 'truncated'}, or {'max_len', 'error'}
     """The task's metrics on split `ds` with every example cut to each of `lengths` tokens (downstream length
     generalization)."""
-    if not all(is_int(n) and n >= 4 for n in lengths):
-        raise ValueError(f'lengths must be integers ≥ 4; got {lengths!r}')
     out = []
     for n in dict.fromkeys(lengths):
         try:

@@ -20,12 +20,13 @@ from posenc_lit.claims import (
 )
 
 # %% auto #0
-__all__ = ['HEADLINE', 'VARIANTS', 'FIRST_STUDY', 'GROUPS', 'ENTRIES', 'SEEDS', 'WINDOW', 'FLAT', 'SWEEP_ENTRIES', 'SWEEP_GRID',
-           'SWEEP_STEPS', 'OLD_LR', 'TIE', 'LR_FROM', 'word_scale', 'study_rows', 'run_curve', 'last_drop',
-           'convergence', 'lr_text', 'sweep_losses', 'pick_lr', 'study_lr', 'chosen_lrs', 'sweep_markdown',
-           'sweep_parameters', 'study_lrs_markdown', 'plot_sweep', 'study_markdown', 'seed_band', 'study_families',
-           'plot_study_curves', 'position_tables', 'untrained', 'coverage', 'lengths_markdown', 'coverage_markdown',
-           'calls_markdown', 'task_rows', 'task_markdown']
+__all__ = ['HEADLINE', 'VARIANTS', 'FIRST_STUDY', 'GROUPS', 'ENTRIES', 'SEEDS', 'STUDY_PRESET', 'STUDY_VARIANTS', 'WINDOW',
+           'FLAT', 'SWEEP_ENTRIES', 'SWEEP_GRID', 'SWEEP_STEPS', 'OLD_LR', 'TIE', 'LR_FROM', 'entry_options',
+           'entry_args', 'word_scale', 'study_rows', 'run_curve', 'last_drop', 'convergence', 'lr_text', 'sweep_losses',
+           'pick_lr', 'study_lr', 'chosen_lrs', 'sweep_markdown', 'sweep_parameters', 'study_lrs_markdown',
+           'plot_sweep', 'study_markdown', 'seed_band', 'study_families', 'plot_study_curves', 'position_tables',
+           'untrained', 'coverage', 'lengths_markdown', 'coverage_markdown', 'calls_markdown', 'task_rows',
+           'task_markdown']
 
 # %% ../nbs/35_study.ipynb #4ec5e8df
 HEADLINE = (
@@ -58,6 +59,50 @@ GROUPS = {
 }
 ENTRIES = HEADLINE + VARIANTS + FIRST_STUDY  # every name tools/run_study.sh accepts
 SEEDS = 3  # pretraining seeds each compared entry needs (issue 37)
+
+# %% ../nbs/35_study.ipynb #e7a21c02
+from .core import get_encoding, list_ablations
+
+STUDY_PRESET = 'study'  # the pretraining preset whose registered defaults the entries take
+# fmt: off
+STUDY_VARIANTS = {  # entry -> (encoding or registered ablation, with the study's defaults?, options added)
+    'sinusoidal-noscale':     ('sinusoidal', True, {'pe_kwargs': {'scale_words': False}}),  # words × 1, not √D
+    'huang4-k511':            ('huang4', False, {}),            # HF's k = max_position_embeddings − 1 = 511
+    'deberta-emd':            ('deberta', True, {'emd_steps': 2}),  # + the Enhanced Mask Decoder
+    # the first study's records: DeBERTa's own k (= max_position_embeddings, 512) and the EMD on
+    'deberta-k512-emd':       ('deberta', False, {'emd_steps': 2}),
+    'deberta-k512':           ('deberta', False, {}),
+    'deberta-k512-emd-noc2p': ('deberta-noc2p', False, {'emd_steps': 2}),
+    'deberta-k512-emd-nop2c': ('deberta-nop2c', False, {'emd_steps': 2}),
+}
+# fmt: on
+
+
+def entry_options(entry: str) -> dict:
+    """`{'pe': encoding, option: value, ...}`: the pretraining options of study entry `entry` (of `ENTRIES`)
+    that differ from the preset's, from the registry and `STUDY_VARIANTS`; `{'pe': entry}` for any other name.
+    """
+    if entry not in ENTRIES:
+        return {'pe': entry}
+    base, with_defaults, added = STUDY_VARIANTS.get(entry, (entry, True, {}))
+    ablation = list_ablations().get(base, {'pe': base})
+    own = get_encoding(ablation['pe']).defaults.get(STUDY_PRESET, {}) if with_defaults else {}
+    out = {'pe': ablation['pe']}
+    for opts in (own, ablation, added):  # later wins; pe_kwargs merge key by key
+        for k, v in opts.items():
+            out[k] = {**out.get(k, {}), **v} if k == 'pe_kwargs' else v
+    return out
+
+
+def entry_args(entry: str) -> list[str]:
+    """`posenc_lit pretrain`'s arguments for study entry `entry` (`entry_options`): `--pe`, the other options,
+    then `--pe-kwargs` as compact JSON; what `tools/study_entries.sh` prints, joined by spaces."""
+    opts = entry_options(entry)
+    kw = opts.pop('pe_kwargs', {})
+    out = ['--pe', opts.pop('pe')]
+    for k, v in opts.items():
+        out += [f"--{k.replace('_', '-')}", v if isinstance(v, str) else json.dumps(v, separators=(',', ':'))]
+    return out + (['--pe-kwargs', json.dumps(kw, separators=(',', ':'))] if kw else [])
 
 # %% ../nbs/35_study.ipynb #da4c0ba6
 def _read(run: Path, name: str):

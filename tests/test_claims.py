@@ -142,16 +142,27 @@ def test_committed_rows_use_the_papers_baselines_and_say_what_they_lack():
 
 
 def test_entry_settings_are_those_of_study_entries_sh():
-    "claims.ENTRY_SETTINGS (what a run's config.json must say) and tools/study_entries.sh (what runs it) agree."
-    text = (ROOT / 'tools' / 'study_entries.sh').read_text()
-    cases = re.findall(r"^\s+([\w-]+)\)\s+echo '([^']*)'", text, re.M)
-    assert len(cases) >= 12
-    for entry, args in cases:
+    """claims.ENTRY_SETTINGS (what a run's config.json must say) and study.entry_args (what tools/study_entries.sh
+    prints for tools/run_study.sh to run) agree, for every entry."""
+    from posenc_lit.study import ENTRIES, entry_args
+    for entry in ENTRIES:
+        args = ' '.join(entry_args(entry))
         pe = re.search(r'--pe (\S+)', args)[1]
         kw = re.search(r'--pe-kwargs (\{.*\})', args)
         emd = re.search(r'--emd-steps (\d+)', args)
         want = {'pe': pe, 'pe_kwargs': json.loads(kw[1]) if kw else {}, 'emd_steps': int(emd[1]) if emd else 0}
         assert entry_settings(entry) == want, entry
+
+
+def test_study_entries_sh_prints_entry_args():
+    "tools/study_entries.sh's args_for prints study.entry_args on one line (the checkout's own package)."
+    import subprocess
+    from posenc_lit.study import entry_args
+    script = 'source "$0"; args_for deberta-k512-emd-noc2p; args_for my-rope'
+    sh = str(ROOT / 'tools' / 'study_entries.sh')
+    out = subprocess.run(['bash', '-c', script, sh], capture_output=True, text=True, check=True).stdout
+    assert out == ' '.join(entry_args('deberta-k512-emd-noc2p')) + '\n--pe my-rope\n'
+    assert out.startswith('--pe deberta --emd-steps 2 --pe-kwargs {"pos_att_type":["p2c"]}\n')
 
 
 # --- made-up results ------------------------------------------------------------------------------------------------
