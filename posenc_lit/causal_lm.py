@@ -109,6 +109,8 @@ class CausalLM(nn.Module):
         self.pe = PositionEncoding() if pe is None else pe
         self.word = nn.Embedding(vocab_size, d_model)
         self.layers = nn.ModuleList(DecoderLayer(d_model, n_heads, d_ff, l, dropout) for l in range(n_layers))
+        for l, layer in enumerate(self.layers):  # DeBERTa's share_att_key projects P with them
+            self.pe.lend_projections(l, layer.attn.q_proj, layer.attn.k_proj)
         self.ln = nn.LayerNorm(d_model)
 
     def new_cache(self) -> LMCache:

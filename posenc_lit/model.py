@@ -226,6 +226,8 @@ class Encoder(_ByConfig, nn.Module):
         self.pe = build_encoding(cfg)
         self.embeddings = Embeddings(cfg)
         self.layers = nn.ModuleList(EncoderLayer(cfg, l) for l in range(cfg.n_layers))
+        for l, layer in enumerate(self.layers):  # DeBERTa's share_att_key projects P with them
+            self.pe.lend_projections(l, layer.attn.q_proj, layer.attn.k_proj)
         self.register_load_state_dict_pre_hook(_check_loaded_weights)  # every load checked, by any caller
 
     def positions(
