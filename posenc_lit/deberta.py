@@ -248,12 +248,11 @@ def _check_deberta(d_model, n_heads, n_layers, k, B, pos_dropout, layer_norm_eps
     check_sizes(d_model=d_model, n_heads=n_heads, n_layers=n_layers, k=k)
     if B != 0:  # log buckets: at least 2
         check_sizes(2, **{'position_buckets (0: no buckets)': B})
-    check_finite(0, pos_dropout=pos_dropout, init_std=init_std)
+    check_finite(0, init_std=init_std)
     check_finite(0, above=True, layer_norm_eps=layer_norm_eps)
+    check_rates(pos_dropout=pos_dropout)
     if d_model % n_heads:
         raise ValueError(f'd_model={d_model} must be a positive multiple of n_heads={n_heads}')
-    if pos_dropout >= 1:
-        raise ValueError(f'pos_dropout must be < 1; got {pos_dropout}')
     if B > k:
         raise ValueError(f'position_buckets={B} is larger than the span k={k}: use ≤ k, or 0 (no buckets)')
     if B and k - 1 <= B // 2:
@@ -262,7 +261,7 @@ def _check_deberta(d_model, n_heads, n_layers, k, B, pos_dropout, layer_norm_eps
 
 def _no_shared_proj(l):
     raise ValueError(
-        f"DebertaRelative(share_att_key=True) projects P with the layer's own k_proj and q_proj, and layer {l} "
-        'lent none: lend them once where the layer is built, pe.lend_projections(idx, q_proj, k_proj) '
-        '(Encoder and CausalLM do)'
+        f"DebertaRelative(share_att_key=True) projects P with the layer's own k_proj and q_proj, and "
+        f'layer {l} lent none: lend them once where the layer is built, pe.lend_projections(idx, q_proj, '
+        'k_proj) (Encoder and CausalLM do)'
     )
