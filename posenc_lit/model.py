@@ -484,7 +484,11 @@ def load_weights(path, model_cls, config_cls, kind: str = 'model'):
     """`model_cls(config)` from folder `path` with its `model.safetensors` read by `read_weights`;
     `CheckpointError` naming what is wrong."""
     cfg, f = load_config(path, config_cls, kind), Path(path) / 'model.safetensors'
-    model = model_cls(cfg)  # `read_weights` names a missing file
+    if not f.is_file():
+        raise CheckpointError(
+            f'no model.safetensors in {path}: a {kind} folder holds config.json and model.safetensors'
+        )
+    model = model_cls(cfg)
     model.load_state_dict(read_weights(f, model.state_dict()))
     return model
 
@@ -691,18 +695,11 @@ def _check_tensor(t, name: str, what: str, kind, shapes=None, device=None):
         )
 
 
-def _check_inputs(
-    input_ids,
-    attention_mask,
-    position_ids,
-    token_type_ids: torch.Tensor | None = None,
-    *,
-    word: nn.Embedding | None = None,  # the model's word table: ids on its device and in its vocabulary
-    n_cached: int = 0,  # keys in a cache: the mask may also be `(b, n_cached + n)`
-):
+def _check_inputs(input_ids, attention_mask, position_ids, token_type_ids=None, *, word=None, n_cached=0):
     """Check the model's inputs; returns `(input_ids, position_ids, token_type_ids)` as int64, whatever
-    integer dtype was given. With `word`, also the values: ids in the vocabulary, positions of size < 2**62
-    (the distances j - i of every encoding fit in int64); not in a traced graph."""
+    integer dtype was given. With `word` (the model's word table), also ids on its device and in its
+    vocabulary and positions of size < 2**62 (the distances j - i fit in int64; not in a traced graph); with
+    `n_cached` keys in a cache, the mask may also be `(b, n_cached + n)`."""
     ids, m = input_ids, attention_mask
     _check_tensor(
         ids, 'input_ids', 'an integer tensor of shape (b, n)', lambda t: is_int_tensor(t) and t.ndim == 2
