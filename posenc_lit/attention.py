@@ -492,8 +492,8 @@ class MultiHeadAttention(nn.Module):
 
     @property
     def layer_ref(self) -> LayerRef:
-        "The address this layer passes to the encoding's hooks: its `layer_idx` and its q/k projections."
-        return LayerRef(self.layer_idx, self.q_proj, self.k_proj)
+        "The address this layer passes to the encoding's hooks: its `layer_idx`."
+        return LayerRef(self.layer_idx)
 
     def forward(
         self,
@@ -589,7 +589,7 @@ def as_layer(layer) -> LayerRef:
     if is_int(layer) and layer >= 0:
         return LayerRef(layer)
     raise TypeError(
-        f'the layer address must be a layer index (an int ≥ 0), a LayerRef(idx, q_proj, k_proj) or None; '
+        f'the layer address must be a layer index (an int ≥ 0), a LayerRef(idx) or None; '
         f'got {type(layer).__name__} {layer!r:.60}'
     )
 
@@ -764,6 +764,10 @@ class CombinedEncoding(PositionEncoding):
     def prepare(self, q_pos, k_pos, *, key_mask: torch.Tensor | None = None, causal: bool = False):
         members = [e.prepare(q_pos, k_pos, key_mask=key_mask, causal=causal) for e in self.members]
         return CombinedContext(q_pos, k_pos, members, pe=self)
+
+    def lend_projections(self, idx, q_proj, k_proj):
+        for e in self.members:
+            e.lend_projections(idx, q_proj, k_proj)
 
     def transform_qk(self, q, k, ctx, layer: int | LayerRef | None = None):
         for e, c in zip(self.members, ctx.members):

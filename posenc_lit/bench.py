@@ -289,6 +289,7 @@ def hf_deberta_modules(
     pe, mha = DebertaRelative(D, h, 1, k=512, position_buckets=256, share_att_key=True), MultiHeadAttention(
         D, h
     )
+    pe.lend_projections(0, mha.q_proj, mha.k_proj)  # share_att_key: the layer's own W_q, W_k
     for ours, theirs in (('q_proj', 'query_proj'), ('k_proj', 'key_proj'), ('v_proj', 'value_proj')):
         _copy_linear(getattr(mha, ours), getattr(hf, theirs))
     return hf, pe, mha

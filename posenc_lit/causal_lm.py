@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 from .checks import *
 from .attention import *
-from .model import _check_ids, _check_inputs, _desc, mask_positions
+from .model import _check_inputs, mask_positions
 
 # %% auto #0
 __all__ = ['LMCache', 'document_ids', 'DecoderLayer', 'CausalLM']
@@ -109,6 +109,8 @@ class CausalLM(nn.Module):
         self.pe = PositionEncoding() if pe is None else pe
         self.word = nn.Embedding(vocab_size, d_model)
         self.layers = nn.ModuleList(DecoderLayer(d_model, n_heads, d_ff, l, dropout) for l in range(n_layers))
+        for l, layer in enumerate(self.layers):  # DeBERTa's share_att_key projects P with them
+            self.pe.lend_projections(l, layer.attn.q_proj, layer.attn.k_proj)
         self.ln = nn.LayerNorm(d_model)
 
     def new_cache(self) -> LMCache:
@@ -187,24 +189,12 @@ def _check_lm_cache(lm, cache, b: int, device):
 def _check_lm_inputs(lm, input_ids, m, position_ids, cache) -> tuple:
     """`(input_ids, position_ids)` as int64, checked as `Encoder.forward` checks them, with the mask `m`
     (`(b, n)` or `(b, len(cache) + n)`) and `cache`."""
-    input_ids, position_ids = _check_inputs(input_ids, None, position_ids)[:2]
-    (b, n), P = input_ids.shape, 0 if cache is None else len(cache)
-    wide = bool(P) and isinstance(m, torch.Tensor) and m.shape == (b, P + n)  # covers the cache
-    if P and isinstance(m, torch.Tensor) and not wide and m.shape != (b, n):
-        raise ValueError(
-            f'attention_mask must have shape (b, n) = {(b, n)} (the new tokens) or (b, len(cache) + n) = '
-            f'{(b, P + n)} (the cached tokens and the new ones); got {_desc(m)}'
-        )
-    _check_inputs(input_ids, m[:, P:] if wide else m, None)  # the mask's kind, shape, values and device
-    if input_ids.device != lm.word.weight.device:
-        raise ValueError(
-            f'input_ids are on device {input_ids.device} but the model is on {lm.word.weight.device}'
-        )
-    _check_ids(input_ids, lm.word.num_embeddings, 'input_ids', 'vocab_size')
+    P = len(cache) if isinstance(cache, LMCache) else 0
+    input_ids, position_ids = _check_inputs(input_ids, m, position_ids, word=lm.word, n_cached=P)[:2]
+    b, n = input_ids.shape
     if cache is not None:
         _check_lm_cache(lm, cache, b, input_ids.device)
-    if position_ids is not None and not is_tracing():
-        check_position_limit(position_ids)  # |p| < 2**62: distances j - i fit in int64
+    wide = bool(P) and m is not None and m.shape == (b, P + n)  # covers the cache
     same = None if not wide or is_tracing() else (m[:, :P] == cache.mask.to(m.dtype)).all(-1)  # (b,)
     if same is not None and not bool(same.all()):
         raise ValueError(

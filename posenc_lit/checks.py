@@ -10,7 +10,7 @@ import torch
 # %% auto #0
 __all__ = ['POSITION_LIMIT', 'value_range', 'PositionRangeError', 'is_int', 'is_real', 'is_int_tensor', 'MemoryLimitError',
            'memory_check', 'check_positions', 'check_position_limit', 'test_close_rel', 'check_sizes', 'check_flags',
-           'check_finite']
+           'check_finite', 'check_rates']
 
 # %% ../nbs/44_checks.ipynb #73316b72
 def value_range(t: torch.Tensor) -> tuple:  # any shape, non-empty, integer or float
@@ -165,3 +165,10 @@ def check_finite(lo: float = 0.0, /, above: bool = False, **values):  # name=val
     for name, v in values.items():
         if not (is_real(v) and math.isfinite(v) and (v > lo if above else v >= lo)):
             raise ValueError(f"{name} must be a finite number {'>' if above else '≥'} {lo:g}; got {v!r}")
+
+
+def check_rates(**rates):  # name=value: dropout rates, e.g. dropout=0.1
+    "`ValueError` naming the first of `rates` that is not a number in [0, 1) (a dropout rate; NaN is not)."
+    for name, v in rates.items():
+        if not (is_real(v) and 0 <= v < 1):
+            raise ValueError(f'{name} must be in [0, 1); got {v!r}')

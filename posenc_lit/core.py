@@ -298,14 +298,11 @@ class Context:
 
 @dataclass(eq=False)
 class LayerRef:
-    """The address of one attention layer for an encoding: its index among the encoding's per-layer tables,
-    and the projections it lends. `TypeError` for an index that is not an int ≥ 0 or None."""
+    """The address of one attention layer for an encoding: its index among the encoding's per-layer tables.
+    `TypeError` for an index that is not an int ≥ 0 or None."""
 
     # 0-based layer index; None: no index (only where the encoding has one table)
     idx: int | None = None
-    # the layer's query projection `D -> D` (DeBERTa's `share_att_key=True`)
-    q_proj: nn.Module | None = None
-    k_proj: nn.Module | None = None  # the layer's key projection `D -> D`
 
     def __post_init__(self):
         if self.idx is not None and not (type(self.idx) is int and self.idx >= 0):
@@ -334,6 +331,16 @@ class PositionEncoding(nn.Module):
     ) -> Context:
         "Per-forward context shared by all layers (content-free terms are computed here once)."
         return Context(q_pos, k_pos, pe=self)
+
+    def lend_projections(
+        self,
+        idx: int,  # the layer's 0-based index
+        q_proj: nn.Module,  # its query projection `D -> D`
+        k_proj: nn.Module,  # its key projection `D -> D`
+    ) -> None:
+        """Called once per attention layer, where the model builds it: the layer lends its projections to an
+        encoding that projects its own tables with them (DeBERTa's `share_att_key=True`); the default keeps
+        nothing."""
 
     def transform_qk(self, q, k, ctx: Context, layer: int | LayerRef | None = None):
         return q, k

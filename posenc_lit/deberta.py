@@ -139,6 +139,13 @@ class DebertaRelative(PositionEncoding):
 
         self.pos_key_proj = projs('c2p')  # W_{k,r} per layer
         self.pos_query_proj = projs('p2c')  # W_{q,r} per layer
+        # share_att_key: each layer's (W_q, W_k), lent by the model (a list: the layers own them)
+        self._lent = [None] * n_layers
+
+    def lend_projections(self, idx, q_proj, k_proj):
+        "With `share_att_key`, keep layer `idx`'s own $W_q$, $W_k$ to project $P$ with (the layer owns them)."
+        if self.share_att_key:
+            self._lent[idx] = (q_proj, k_proj)
 
     def content_scale(self, d):  # 1/sqrt(3d) with c2p and p2c
         return (d * (1 + len(self.pos_att_type))) ** -0.5
@@ -165,23 +172,17 @@ class DebertaRelative(PositionEncoding):
     def rel_projections(self, ctx: DebertaContext, layer: int | LayerRef | None = None):
         """$K_r$ (for c2p) and $Q_r$ (for p2c) of layer `layer` (an index or a `LayerRef`),
         each `(h, r, d)` or `None`."""
-        ref = as_layer(layer)
-        l = None
-        if not self.share_att_key:
-            l = layer_index(ref, self.n_layers, 'DebertaRelative', 'projections')
+        l = layer_index(layer, self.n_layers, 'DebertaRelative', 'projections')
         P = F.dropout(ctx.P, self.pos_dropout, self.training)  # (r, D)
+        if self.share_att_key:
+            W_q, W_k = self._lent[l] or _no_shared_proj(l)
+        else:
+            W_q, W_k = (None if w is None else w[l] for w in (self.pos_query_proj, self.pos_key_proj))
 
-        def proj(term, shared, own, name):
-            if term not in self.pos_att_type:
-                return None
-            if self.share_att_key and shared is None:
-                _no_shared_proj(term, name)
-            w = shared if self.share_att_key else own[l]
-            return w(P).view(P.shape[0], self.n_heads, -1).transpose(0, 1)  # (h, r, d)
+        def proj(term, w):  # (h, r, d), or None without the term
+            return w(P).view(len(P), self.n_heads, -1).transpose(0, 1) if term in self.pos_att_type else None
 
-        K_r = proj('c2p', ref.k_proj, self.pos_key_proj, 'k_proj')
-        Q_r = proj('p2c', ref.q_proj, self.pos_query_proj, 'q_proj')
-        return K_r, Q_r
+        return proj('c2p', W_k), proj('p2c', W_q)
 
     def score_terms(self, q, k, ctx: DebertaContext, layer: int | LayerRef | None = None):
         """c2p $Q^c_i{K^r_{\\delta(i,j)}}^\\top$ and p2c $K^c_j{Q^r_{\\delta(i,j)}}^\\top$
@@ -247,20 +248,20 @@ def _check_deberta(d_model, n_heads, n_layers, k, B, pos_dropout, layer_norm_eps
     check_sizes(d_model=d_model, n_heads=n_heads, n_layers=n_layers, k=k)
     if B != 0:  # log buckets: at least 2
         check_sizes(2, **{'position_buckets (0: no buckets)': B})
-    check_finite(0, pos_dropout=pos_dropout, init_std=init_std)
+    check_finite(0, init_std=init_std)
     check_finite(0, above=True, layer_norm_eps=layer_norm_eps)
+    check_rates(pos_dropout=pos_dropout)
     if d_model % n_heads:
         raise ValueError(f'd_model={d_model} must be a positive multiple of n_heads={n_heads}')
-    if pos_dropout >= 1:
-        raise ValueError(f'pos_dropout must be < 1; got {pos_dropout}')
     if B > k:
         raise ValueError(f'position_buckets={B} is larger than the span k={k}: use ≤ k, or 0 (no buckets)')
     if B and k - 1 <= B // 2:
         raise ValueError(f'k={k} leaves no logarithmic range above ±{B // 2} (exact): use k > {B // 2 + 1}')
 
 
-def _no_shared_proj(term, name):
+def _no_shared_proj(l):
     raise ValueError(
-        f"DebertaRelative(share_att_key=True) projects P with the layer's own {name} for {term}: pass "
-        f'LayerRef(idx, q_proj=…, k_proj=…) as the layer (MultiHeadAttention does)'
+        f"DebertaRelative(share_att_key=True) projects P with the layer's own k_proj and q_proj, and "
+        f'layer {l} lent none: lend them once where the layer is built, pe.lend_projections(idx, q_proj, '
+        'k_proj) (Encoder and CausalLM do)'
     )

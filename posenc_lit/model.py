@@ -106,15 +106,10 @@ class ModelConfig:
             raise ValueError(f'pad_token_id={self.pad_token_id} must be in [0, vocab_size={self.vocab_size})')
         check_sizes(0, type_vocab_size=self.type_vocab_size)
         check_finite(0, above=True, layer_norm_eps=self.layer_norm_eps)
-        if self.initializer_range < 0:
-            raise ValueError(
-                f'initializer_range (a standard deviation) must be ≥ 0; got {self.initializer_range}'
-            )
+        check_finite(0, **{'initializer_range (a standard deviation)': self.initializer_range})
         if self.d_model % self.n_heads:
             raise ValueError(f'd_model={self.d_model} must be divisible by n_heads={self.n_heads}')
-        for f in ('dropout', 'attn_dropout'):
-            if not 0 <= getattr(self, f) < 1:
-                raise ValueError(f'{f} must be in [0, 1); got {getattr(self, f)}')
+        check_rates(dropout=self.dropout, attn_dropout=self.attn_dropout)
         with torch.random.fork_rng(devices=[]):  # built once to check the options (the RNG left as it was)
             enc = build_encoding(self)
             if self.add_relative:
@@ -226,6 +221,8 @@ class Encoder(_ByConfig, nn.Module):
         self.pe = build_encoding(cfg)
         self.embeddings = Embeddings(cfg)
         self.layers = nn.ModuleList(EncoderLayer(cfg, l) for l in range(cfg.n_layers))
+        for l, layer in enumerate(self.layers):  # DeBERTa's share_att_key projects P with them
+            self.pe.lend_projections(l, layer.attn.q_proj, layer.attn.k_proj)
         self.register_load_state_dict_pre_hook(_check_loaded_weights)  # every load checked, by any caller
 
     def positions(
@@ -263,23 +260,13 @@ class Encoder(_ByConfig, nn.Module):
         `pos`, `mask`, `ctx`.
         """
         input_ids, position_ids, token_type_ids = _check_inputs(
-            input_ids, attention_mask, position_ids, token_type_ids
+            input_ids, attention_mask, position_ids, token_type_ids, word=self.embeddings.word
         )
-        dev = self.embeddings.word.weight.device
-        if input_ids.device != dev:
-            raise ValueError(
-                f'input_ids are on device {input_ids.device} but the model is on {dev}: move one to the other'
-            )
-        _check_ids(input_ids, self.cfg.vocab_size, 'input_ids', 'vocab_size')
         token_type_ids = _segment_ids(token_type_ids, self.cfg.type_vocab_size)
         if n_layers is not None and (not is_int(n_layers) or not 0 <= n_layers <= len(self.layers)):
             raise ValueError(
                 f'n_layers must be an integer in 0..{len(self.layers)} (the layers to run); got {n_layers!r}'
             )
-        # value checks read tensors: not in a traced or exported graph
-        if position_ids is not None and not is_tracing():
-            # |p| < 2**62: the distances j - i of every encoding fit in int64
-            check_position_limit(position_ids)
         with _forward_memory_check(input_ids):
             pos = self.positions(input_ids, position_ids, attention_mask)  # (b|1, n)
             mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]  # (b, 1, 1, j)
@@ -528,7 +515,9 @@ def four_term_scores(
         raise ValueError(
             f"four_term_scores needs an absolute encoding alone (learned, sinusoidal); the model uses {how}"
         )
-    input_ids, position_ids, token_type_ids = _check_inputs(input_ids, None, position_ids, token_type_ids)
+    input_ids, position_ids, token_type_ids = _check_inputs(
+        input_ids, None, position_ids, token_type_ids, word=enc.embeddings.word
+    )
     token_type_ids = _segment_ids(token_type_ids, enc.cfg.type_vocab_size)
     w, p = enc.embeddings.parts(input_ids, enc.positions(input_ids, position_ids), enc.pe, token_type_ids)
     a = enc.layers[0].attn
@@ -706,17 +695,26 @@ def _check_tensor(t, name: str, what: str, kind, shapes=None, device=None):
         )
 
 
-def _check_inputs(input_ids, attention_mask, position_ids, token_type_ids: torch.Tensor | None = None):
+def _check_inputs(input_ids, attention_mask, position_ids, token_type_ids=None, *, word=None, n_cached=0):
     """Check the model's inputs; returns `(input_ids, position_ids, token_type_ids)` as int64, whatever
-    integer dtype was given."""
+    integer dtype was given. With `word` (the model's word table), also ids on its device and in its
+    vocabulary and positions of size < 2**62 (the distances j - i fit in int64; not in a traced graph); with
+    `n_cached` keys in a cache, the mask may also be `(b, n_cached + n)`."""
     ids, m = input_ids, attention_mask
     _check_tensor(
         ids, 'input_ids', 'an integer tensor of shape (b, n)', lambda t: is_int_tensor(t) and t.ndim == 2
     )
     (b, n), dev = ids.shape, ids.device
     mask = lambda t: is_int_tensor(t) or isinstance(t, torch.Tensor) and t.dtype == torch.bool
-    what = f'a bool or 0/1 integer tensor of shape (b, n) = {(b, n)} (True/1 = real token)'
-    _check_tensor(m, 'attention_mask', what, mask, [(b, n)], dev)
+    what = f'a bool or 0/1 integer tensor of shape (b, n) = {(b, n)}'
+    if n_cached:  # a mask over the cache and the new tokens
+        what += (
+            f' (the new tokens) or (b, len(cache) + n) = {(b, n_cached + n)} (the cached tokens and the '
+            'new ones)'
+        )
+    _check_tensor(
+        m, 'attention_mask', what + ' (True/1 = real token)', mask, [(b, n), (b, n_cached + n)], dev
+    )
     what = f'an integer tensor of shape (b, n), (1, n) or (n,) with n={n}'
     _check_tensor(position_ids, 'position_ids', what, is_int_tensor, [(b, n), (1, n), (n,)], dev)
     what = f'an integer tensor of shape (b, n) = {(b, n)}'
@@ -728,6 +726,15 @@ def _check_inputs(input_ids, attention_mask, position_ids, token_type_ids: torch
             f'{sorted(set(m.unique().tolist()))[:6]} (an additive mask of 0 / -inf is not accepted: '
             'pass 1 / 0)'
         )
+    dev = None if word is None else word.weight.device
+    if dev is not None and ids.device != dev:
+        raise ValueError(
+            f'input_ids are on device {ids.device} but the model is on {dev}: move one to the other'
+        )
+    if word is not None and not is_tracing():
+        _check_ids(ids, word.num_embeddings, 'input_ids', 'vocab_size')
+        if position_ids is not None:
+            check_position_limit(position_ids)
     # uint8 would index as a mask
     return tuple(None if t is None else t.long() for t in (input_ids, position_ids, token_type_ids))
 

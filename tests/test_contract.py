@@ -6,7 +6,8 @@ own written against it.
   `(b|1, h|1, i, j)`, its value terms `(b, h, i, d)`; `max_len` and `position_tables()` are declared and
   agree.
 - Ownership: a context is used with the encoding instance that prepared it (issue 40); `LayerRef(-1)` and
-  `LayerRef(True)` are refused as a plain -1 is.
+  `LayerRef(True)` are refused as a plain -1 is; projections lent by a layer (`lend_projections`) stay the
+  layer's, not parameters of the encoding.
 - A FIRE-style score term (Li et al. 2024: an MLP of a log-transformed distance normalized by the query
   position) and a CoPE-style one (Golovneva et al. 2024: positions as gated counts over the keys a query sees,
   which need the key mask and the causal flag), defined here with no edit to the package, run through the
@@ -218,6 +219,10 @@ def test_every_registered_encoding_keeps_the_contract(modality, name, toys):
     assert isinstance(tables, dict) and all(isinstance(n, str) for n in tables)
     own = {id(p) for p in pe.parameters()}
     assert all(isinstance(p, nn.Parameter) and id(p) in own for p in tables.values())
+    proj = lambda: nn.Linear(H * D_HEAD, H * D_HEAD)
+    for l in range(N_LAYERS):  # the models lend each layer's projections once; they stay the layer's
+        assert pe.lend_projections(l, proj(), proj()) is None
+    assert {id(p) for p in pe.parameters()} == own
     if pe.max_len is not None:
         shapes = {n: p.shape for n, p in tables.items()}
         assert tables and all(s[0] == pe.max_len for s in shapes.values()), shapes
@@ -368,7 +373,7 @@ class MyAttention(nn.Module):
         super().__init__()
         self.h, self.d = n_heads, d_model // n_heads
         self.wq, self.wk, self.wv, self.wo = (nn.Linear(d_model, d_model) for _ in range(4))
-        self.layer = LayerRef(layer_idx, q_proj=self.wq, k_proj=self.wk)
+        self.layer = LayerRef(layer_idx)
 
     def heads(self, x):
         return x.view(*x.shape[:2], self.h, self.d).transpose(1, 2)

@@ -63,6 +63,7 @@ def attention_pair(k, buckets, share, types):
     theirs = hf.DisentangledSelfAttention(hf_config(k, buckets, share, types)).eval()
     pe = DebertaRelative(D, H, 1, k=k, position_buckets=buckets, pos_att_type=list(types), share_att_key=share).eval()
     mha = MultiHeadAttention(D, H).eval()
+    pe.lend_projections(0, mha.q_proj, mha.k_proj)                # share_att_key: the layer's own W_q, W_k
     with torch.no_grad():
         pe.rel_embeddings.normal_()                               # std 1, so that the position terms weigh
         for ours_name, hf_name in (('q_proj', 'query_proj'), ('k_proj', 'key_proj'), ('v_proj', 'value_proj')):

@@ -73,12 +73,13 @@ def _build(modality, name):
         pe, extra = (_text if modality == 'text' else _image)(name)
     for p in pe.parameters():  # visible terms: the defaults start near 0 (T5, TUPE's θ, ...)
         nn.init.normal_(p, std=0.5)
+    torch.manual_seed(1)
+    pe.lend_projections(1, nn.Linear(D, D), nn.Linear(D, D))  # layer 1's, for DeBERTa's share_att_key
     return pe.eval(), extra
 
 
-def _layer():  # layer 1, with projections for DeBERTa's share_att_key
-    torch.manual_seed(1)
-    return LayerRef(1, nn.Linear(D, D), nn.Linear(D, D))
+def _layer():  # the address of layer 1 (its projections are lent by _build)
+    return LayerRef(1)
 
 
 def _settings(modality, extra):

@@ -88,7 +88,8 @@ def parity(L: int, b: int = 2, h: int = 4, d: int = 32) -> list:
         for p in pe.parameters():
             nn.init.normal_(p, std=0.5)
         pe = pe.to(DEV).eval()
-        layer = LayerRef(1, nn.Linear(h * d, h * d).to(DEV), nn.Linear(h * d, h * d).to(DEV))
+        pe.lend_projections(1, nn.Linear(h * d, h * d).to(DEV), nn.Linear(h * d, h * d).to(DEV))
+        layer = LayerRef(1)
         pos = default_positions(L, DEV)
         g = torch.Generator(DEV).manual_seed(1)
         q, k, v = (torch.randn(b, h, L, d, generator=g, device=DEV) for _ in range(3))
