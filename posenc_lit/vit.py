@@ -17,7 +17,8 @@ from .core import *
 from .checks import *
 from .attention import *
 from .absolute import sinusoidal_table
-from .rope import rope_inv_freq, rope_cos_sin, apply_rope, PAIRINGS, _theta, _check_pairing
+from .rope import rope_inv_freq, rope_cos_sin, apply_rope, PAIRINGS
+from .rope import _check_rope, _check_freqs, _check_pairing
 from .model import EncoderLayer, CheckpointError, save_model, load_weights, check_field_types
 from .model import _config_to_json, _config_from_dict, _check_built, _pe_kwargs_error
 
@@ -332,7 +333,8 @@ class RoPE2d(VisionEncoding):
             )
         _check_pairing(pairing)
         self.d_head, self.base, self.pairing = d_head, base, pairing
-        rope_inv_freq(d_head // 2, base)  # a bad base fails here
+        _check_rope(d_head // 2, base=base)  # a bad base fails here, not in the first forward
+        _check_freqs(rope_inv_freq(d_head // 2, base), f'base={base!r}')
 
     def transform_qk(
         self, q, k, ctx, layer: int | LayerRef | None = None
@@ -340,7 +342,7 @@ class RoPE2d(VisionEncoding):
         if q.shape[-1] != self.d_head:  # a reader's own attention module: name the width
             raise ValueError(f'rope2d was built for d_head={self.d_head}; got q of shape {tuple(q.shape)}')
         # θ checked when built (a check here would read the GPU's result in every layer)
-        inv_freq = _theta(self.d_head // 2, self.base, q.device).to(
+        inv_freq = rope_inv_freq(self.d_head // 2, self.base, q.device).to(
             torch.promote_types(q.dtype, torch.float32)
         )
         return apply_rope_2d(q, ctx.rc, inv_freq, self.pairing), apply_rope_2d(
