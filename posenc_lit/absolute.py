@@ -24,16 +24,15 @@ def sinusoidal_table(
     dtype=torch.float32,
 ) -> torch.Tensor:  # `(..., D)`
     """Sinusoidal position embeddings of Vaswani et al. 2017, §3.5, for arbitrary positions (no maximum
-    length); `ValueError` for a bad `D`, `base` or `layout`."""
-    _check_sinusoidal(D, base, layout)
+    length), computed in float64. Unchecked: it expects an even `D` > 0, a finite `base` > 1 and a `layout`
+    above; the caller checks (`SinusoidalEncoding`'s and `SinCos2d`'s constructors do)."""
     # (D/2,)  omega_i
     inv_freq = base ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
     # (..., D/2)  radians
     angle = pos.to(torch.float64)[..., None] * inv_freq.to(pos.device)
     pe = torch.stack([angle.sin(), angle.cos()], -1)  # (..., D/2, 2)
     # (..., D)
-    pe = pe.flatten(-2) if layout == 'interleave' else pe.transpose(-1, -2).flatten(-2)
-    return pe.to(dtype)
+    return (pe.flatten(-2) if layout == 'interleave' else pe.transpose(-1, -2).flatten(-2)).to(dtype)
 
 # %% ../nbs/04_absolute.ipynb #6a80098e
 #| code-fold: true
@@ -62,7 +61,7 @@ class SinusoidalEncoding(PositionEncoding):
         self.word_scale = math.sqrt(d_model) if scale_words else 1.0
 
     def embed(self, pos):  # `(b|1, n)` integer positions
-        "`(b|1, n, D)` sinusoids for `pos`."
+        "`(b|1, n, D)` float32 sinusoids for `pos` (the options were checked when built: not per forward)."
         return sinusoidal_table(pos, self.d_model, self.base, self.layout)
 
 # %% ../nbs/04_absolute.ipynb #fa5ed591

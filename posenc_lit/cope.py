@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from .core import *
 from .checks import *
 from .attention import *
+from .fused import check_position_pair
 
 # %% auto #0
 __all__ = ['cope_gates', 'cope_positions', 'cope_interpolate', 'CoPEContext', 'CoPE']
@@ -129,7 +130,7 @@ def _check_cope_prepare(pe, q_pos, k_pos, key_mask, causal):
         raise ValueError("CoPE(bidirectional=False) is the paper's causal form: prepare it with causal=True")
     if is_tracing():
         return
-    rel_pos(q_pos[..., :1], k_pos[..., :1])  # integer tensors (n,) or (b, n): its TypeError names them
+    check_position_pair(q_pos, k_pos)  # integer tensors (n,) or (b, n), as every encoding's (lists too)
     n_q, n_k = q_pos.shape[-1], k_pos.shape[-1]
     if n_q > n_k:  # the queries are the last keys (self-attention, or new tokens after a cache)
         raise ValueError(f'CoPE counts keys up to each query: got {n_q} queries for {n_k} keys')

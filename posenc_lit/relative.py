@@ -21,14 +21,13 @@ def rel_index(
     q_pos: torch.Tensor,  # query positions, integer, `(i,)` or `(b, i)`
     k_pos: torch.Tensor,  # key positions, integer, `(j,)` or `(b, j)`
     k: int,  # clipping distance: the table holds the 2k+1 distances -k … k
-    clip: bool = True,  # clip longer distances to ±k (the paper); False: refuse them
+    clip: bool = True,  # clip longer distances to ±k (the paper); False: rows j - i + k, unclipped
 ) -> torch.Tensor:  # table rows `clip(j - i, k) + k`, int64, `(i, j)` or `(b, i, j)`
-    """Row of each query/key pair in a table of relative vectors $w_{-k} … w_k$
-    (Shaw et al. 2018, §3.2); with `clip=False`, `PositionRangeError` for a distance beyond ±k."""
+    """Row of each query/key pair in a table of relative vectors $w_{-k} … w_k$ (Shaw et al. 2018, §3.2).
+    Unchecked: with `clip=False` a distance beyond ±k gives a row outside the table; the caller checks
+    (`RelativeVectors.prepare` refuses such positions, `rel_scores` and `rel_values` such rows)."""
     rel = rel_pos(q_pos, k_pos)  # (…, i, j)  j - i
-    if not clip:
-        _check_within(rel, k)
-    return rel.clamp(-k, k) + k
+    return (rel.clamp(-k, k) if clip else rel) + k
 
 # %% ../nbs/05_relative.ipynb #39fe760f
 def rel_scores(

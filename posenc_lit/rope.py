@@ -71,13 +71,9 @@ def rope_inv_freq(
     base: float = 10000.0,  # b (RoFormer: 10^4)
     device: torch.device | str | None = None,
 ) -> torch.Tensor:  # θ_i = b^(-2i/d_r), i = 0 … d_r/2-1: radians per token, float32, `(d_r/2,)`
-    """RoPE's frequencies $\\theta_i = b^{-2i/d_r}$ in float32 (Su et al. 2021, §3.2); `ValueError` for an odd
-    `rotary_dim`, a `base` ≤ 1, or frequencies that leave float32."""
-    _check_rope(rotary_dim, base=base)
-    return _check_freqs(_theta(rotary_dim, base, device), f'base={base!r}')
-
-
-def _theta(rotary_dim, base, device):
+    """RoPE's frequencies $\\theta_i = b^{-2i/d_r}$ in float32 (Su et al. 2021, §3.2). Unchecked: it expects
+    an even `rotary_dim` ≥ 2 and a `base` > 1 whose θ stay in float32; the caller checks (`RoPE`'s and
+    `RoPE2d`'s constructors do)."""
     # 2i, exact in float32
     two_i = torch.arange(0, rotary_dim, 2, device=device).to(torch.float32)
     return 1.0 / base ** (two_i / rotary_dim)  # (d_r/2,)
@@ -121,11 +117,9 @@ def pairing_permutation(
     dst: str = 'half',  # pairings (see PAIRINGS)
 ) -> torch.Tensor:  # int64 index `(d,)`: `x_dst = x_src[..., idx]`; dimensions ≥ d_r stay put
     """The permutation of head dimensions (or of each head's q/k projection rows) that turns `src`-paired
-    vectors into `dst`-paired ones."""
+    vectors into `dst`-paired ones. Unchecked: it expects an even `rotary_dim` ≤ `d_head` and two names in
+    `PAIRINGS` (an unknown one gives the identity); the caller checks (`RoPE`'s constructor does)."""
     d_head = rotary_dim if d_head is None else d_head
-    _check_rope(rotary_dim, d_head)
-    _check_pairing(src)
-    _check_pairing(dst)
     # first members, then second members
     to_half = torch.cat([torch.arange(0, rotary_dim, 2), torch.arange(1, rotary_dim, 2)])
     idx = {('interleaved', 'half'): to_half, ('half', 'interleaved'): to_half.argsort()}.get(
@@ -141,21 +135,16 @@ def rope_frequencies(
     factor: float = 1.0,  # s = L'/L ≥ 1
     device: torch.device | str | None = None,
 ) -> torch.Tensor:  # θ `(d_r/2,)`, float32, radians per token
-    """RoPE's frequencies for inputs `factor` times longer than trained (Chen et al. 2023; NTK-aware base);
-    `ValueError` for a bad configuration."""
-    _check_rope(rotary_dim, None, base, scaling, factor)
-    what = f'base={base!r}, scaling={scaling!r}, factor={factor!r}'
-    return _check_freqs(_scaled_theta(rotary_dim, base, scaling, factor, device), what)
-
-
-def _scaled_theta(rotary_dim, base, scaling, factor, device):  # unchecked: `rope_frequencies` checks
+    """RoPE's frequencies for inputs `factor` times longer than trained (Chen et al. 2023; NTK-aware base).
+    Unchecked: it expects the options `RoPE` accepts (see `SCALINGS`; θ may underflow to 0 for a huge
+    `factor`); the caller checks (`RoPE`'s constructor does)."""
     if scaling == 'ntk':
         # b' = b·s^(d_r/(d_r-2))
         try:
             base = base * factor ** (rotary_dim / (rotary_dim - 2))
         except OverflowError:
-            base = math.inf  # then θ_i = 0, refused by `_check_freqs`
-    inv_freq = _theta(rotary_dim, base, device)
+            base = math.inf  # then θ_i = 0, refused by `RoPE`'s `_check_freqs`
+    inv_freq = rope_inv_freq(rotary_dim, base, device)
     return inv_freq / factor if scaling == 'linear' else inv_freq
 
 # %% ../nbs/09_rope.ipynb #849bff7d
@@ -196,7 +185,7 @@ class RoPE(PositionEncoding):
     def inv_freq(self, device: torch.device | str | None = None) -> torch.Tensor:
         """θ `(d_r/2,)`, float32, recomputed on each call (no buffer: the model's dtype never touches it);
         checked once, when the RoPE was built (a check here would read the GPU's result once per forward)."""
-        return _scaled_theta(self.rotary_dim, self.base, self.scaling, self.factor, device)
+        return rope_frequencies(self.rotary_dim, self.base, self.scaling, self.factor, device)
 
     def prepare(
         self,

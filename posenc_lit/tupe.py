@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from .core import *
 from .checks import *
 from .attention import *
+from .fused import check_position_pair
 from .t5 import T5RelativeBias
 
 # %% auto #0
@@ -141,9 +142,9 @@ def _batch_positions(q_pos, k_pos):  # (n,) -> (1, n)
 
 
 def _check_tupe_positions(q_pos, k_pos, max_len):
-    rel_pos(q_pos, k_pos)  # the same checks as every encoding: signed integer (n,) or (b, n)
+    check_position_pair(q_pos, k_pos)  # as every encoding's: signed integer (n,) or (b, n), no (i, j) tensor
     if not is_tracing():  # traced: no data-dependent check (see `is_tracing`)
-        for p in (q_pos, k_pos):
+        for p in (q_pos,) if k_pos is q_pos else (q_pos, k_pos):  # self-attention: one host read, not two
             check_positions(p, max_len, "TUPE's position table")
 
 # %% ../nbs/07_tupe.ipynb #173e9638

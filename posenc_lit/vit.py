@@ -16,8 +16,9 @@ from safetensors.torch import save_file, load_file
 from .core import *
 from .checks import *
 from .attention import *
-from .absolute import sinusoidal_table
-from .rope import rope_inv_freq, rope_cos_sin, apply_rope, PAIRINGS, _theta, _check_pairing
+from .absolute import sinusoidal_table, _check_sinusoidal
+from .rope import rope_inv_freq, rope_cos_sin, apply_rope, PAIRINGS
+from .rope import _check_rope, _check_freqs, _check_pairing
 from .model import EncoderLayer, CheckpointError, save_model, load_weights, check_field_types
 from .model import _config_to_json, _config_from_dict, _check_built, _pe_kwargs_error
 
@@ -270,7 +271,7 @@ def sincos_2d_table(
     base: float = 10000.0,
 ) -> torch.Tensor:  # `(n, D)` float32
     """MAE's 2D sin-cos table: `[sincos(col) | sincos(row)]` per patch, each Vaswani's §3.5 at width D/2
-    (`[sin | cos]`); zeros for prefix tokens. `SinCos2d` checks `d_model`."""
+    (`[sin | cos]`); zeros for prefix tokens. Unchecked: `SinCos2d` checks `d_model` and `base`."""
     rc = grid_positions(grid, 0)  # (N, 2)
     emb = torch.cat(
         [
@@ -295,7 +296,7 @@ class SinCos2d(VisionEncoding):
                 f'sincos2d needs d_model divisible by 4 (sin, cos of row and column); got {d_model}'
             )
         self.d_model, self.base = d_model, base
-        sincos_2d_table((1, 1), d_model, 0, base)  # a bad base fails here, not in the first forward
+        _check_sinusoidal(d_model // 2, base, 'concat')  # the base: here, not in the first forward
 
     def embed_grid(self, grid: tuple, mode: str | None = None, antialias: bool = False):
         # (1, n, D)
@@ -332,7 +333,8 @@ class RoPE2d(VisionEncoding):
             )
         _check_pairing(pairing)
         self.d_head, self.base, self.pairing = d_head, base, pairing
-        rope_inv_freq(d_head // 2, base)  # a bad base fails here
+        _check_rope(d_head // 2, base=base)  # a bad base fails here, not in the first forward
+        _check_freqs(rope_inv_freq(d_head // 2, base), f'base={base!r}')
 
     def transform_qk(
         self, q, k, ctx, layer: int | LayerRef | None = None
@@ -340,7 +342,7 @@ class RoPE2d(VisionEncoding):
         if q.shape[-1] != self.d_head:  # a reader's own attention module: name the width
             raise ValueError(f'rope2d was built for d_head={self.d_head}; got q of shape {tuple(q.shape)}')
         # θ checked when built (a check here would read the GPU's result in every layer)
-        inv_freq = _theta(self.d_head // 2, self.base, q.device).to(
+        inv_freq = rope_inv_freq(self.d_head // 2, self.base, q.device).to(
             torch.promote_types(q.dtype, torch.float32)
         )
         return apply_rope_2d(q, ctx.rc, inv_freq, self.pairing), apply_rope_2d(
@@ -562,6 +564,8 @@ class ViTConfig:
 
     def __post_init__(self):
         _check_vit_config(self)  # see Input checks
+        with torch.random.fork_rng(devices=[]):  # built once to check pe_kwargs (the RNG left as it was)
+            _built_pe(self)
 
     @property
     def grid(self) -> tuple:
@@ -599,7 +603,7 @@ class ViT(nn.Module):
         )
         # vit_jax: zeros
         self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if cfg.pool == 'cls' else None
-        self.pe = get_encoding(cfg.pe, 'image').factory(cfg)
+        self.pe = _built_pe(cfg)  # see Input checks
         self.drop = nn.Dropout(cfg.dropout)
         lcfg = SimpleNamespace(
             d_model=D,
@@ -682,29 +686,31 @@ def _check_vit_config(self):
                 f'image_size {self.image_size}: the {side} {v} is not a multiple of '
                 f'patch_size={self.patch_size}; use {_multiples(v, self.patch_size)}'
             )
-    spec = get_encoding(self.pe, 'image')
-    what = f'the position encoding {self.pe!r} of a {self.grid[0]}×{self.grid[1]} patch grid with '
-    what += f'd_model={self.d_model}'
+
+
+def _built_pe(cfg) -> VisionEncoding:
+    """The encoding `cfg.pe` of `ViTConfig` `cfg` from its registered factory (as the text models' `_built`):
+    `ValueError` for `pe_kwargs` it does not take, `MemoryLimitError` for a table too large."""
+    spec = get_encoding(cfg.pe, 'image')
+    what = f'the position encoding {cfg.pe!r} of a {cfg.grid[0]}×{cfg.grid[1]} patch grid with '
+    what += f'd_model={cfg.d_model}'
     try:
-        with (
-            memory_check(what, 'use a smaller d_model or image_size, or a larger patch_size'),
-            torch.random.fork_rng(devices=[]),
-        ):
-            enc = spec.factory(self)
+        with memory_check(what, 'use a smaller d_model or image_size, or a larger patch_size'):
+            enc = spec.factory(cfg)
     except TypeError as e:
         taken = re.search(r"multiple values for argument '(\w+)'", str(e))  # an argument the model passes
         err = (
-            _pe_kwargs_error(spec, self, e)
+            _pe_kwargs_error(spec, cfg, e)
             if taken is None
             else ValueError(
-                f'pe_kwargs cannot set {taken[1]!r}: pe={self.pe!r} takes it from the model (d_model='
-                f'{self.d_model}, n_heads={self.n_heads}, n_layers={self.n_layers}, pool={self.pool!r})'
+                f'pe_kwargs cannot set {taken[1]!r}: pe={cfg.pe!r} takes it from the model (d_model='
+                f'{cfg.d_model}, n_heads={cfg.n_heads}, n_layers={cfg.n_layers}, pool={cfg.pool!r})'
             )
         )
         if err is None:
             raise
         raise err from None
-    _check_built(spec, enc)
+    return _check_built(spec, enc)
 
 # %% ../nbs/13_vit.ipynb #ae082486
 #| code-fold: true
