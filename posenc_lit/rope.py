@@ -118,13 +118,17 @@ def pairing_permutation(
 ) -> torch.Tensor:  # int64 index `(d,)`: `x_dst = x_src[..., idx]`; dimensions ≥ d_r stay put
     """The permutation of head dimensions (or of each head's q/k projection rows) that turns `src`-paired
     vectors into `dst`-paired ones. Unchecked: it expects an even `rotary_dim` ≤ `d_head` and two names in
-    `PAIRINGS` (an unknown one gives the identity); the caller checks (`RoPE`'s constructor does)."""
+    `PAIRINGS` (an unknown one: `KeyError`); the caller checks (`RoPE`'s constructor does)."""
     d_head = rotary_dim if d_head is None else d_head
     # first members, then second members
     to_half = torch.cat([torch.arange(0, rotary_dim, 2), torch.arange(1, rotary_dim, 2)])
-    idx = {('interleaved', 'half'): to_half, ('half', 'interleaved'): to_half.argsort()}.get(
-        (src, dst), torch.arange(rotary_dim)
-    )
+    same = torch.arange(rotary_dim)
+    idx = {
+        ('interleaved', 'half'): to_half,
+        ('half', 'interleaved'): to_half.argsort(),
+        ('half', 'half'): same,
+        ('interleaved', 'interleaved'): same,
+    }[(src, dst)]
     return torch.cat([idx, torch.arange(rotary_dim, d_head)])
 
 # %% ../nbs/09_rope.ipynb #82a8cf64
