@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from .core import *
 from .checks import *
 from .attention import *
-from .fused import batched_positions, check_position_pair
+from .fused import batched_positions
 
 # %% auto #0
 __all__ = ['alibi_slopes', 'alibi_bias', 'ALiBiContext', 'ALiBi']

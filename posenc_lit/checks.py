@@ -9,8 +9,8 @@ import torch
 
 # %% auto #0
 __all__ = ['POSITION_LIMIT', 'value_range', 'PositionRangeError', 'is_int', 'is_real', 'is_int_tensor', 'MemoryLimitError',
-           'memory_check', 'check_positions', 'check_position_limit', 'test_close_rel', 'check_sizes', 'check_flags',
-           'check_finite', 'check_rates']
+           'memory_check', 'check_positions', 'check_position_limit', 'check_position_pair', 'test_close_rel',
+           'check_sizes', 'check_flags', 'check_finite', 'check_rates']
 
 # %% ../nbs/44_checks.ipynb #73316b72
 def value_range(t: torch.Tensor) -> tuple:  # any shape, non-empty, integer or float
@@ -119,6 +119,28 @@ def check_position_limit(
         raise PositionRangeError(
             f'{name} must lie in (-2**62, 2**62), so that relative distances j - i fit in int64; '
             f'got {lo if lo <= -POSITION_LIMIT else hi}'
+        )
+
+# %% ../nbs/44_checks.ipynb #b2d4f6a8
+def check_position_pair(q_pos, k_pos):  # `(b|1, i)` / `(i,)` and `(b|1, j)` / `(j,)` integer positions
+    """`TypeError` unless both are signed integer tensors of shape `(n,)` or `(b, n)`, `ValueError` for batch
+    sizes that do not broadcast; `rel_pos` runs it, and so does every encoding's `prepare` that makes no
+    `(i, j)` tensor. Reads no values (no device sync)."""
+    for name, p in (('q_pos', q_pos), ('k_pos', k_pos)):
+        if (
+            not isinstance(p, torch.Tensor)
+            or p.dtype not in (torch.int8, torch.int16, torch.int32, torch.int64)
+            or p.ndim not in (1, 2)
+        ):
+            got = (
+                f'{p.dtype} tensor of shape {tuple(p.shape)}'
+                if isinstance(p, torch.Tensor)
+                else type(p).__name__
+            )
+            raise TypeError(f'{name} must be a signed integer tensor of shape (n,) or (b, n); got {got}')
+    if q_pos.ndim == k_pos.ndim == 2 and len(q_pos) != len(k_pos) and 1 not in (len(q_pos), len(k_pos)):
+        raise ValueError(
+            f'q_pos and k_pos have batch sizes {len(q_pos)} and {len(k_pos)}: they must match, or one be 1'
         )
 
 # %% ../nbs/44_checks.ipynb #dfee43e3

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from .core import *
 from .checks import *
 from .attention import *
-from .fused import check_position_pair
 
 # %% auto #0
 __all__ = ['cope_gates', 'cope_positions', 'cope_interpolate', 'CoPEContext', 'CoPE']

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, fields
 from typing import Callable
 import torch
 import torch.nn as nn
+from .checks import check_position_pair
 
 # %% auto #0
 __all__ = ['CONVENTIONS', 'KINDS', 'MODALITIES', 'ENCODING_MODULES', 'NAME_PATTERN', 'rel_pos', 'to_convention', 'EncodingSpec',
@@ -26,22 +27,7 @@ def rel_pos(
     Exact for positions of size < 2**62 (`POSITION_LIMIT`); the values are not checked here (see
     `check_position_limit`).
     """
-    for name, p in (('q_pos', q_pos), ('k_pos', k_pos)):
-        if (
-            not isinstance(p, torch.Tensor)
-            or p.dtype not in (torch.int8, torch.int16, torch.int32, torch.int64)
-            or p.ndim not in (1, 2)
-        ):
-            got = (
-                f'{p.dtype} tensor of shape {tuple(p.shape)}'
-                if isinstance(p, torch.Tensor)
-                else type(p).__name__
-            )
-            raise TypeError(f'{name} must be a signed integer tensor of shape (n,) or (b, n); got {got}')
-    if q_pos.ndim == k_pos.ndim == 2 and len(q_pos) != len(k_pos) and 1 not in (len(q_pos), len(k_pos)):
-        raise ValueError(
-            f'q_pos and k_pos have batch sizes {len(q_pos)} and {len(k_pos)}: they must match, or one be 1'
-        )
+    check_position_pair(q_pos, k_pos)  # signed integer `(n,)` / `(b, n)`, batches that broadcast (44_checks)
     # (…, i, j); int64, so narrow inputs cannot wrap
     return k_pos.long().unsqueeze(-2) - q_pos.long().unsqueeze(-1)
 

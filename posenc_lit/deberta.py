@@ -13,7 +13,7 @@ from fastcore.basics import patch
 from .core import *
 from .checks import *
 from .attention import *
-from .fused import batched_positions, check_position_pair, offset_mod
+from .fused import batched_positions, offset_mod
 from .relative import rel_scores, row_range, _distance_extremes
 
 # %% auto #0

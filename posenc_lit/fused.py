@@ -11,7 +11,7 @@ from .attention import *
 from .attention import _with_causal
 
 # %% auto #0
-__all__ = ['batched_positions', 'offset_mod', 'fused_scores', 'check_position_pair']
+__all__ = ['batched_positions', 'offset_mod', 'fused_scores']
 
 # %% ../nbs/03_fused.ipynb #15ec9b67
 def batched_positions(ctx: Context, b: int) -> tuple:  # `ctx` of an encoding's `prepare`; b: the batch size
@@ -53,9 +53,3 @@ def fused_scores(
         s = s + f(b, h, i, j)  # the kernel's reads, all entries at once
     mask = _with_causal(mask, causal, q.shape[2], k.shape[2], q.device)
     return s if mask is None else s.masked_fill(~mask, float('-inf'))
-
-# %% ../nbs/03_fused.ipynb #d6616a09
-#| code-fold: true
-def check_position_pair(q_pos, k_pos):  # `(b|1, i)` / `(i,)` and `(b|1, j)` / `(j,)` integer positions
-    "`rel_pos`'s checks of a pair of position tensors, run on one position of each (no `(i, j)` tensor made)."
-    rel_pos(*(p[..., :1] if isinstance(p, torch.Tensor) and p.ndim in (1, 2) else p for p in (q_pos, k_pos)))

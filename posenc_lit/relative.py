@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from .core import *
 from .checks import *
 from .attention import *
-from .fused import batched_positions, check_position_pair, offset_mod
+from .fused import batched_positions, offset_mod
 
 # %% auto #0
 __all__ = ['rel_index', 'rel_scores', 'row_range', 'rel_values', 'RelativeContext', 'RelativeVectors', 'Shaw', 'HuangMethod4']

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from .core import *
 from .checks import *
 from .attention import *
-from .fused import batched_positions, check_position_pair
+from .fused import batched_positions
 
 # %% auto #0
 __all__ = ['t5_bucket', 'T5Context', 'T5RelativeBias']

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from .core import *
 from .checks import *
 from .attention import *
-from .fused import check_position_pair
 from .t5 import T5RelativeBias
 
 # %% auto #0
