@@ -9,7 +9,7 @@ from .finetune import mean_std, lengths_summary
 from .probes import format_probe_table, probe_rows, probe_rule
 
 # %% auto #0
-__all__ = ['WORSE', 'WORSE_LEGEND', 'format_results', 'markdown_table', 'probes_markdown', 'results_markdown']
+__all__ = ['WORSE', 'WORSE_LEGEND', 'format_results', 'markdown_table', 'probes_markdown', 'results_markdown', 'run_differences']
 
 # %% ../nbs/31_report.ipynb #45c75caa
 # metrics where less is better; every other one (accuracy, pearson, ...) is ↑
@@ -601,3 +601,27 @@ def results_markdown(
     if results['vit']:
         parts.append(_md_vit(results))
     return '\n\n'.join(parts)
+
+# %% ../nbs/31_report.ipynb #e2f3a4b5
+def run_differences(a: dict, b: dict) -> dict:
+    """`{'pretraining loss', 'loss at each length', 'test metric', 'encodings'}`: the largest absolute differences
+    between two `results.json` (dicts) of one preset over the encodings both pretrained (`encodings`, in `a`'s
+    order); losses in nats, metrics in their own units (accuracy: a fraction)."""
+    pes = [pe for pe in a['pretrain'] if pe in b['pretrain']]
+    loss = [abs(a['pretrain'][pe]['eval_loss'] - b['pretrain'][pe]['eval_loss']) for pe in pes]
+    at = {
+        pe: {r['length']: r['loss'] for r in b['lengths'][pe]['results']} for pe in pes if pe in b['lengths']
+    }
+    lengths = [abs(r['loss'] - at[pe][r['length']]) for pe in at for r in a['lengths'][pe]['results']]
+    test = {(r['pe'], r['task'], r['seed']): r['test'][r['main_metric']] for r in b['records']}
+    metric = [
+        abs(r['test'][r['main_metric']] - test[k])
+        for r in a['records']
+        if (k := (r['pe'], r['task'], r['seed'])) in test
+    ]
+    return {
+        'pretraining loss': max(loss, default=0.0),
+        'loss at each length': max(lengths, default=0.0),
+        'test metric': max(metric, default=0.0),
+        'encodings': pes,
+    }
