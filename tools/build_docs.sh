@@ -30,9 +30,11 @@ import nbdev.doclinks, nbdev.quarto as q
 q._ensure_quarto = lambda: None   # no Quarto here, and we do not want it installed
 nbdev.doclinks._build_modidx = lambda *a, **k: None   # the docs build never writes the package
 q.nbdev_proc_nbs.__wrapped__(n_workers=int(sys.argv[1]))
-' "${DOCS_WORKERS:-2}" || fail "notebook processing failed (see the traceback above). nbdev's docs step runs every cell that
-contains an \`import\` or \`#| export\` (to render show_doc), without the cells before it that do not: such a
-cell must not need variables made by other cells -- move the import up into an import cell"
+' "${DOCS_WORKERS:-2}" || fail "notebook processing failed (see the traceback above). A ModuleNotFoundError: install
+the development extras, pip install -e '.[dev]' (the notebooks import transformers, timm and more). A NameError:
+nbdev's docs step runs every cell that contains an \`import\` or \`#| export\` (to render show_doc), without the
+cells before it that do not, so such a cell must not need variables made by other cells -- move the import up
+into an import cell"
 [ -f _proc/_quarto.yml ] || fail "_proc/_quarto.yml was not written: is nbs/_quarto.yml there?"
 t1=$SECONDS
 
