@@ -138,15 +138,21 @@ def _check_out(out: str):
     """`UsageError` unless the run directory `out` can be created (checked before anything runs); then its
     lock, held until `main` returns (`RunLockedError` naming the process that holds it)."""
     from posenc_lit.loop import check_creatable_dir
-    from posenc_lit.files import acquire_run_lock
 
     try:
         check_creatable_dir(out)
     except ValueError as e:
         raise UsageError(f'argument --out: {e}') from None
-    if os.environ.get('RANK', '0') == '0':  # under `accelerate launch`, the main process holds it for all
-        acquire_run_lock(out)  # one command per run folder: held until `main` returns (the process ends)
-        _HELD.append(out)
+    _lock_run(out)
+
+
+def _lock_run(folder: str):
+    "The lock of run `folder`, held until `main` returns; under `accelerate launch` the main process holds it."
+    from posenc_lit.files import acquire_run_lock
+
+    if os.environ.get('RANK', '0') == '0':
+        acquire_run_lock(folder)  # one command per run folder (`RunLockedError` naming the holder)
+        _HELD.append(folder)
 
 
 def _add_run_dir(p, out: str = 'run directory', overwrite: str = _REPLACE, resume: bool = True):
@@ -293,6 +299,8 @@ def cmd_lengths(args) -> int:
 
     if args.max_tokens < 1:
         raise ValueError(f'--max-tokens must be ≥ 1; got {args.max_tokens}')
+    if os.path.isdir(args.run):  # it writes lengths.json into the run: one writer at a time
+        _lock_run(args.run)
     res = evaluate_run(args.run, args.lengths, args.max_tokens, write=False)
     kw = f" {json.dumps(res['pe_kwargs'])}" if res['pe_kwargs'] else ''
     print(

@@ -145,6 +145,30 @@ def test_lock_is_let_go_by_a_killed_process(tmp_path):
     assert again.returncode == 0, err
 
 
+def test_lengths_takes_the_run_lock(tmp_path):
+    """`posenc_lit lengths --run R` writes R/lengths.json, so it takes R's lock like every command that writes a
+    run folder: while another process holds it, it fails at once naming that process (found by a breaker)."""
+    run = tmp_path / 'run'
+    run.mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, '-c', 'import sys, time; from posenc_lit.files import acquire_run_lock; '
+         'acquire_run_lock(sys.argv[1]); print("held", flush=True); time.sleep(120)', str(run)],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, 'PYTHONPATH': str(ROOT)},
+    )
+    try:
+        assert holder.stdout.readline().strip() == 'held'
+        p = subprocess.run(
+            [sys.executable, '-m', 'posenc_lit.cli', 'lengths', '--run', str(run), '--lengths', '16'],
+            capture_output=True, text=True, timeout=300, env={**os.environ, 'PYTHONPATH': str(ROOT)},
+        )
+        assert p.returncode == 2, p.stderr
+        assert f'is in use by process {holder.pid}' in p.stderr, p.stderr
+        assert not (run / 'lengths.json').exists()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 # ---------------------------------------------------------------- CausalLM: inputs
 
 
