@@ -56,7 +56,8 @@ def read_metrics(path, upto_step: int) -> list:
     path = Path(path)
     if not path.is_file():
         return []
-    lines = [l for l in path.read_text().splitlines() if l.strip()]
+    # bytes that are not UTF-8 (a multi-byte character torn by a kill) make that line not JSON, as a torn one is
+    lines = [l for l in path.read_text(errors='replace').splitlines() if l.strip()]
     recs = []
     for a, line in enumerate(lines):
         r = _check_record(path, a, line)
