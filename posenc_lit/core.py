@@ -139,7 +139,6 @@ def register_encoding(
                 f'the {modality} encoding {name!r} is already registered (by {_origin(old.factory)}); '
                 f'choose another name, or pass replace=True to replace it'
             )
-        _check_no_clash(modality, name, ablations or {})
         _REGISTRY[modality, name] = EncodingSpec(
             name,
             kind,
@@ -179,19 +178,6 @@ def _check_study_metadata(family, defaults, ablations):
             raise ValueError(
                 f'an ablation is named like an encoding (NAME_PATTERN), e.g. \'my-rope-nok\'; got {a!r}'
             )
-
-
-def _check_no_clash(modality, name, ablations):
-    "`ValueError` when `name` is another encoding's ablation, or one of `ablations` names another encoding's"
-    others = {n: spec for (m, n), spec in _REGISTRY.items() if m == modality and n != name}
-    owner = {a: f'an ablation of {n!r}' for n, spec in others.items() for a in spec.ablations}
-    owner |= {n: f'the encoding {n!r}' for n in others}
-    clashes = [a for a in [name, *ablations] if a in owner]  # `others` leaves `name` itself out
-    if clashes:
-        raise ValueError(
-            f'{clashes[0]!r} is already the name of {owner[clashes[0]]}: compare and the studies read '
-            'encodings and ablations by one name; choose another'
-        )
 
 
 def _check_modality(modality):
