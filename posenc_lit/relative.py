@@ -25,7 +25,7 @@ def rel_index(
 ) -> torch.Tensor:  # table rows `clip(j - i, k) + k`, int64, `(i, j)` or `(b, i, j)`
     """Row of each query/key pair in a table of relative vectors $w_{-k} … w_k$ (Shaw et al. 2018, §3.2).
     Unchecked: with `clip=False` a distance beyond ±k gives a row outside the table; the caller checks
-    (`RelativeVectors.prepare` refuses such positions, `rel_scores` and `rel_values` such rows)."""
+    (the `prepare` of `RelativeVectors` refuses such positions, `rel_scores` and `rel_values` such rows)."""
     rel = rel_pos(q_pos, k_pos)  # (…, i, j)  j - i
     return (rel.clamp(-k, k) if clip else rel) + k
 

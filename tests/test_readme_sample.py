@@ -35,14 +35,27 @@ def test_readme_block_is_format_results_of_the_committed_json(res, sample):
     assert sample[1] == format_results({**res, 'probes': probes})
 
 
+# the notebooks were renumbered after the sample was made (issue 39; CHANGELOG lists each): the sample's text names
+# them by their old numbers. Regenerating the sample (tools/make_quick_sample.sh) makes this map unneeded.
+RENUMBERED = {'nbs/19c_study.ipynb': 'nbs/35_study.ipynb', 'nbs/19b_regime.ipynb': 'nbs/34_regime.ipynb'}
+
+
+def renumbered(text: str) -> str:
+    for old, new in RENUMBERED.items():
+        text = text.replace(old, new)
+    return text
+
+
 def test_the_sample_was_made_from_the_clean_commit_the_readme_names(res, sample):
     env = res['environment']
     assert res['finished'] and env['git_dirty'] is False and env['git_commit'].startswith(sample[0]), env
-    assert format_results(res) + '\n' in (QUICK / 'stdout.txt').read_text()   # what the run printed
+    # what the run printed, with the notebooks' new numbers
+    assert format_results(res) + '\n' in renumbered((QUICK / 'stdout.txt').read_text())
 
 
 def test_the_sample_is_the_quick_preset_of_this_tree(res):
-    assert res['preset'] == 'quick' and res['spec'] == json.loads(json.dumps(COMPARE_PRESETS['quick']))
+    spec = json.loads(renumbered(json.dumps(res['spec'])))
+    assert res['preset'] == 'quick' and spec == json.loads(json.dumps(COMPARE_PRESETS['quick']))
 
 
 def test_the_sample_shows_what_the_preset_promises(res):
