@@ -12,11 +12,11 @@ from scipy import stats
 
 # %% auto #0
 __all__ = ['STUDY', 'ABS_MARGIN', 'ENTRY_SETTINGS', 'VERDICTS', 'LEVEL', 'MARGIN', 'LONG', 'SPEED', 'TUPE_SPEED', 'DROPIN',
-           'CLAIMS', 'COLOURS', 'entry_settings', 'check_run', 'seed_runs', 'loss_values', 'study_loss', 'eval_loss',
-           'seed_noise', 'loss_at', 'eval_curve', 'task_values', 'downstream', 'minilm_values', 'gap_interval',
-           'verdict', 'Measured', 'Measure', 'Claim', 'pretrain_loss', 'checkpoint_values', 'task_metric',
-           'trained_offsets', 'growth_values', 'growth', 'vit', 'check_root', 'judge', 'claims', 'claims_markdown',
-           'forest_plot']
+           'CLAIMS', 'COLOURS', 'entry_settings', 'check_run', 'seed_folders', 'seed_runs', 'loss_values', 'study_loss',
+           'eval_loss', 'seed_noise', 'loss_at', 'eval_curve', 'task_values', 'downstream', 'minilm_values',
+           'gap_interval', 'verdict', 'Measured', 'Measure', 'Claim', 'pretrain_loss', 'checkpoint_values',
+           'task_metric', 'trained_offsets', 'growth_values', 'growth', 'vit', 'check_root', 'judge', 'claims',
+           'claims_markdown', 'forest_plot']
 
 # %% ../nbs/41_claims.ipynb #4172f9dc
 STUDY = 'study'  # results/study/<entry>[-s<seed>]/ (tools/run_study.sh, the `study` preset; issue 29)
@@ -153,6 +153,14 @@ def check_run(run: Path, entry: str, seed: int) -> dict | None:
     return c
 
 # %% ../nbs/41_claims.ipynb #11cac9bb
+def seed_folders(base: Path, entry: str) -> list[Path]:
+    "Folders `<entry>-s1`, `-s2`, ... under `base` holding a `summary.json`, by seed (seed 0: `<entry>`)."
+    more = [p for p in base.glob(f'{entry}-s*') if re.fullmatch(rf'{re.escape(entry)}-s[1-9]\d*', p.name)]
+    return sorted(
+        (p for p in more if (p / 'summary.json').is_file()), key=lambda p: int(p.name.rsplit('-s', 1)[1])
+    )
+
+
 def seed_runs(root, entry: str) -> list[Path]:
     """The committed study runs of `entry`: `study/<entry>` (seed 0) first, then `study/<entry>-s1`, `-s2`,
     ..., each checked by `check_run` and against seed 0's settings (`_SHARED`). Raises FileNotFoundError (the
@@ -162,11 +170,7 @@ def seed_runs(root, entry: str) -> list[Path]:
     first = base / entry / 'summary.json'
     if not first.is_file():
         raise FileNotFoundError(errno.ENOENT, 'not committed', str(first))
-    more = [p for p in base.glob(f'{entry}-s*') if re.fullmatch(rf'{re.escape(entry)}-s[1-9]\d*', p.name)]
-    more = sorted(
-        (p for p in more if (p / 'summary.json').is_file()), key=lambda p: int(p.name.rsplit('-s', 1)[1])
-    )
-    runs = [first.parent] + more
+    runs = [first.parent] + seed_folders(base, entry)
     configs = [
         check_run(r, entry, 0 if i == 0 else int(r.name.rsplit('-s', 1)[1])) for i, r in enumerate(runs)
     ]
@@ -501,9 +505,8 @@ def checkpoint_values(root, entry: str, task: str) -> tuple[list[float], list[in
     of each, and the metric's name. FileNotFoundError while seed 0's fine-tuning is not committed."""
     v, metric = task_values(root, entry, task)
     out, n = [statistics.fmean(v)], [len(v)]
-    more = [p.name for p in Path(root, f'study_{task}').glob(f'{entry}-s*') if (p / 'summary.json').is_file()]
-    for name in sorted(m for m in more if re.fullmatch(rf'{re.escape(entry)}-s[1-9]\d*', m)):
-        v, _ = task_values(root, name, task)
+    for folder in seed_folders(Path(root, f'study_{task}'), entry):
+        v, _ = task_values(root, folder.name, task)
         out.append(statistics.fmean(v))
         n.append(len(v))
     return out, n, metric
