@@ -307,11 +307,11 @@ def encode_texts(ds, tok: Tokenizer, max_len: int | None = None) -> dict:
     a = enc('text')
     b = enc('text_pair') if 'text_pair' in ds.column_names else None
     ids, cut = [], 0
+    room = None if max_len is None else max_len - (2 if b is None else 3)  # [CLS] x [SEP] (y [SEP])
+    if room is not None and room < 1:  # checked once, not per example
+        raise TaskError(f'max_len={max_len} leaves no room for the text')
     for k, x in enumerate(a):
         y = None if b is None else b[k]
-        room = None if max_len is None else max_len - (2 if y is None else 3)
-        if room is not None and room < 1:
-            raise TaskError(f'max_len={max_len} leaves no room for the text')
         if room is not None and len(x) + len(y or []) > room:
             cut += 1
             x, y = (x[:room], None) if y is None else _cut_pair(x, y, room)

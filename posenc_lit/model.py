@@ -263,10 +263,9 @@ class Encoder(_ByConfig, nn.Module):
             input_ids, attention_mask, position_ids, token_type_ids, word=self.embeddings.word
         )
         token_type_ids = _segment_ids(token_type_ids, self.cfg.type_vocab_size)
-        if n_layers is not None and (not is_int(n_layers) or not 0 <= n_layers <= len(self.layers)):
-            raise ValueError(
-                f'n_layers must be an integer in 0..{len(self.layers)} (the layers to run); got {n_layers!r}'
-            )
+        L = len(self.layers)
+        if n_layers is not None and not (is_int(n_layers) and 0 <= n_layers <= L):
+            raise ValueError(f'n_layers must be an integer in 0..{L} (the layers to run); got {n_layers!r}')
         with _forward_memory_check(input_ids):
             pos = self.positions(input_ids, position_ids, attention_mask)  # (b|1, n)
             mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]  # (b, 1, 1, j)
@@ -332,15 +331,13 @@ class EncoderForMLM(_ByConfig, nn.Module):
         h = out['hidden_states']
         if labels is None:
             return {**out, 'logits': self.logits(h), 'loss': None}
-        shape = tuple(input_ids.shape)
-        _check_tensor(
-            labels, 'labels', f'an integer tensor with the shape of input_ids {shape}', is_int_tensor, [shape]
-        )
-        bad = (labels != -100) & ((labels < 0) | (labels >= self.cfg.vocab_size))
+        shape, V = tuple(input_ids.shape), self.cfg.vocab_size
+        what = f'an integer tensor with the shape of input_ids {shape}'
+        _check_tensor(labels, 'labels', what, is_int_tensor, [shape])
+        bad = (labels != -100) & ((labels < 0) | (labels >= V))
         if bad.any():
             raise ValueError(
-                f'labels must be token ids in [0, vocab_size={self.cfg.vocab_size}) or -100 (no loss); '
-                f'got {int(labels[bad][0])}'
+                f'labels must be token ids in [0, vocab_size={V}) or -100 (no loss); got {int(labels[bad][0])}'
             )
         with _forward_memory_check(input_ids):
             sel = labels != -100  # (b, n)
@@ -646,26 +643,35 @@ def _relative_names(cfg) -> list[str]:
     return [n for n, spec in list_encodings().items() if spec.kind in ('score', 'qk') and relative(n, spec)]
 
 
-def _built(cfg) -> PositionEncoding:
-    "Encoding `cfg.pe` with options `cfg.pe_kwargs` from its registered factory; a clear error if that fails."
-    spec = get_encoding(cfg.pe)  # unknown names fail here, listing the valid ones
+def _factory_built(spec, cfg, memory, model_args: str) -> PositionEncoding:
+    """`spec.factory(cfg)` run under `memory` (a `memory_check`), with clear errors: `ValueError` for pe_kwargs
+    that set an argument the model passes (`model_args`: the model's values of them) or that the factory does
+    not take, `TypeError` naming the encoding if it returns no `PositionEncoding`. The text models' `_built`
+    and the ViT's `_built_pe` (13_vit) share it."""
     try:
-        with _encoding_memory_check(cfg, cfg.pe, cfg.pe_kwargs):
+        with memory:
             enc = spec.factory(cfg)
     except TypeError as e:
-        # an argument the model passes itself
-        taken = re.search(r"multiple values for argument '(\w+)'", str(e))
-        if taken:
-            raise ValueError(
-                f'pe_kwargs cannot set {taken[1]!r}: pe={cfg.pe!r} takes it from the model '
-                f'(d_model={cfg.d_model}, n_heads={cfg.n_heads}, head dimension '
-                f'd_model/n_heads={cfg.d_model // cfg.n_heads})'
-            ) from None
-        err = _pe_kwargs_error(spec, cfg, e)
+        taken = re.search(r"multiple values for argument '(\w+)'", str(e))  # an argument the model passes
+        err = (
+            _pe_kwargs_error(spec, cfg, e)
+            if taken is None
+            else ValueError(
+                f'pe_kwargs cannot set {taken[1]!r}: pe={cfg.pe!r} takes it from the model ({model_args})'
+            )
+        )
         if err is None:
             raise
         raise err from None
     return _check_built(spec, enc)
+
+
+def _built(cfg) -> PositionEncoding:
+    "Encoding `cfg.pe` with options `cfg.pe_kwargs` from its registered factory; a clear error if that fails."
+    spec = get_encoding(cfg.pe)  # unknown names fail here, listing the valid ones
+    d, h = cfg.d_model, cfg.n_heads
+    args = f'd_model={d}, n_heads={h}, head dimension d_model/n_heads={d // h}'
+    return _factory_built(spec, cfg, _encoding_memory_check(cfg, cfg.pe, cfg.pe_kwargs), args)
 
 
 def _check_relative(cfg, enc: PositionEncoding) -> PositionEncoding:
@@ -677,7 +683,6 @@ def _check_relative(cfg, enc: PositionEncoding) -> PositionEncoding:
             f'got kind {enc.kind!r}{table}. Relative ones: ' + ', '.join(_relative_names(cfg))
         )
     return enc
-
 
 # %% ../nbs/15_model.ipynb #19328af6
 def _desc(t):

@@ -4,7 +4,7 @@
 
 # %% ../nbs/13_vit.ipynb #5b9d5387
 from __future__ import annotations
-import json, math, re
+import json, math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -20,7 +20,7 @@ from .absolute import sinusoidal_table, _check_sinusoidal
 from .rope import rope_inv_freq, rope_cos_sin, apply_rope, PAIRINGS
 from .rope import _check_rope, _check_freqs, _check_pairing
 from .model import EncoderLayer, CheckpointError, save_model, load_weights, check_field_types
-from .model import _config_to_json, _config_from_dict, _check_built, _pe_kwargs_error
+from .model import _config_to_json, _config_from_dict, _factory_built
 
 # %% auto #0
 __all__ = ['INTERPOLATIONS', 'POOLS', 'STEMS', 'PatchEmbed', 'grid_positions', 'interpolate_pos_embed', 'VisionContext',
@@ -671,8 +671,7 @@ def _check_vit_config(self):
     sizes = ('patch_size', 'in_chans', 'n_classes', 'd_model', 'n_layers', 'n_heads', 'd_ff', 'stem_width')
     check_sizes(**{f: getattr(self, f) for f in sizes})
     check_field_types(self)
-    if not 0 <= self.dropout < 1:
-        raise ValueError(f'dropout must be in [0, 1); got {self.dropout}')
+    check_rates(dropout=self.dropout)
     if self.d_model % self.n_heads:
         raise ValueError(f'd_model={self.d_model} must be divisible by n_heads={self.n_heads}')
     for f, valid in (('pool', POOLS), ('stem', STEMS), ('interpolate', (*INTERPOLATIONS, None))):
@@ -689,28 +688,15 @@ def _check_vit_config(self):
 
 
 def _built_pe(cfg) -> VisionEncoding:
-    """The encoding `cfg.pe` of `ViTConfig` `cfg` from its registered factory (as the text models' `_built`):
-    `ValueError` for `pe_kwargs` it does not take, `MemoryLimitError` for a table too large."""
+    """The encoding `cfg.pe` of `ViTConfig` `cfg` from its registered factory (by the text models'
+    `_factory_built`): `ValueError` for `pe_kwargs` it does not take, `MemoryLimitError` for a table too
+    large."""
     spec = get_encoding(cfg.pe, 'image')
     what = f'the position encoding {cfg.pe!r} of a {cfg.grid[0]}×{cfg.grid[1]} patch grid with '
     what += f'd_model={cfg.d_model}'
-    try:
-        with memory_check(what, 'use a smaller d_model or image_size, or a larger patch_size'):
-            enc = spec.factory(cfg)
-    except TypeError as e:
-        taken = re.search(r"multiple values for argument '(\w+)'", str(e))  # an argument the model passes
-        err = (
-            _pe_kwargs_error(spec, cfg, e)
-            if taken is None
-            else ValueError(
-                f'pe_kwargs cannot set {taken[1]!r}: pe={cfg.pe!r} takes it from the model (d_model='
-                f'{cfg.d_model}, n_heads={cfg.n_heads}, n_layers={cfg.n_layers}, pool={cfg.pool!r})'
-            )
-        )
-        if err is None:
-            raise
-        raise err from None
-    return _check_built(spec, enc)
+    memory = memory_check(what, 'use a smaller d_model or image_size, or a larger patch_size')
+    args = f'd_model={cfg.d_model}, n_heads={cfg.n_heads}, n_layers={cfg.n_layers}, pool={cfg.pool!r}'
+    return _factory_built(spec, cfg, memory, args)
 
 # %% ../nbs/13_vit.ipynb #ae082486
 #| code-fold: true
