@@ -189,6 +189,7 @@ def mask_positions(
     return (mask.long().cumsum(-1) - 1 + start).clamp(min=0)
 
 # %% ../nbs/15_model.ipynb #a378717b
+#| code-fold: true
 def _check_loaded_weights(module, state_dict, prefix, *args):  # a `load_state_dict` pre-hook of the models
     """Run `check_state_dict` on the weights `load_state_dict` is given for `module`, whoever calls it (e.g.
     accelerate's `load_state`)."""

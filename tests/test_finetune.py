@@ -191,6 +191,18 @@ def test_too_long_and_unknown_task(tmp_path):
         finetune(make_finetune_config('smoke', task='sentiment', checkpoint=str(tmp_path / 'run'), max_len=32), tmp_path / 'ft')
 
 
+
+def test_max_len_without_room_for_the_text():
+    "encode_texts checks max_len once, before the examples: [CLS] x [SEP] needs 3 tokens, a pair 4 (issue 39.2)"
+    tok = load_tokenizer()
+    one = datasets.Dataset.from_dict({'text': ['a good film'], 'label': [1]})
+    two = datasets.Dataset.from_dict({'text': ['a good film'], 'text_pair': ['a bad one'], 'label': [1]})
+    assert [len(x) for x in encode_texts(one, tok, max_len=3)['input_ids']] == [3]
+    assert [len(x) for x in encode_texts(two, tok, max_len=4)['input_ids']] == [4]
+    for ds, n in ((one, 2), (two, 3), (two.select([]), 3)):                  # an empty split too: the option is wrong
+        with pytest.raises(TaskError, match=f'max_len={n} leaves no room for the text'):
+            encode_texts(ds, tok, max_len=n)
+
 # ---------------------------------------------------------------- runs
 
 def test_span_finetune_on_squad_fixture(ckpt, tmp_path):
