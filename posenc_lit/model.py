@@ -429,13 +429,14 @@ def check_state_dict(
 def read_weights(
     f,  # a `model.safetensors` file
     ref: dict,  # the `state_dict()` of the model the weights are for
+    kind: str = 'model',  # what the folder holds, for the message (e.g. 'ViT (save_vit)')
 ) -> dict:  # name -> tensor, checked by check_state_dict
     """The tensors of safetensors file `f`, checked against `ref` (`check_state_dict`); `CheckpointError` if
     `f` is missing, corrupt or does not match."""
     f = Path(f)
     if not f.is_file():
         raise CheckpointError(
-            f'no {f.name} in {f.parent}: a model folder holds config.json and {f.name} (save_model '
+            f'no {f.name} in {f.parent}: a {kind} folder holds config.json and {f.name} (save_model '
             'writes both)'
         )
     try:
@@ -480,14 +481,9 @@ def load_config(path, config_cls: type | None = None, kind: str = 'model') -> Mo
 
 def load_weights(path, model_cls, config_cls, kind: str = 'model'):
     """`model_cls(config)` from folder `path` with its `model.safetensors` read by `read_weights`;
-    `CheckpointError` naming what is wrong."""
-    cfg, f = load_config(path, config_cls, kind), Path(path) / 'model.safetensors'
-    if not f.is_file():
-        raise CheckpointError(
-            f'no model.safetensors in {path}: a {kind} folder holds config.json and model.safetensors'
-        )
-    model = model_cls(cfg)
-    model.load_state_dict(read_weights(f, model.state_dict()))
+    `CheckpointError` naming what is wrong (read_weights names a missing weights file)."""
+    model = model_cls(load_config(path, config_cls, kind))
+    model.load_state_dict(read_weights(Path(path) / 'model.safetensors', model.state_dict(), kind))
     return model
 
 
