@@ -12,7 +12,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import load as load_state_file
 from .checks import is_int, is_real
-from .files import LOCK_FILE, atomic_write, dumps, run_entries, write_json
+from .files import LOCK_FILE, atomic_write, dumps, run_entries
 from .model import CheckpointError
 
 # %% auto #0
@@ -305,13 +305,7 @@ def _saved_config(out: Path, config: dict, defaults: dict, kind: str):
 
 
 def prepare_run_dir(
-    out: Path,
-    cfg,
-    resume: bool | None,
-    overwrite: bool = False,
-    *,
-    steps: int | None = None,
-    ends: tuple = (),
+    out: Path, cfg, resume: bool | None, overwrite=False, *, steps=None, ends=()
 ) -> dict | None:
     """Check `out` against run config `cfg` (a dataclass: options it did not have when the run was saved take
     their defaults); the trainer state of its checkpoint to resume from (checked by `check_loop_state` for a
