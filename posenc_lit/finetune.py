@@ -222,15 +222,13 @@ def _task_loop(cfg: FinetuneConfig, acc: Accelerator, parts: tuple, run: _TaskRu
     model."""
     rank, world, dev, kind = acc.process_index, acc.num_processes, acc.device, run.spec.kind
     model, train, perms = parts[0], run.data['train'], []
-    inner = acc.unwrap_model(model)
-    g = torch.Generator().manual_seed(cfg.seed)
+    inner, g, n = acc.unwrap_model(model), torch.Generator().manual_seed(cfg.seed), cfg.batch_size * world
 
     def loss(t):
         epoch, b = divmod(t, run.per_epoch)
-        # one seeded permutation per epoch, in order
-        while len(perms) <= epoch:
+        while len(perms) <= epoch:  # one seeded permutation per epoch, in order
             perms.append(torch.randperm(len(train['input_ids']), generator=g).tolist())
-        glob = perms[epoch][b * cfg.batch_size * world : (b + 1) * cfg.batch_size * world]
+        glob = perms[epoch][b * n : (b + 1) * n]
         ids, am, y, cm = _batch(train, glob[rank::world] or glob[:1], kind)
         cm = None if cm is None else cm.to(dev)
         out = model(ids.to(dev), am.to(dev), labels=y.to(dev), context_mask=cm)
@@ -241,9 +239,8 @@ def _task_loop(cfg: FinetuneConfig, acc: Accelerator, parts: tuple, run: _TaskRu
         run.keep(last, step, inner)
         return {'epoch': (step - 1) // run.per_epoch + 1, **last}
 
-    per_s = lambda c, n, s: {'tokens_per_s': c['tokens'] * world / s}
     kw = dict(steps=run.steps, eval_every=cfg.eval_every or run.per_epoch, eval_split='validation')
-    return Loop.of(cfg, parts, loss, validation, None, train_fields=per_s, **kw)  # no checkpoints
+    return Loop.of(cfg, parts, loss, validation, None, rate='tokens', **kw)  # no checkpoints
 
 # %% ../nbs/29_finetune.ipynb #b5fce545
 def _finish(cfg: FinetuneConfig, out: Path, acc: Accelerator, model, run: _TaskRun) -> dict:
@@ -256,13 +253,8 @@ def _finish(cfg: FinetuneConfig, out: Path, acc: Accelerator, model, run: _TaskR
         **{k: getattr(cfg, k) for k in ('task', 'seed', 'extend_positions', 'epochs', 'max_len')},
         **{k: getattr(enc, k) for k in ('pe', 'pe_kwargs', 'add_relative', 'add_relative_kwargs')},
         'max_position_embeddings': enc.max_position_embeddings,
-        'checkpoint': str(cfg.checkpoint),
-        'main_metric': spec.main_metric,
-        'test': test,
-        'validation': run.best,
-        'best_step': run.best_step,
-        'last_validation': run.last,
-        'steps': run.steps,
+        **dict(checkpoint=str(cfg.checkpoint), main_metric=spec.main_metric, test=test, validation=run.best),
+        **dict(best_step=run.best_step, last_validation=run.last, steps=run.steps),
         'examples': {s: len(data[s]['input_ids']) for s in TASK_SPLITS},
         'truncated': {s: data[s]['truncated'] for s in TASK_SPLITS},
         **run_costs(acc, out, model, run.steps, 'tokens_per_s'),
@@ -277,24 +269,15 @@ def _finish(cfg: FinetuneConfig, out: Path, acc: Accelerator, model, run: _TaskR
             model, dd['test'], spec, tok, cfg.eval_lengths, 64, cfg.max_answer_len
         )
     if acc.is_main_process:
-        info = {
-            'task': cfg.task,
-            'head_dropout': cfg.head_dropout,
-            'step': run.best_step,
-            'from_checkpoint': str(cfg.checkpoint),
-            'hf_tokenizer': _is_hf_folder(Path(cfg.checkpoint).expanduser()),
-        }
+        info = dict(task=cfg.task, head_dropout=cfg.head_dropout, step=run.best_step)
+        info['from_checkpoint'] = str(cfg.checkpoint)
+        info['hf_tokenizer'] = _is_hf_folder(Path(cfg.checkpoint).expanduser())
         save_task_model(model, out / 'checkpoint', tok, info)
     return end_run(acc, out, summary)
 
 # %% ../nbs/29_finetune.ipynb #0c2c452a
 def finetune_seeds(
-    cfg: FinetuneConfig,
-    out,
-    seeds=(0, 1, 2),
-    overwrite: bool = False,
-    progress: bool = True,
-    baselines: bool = True,
+    cfg: FinetuneConfig, out, seeds=(0, 1, 2), overwrite=False, progress=True, baselines=True
 ) -> dict:
     """`finetune` once per seed into `out/seed{N}`; summary with each metric's mean ± std over the seeds, and
     the baselines. A signal stops it after the current step of the current seed: it then returns that seed's

@@ -101,9 +101,8 @@ def evaluate(model, inputs, labels, batch_size: int, accelerator: Accelerator | 
         correct = (out['logits'].argmax(-1) == y[y != -100]).sum()
         return torch.stack([out['loss'].double() * n, correct.double(), n.double()])
 
-    return loss_accuracy(
-        eval_sums(model, len(inputs), batch_size, sums_of, accelerator=accelerator), 'tokens'
-    )
+    sums = eval_sums(model, len(inputs), batch_size, sums_of, accelerator=accelerator)
+    return loss_accuracy(sums, 'tokens')
 
 # %% ../nbs/22_training.ipynb #b1a2a03c
 class MLMData(NamedTuple):
