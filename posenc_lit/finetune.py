@@ -322,15 +322,12 @@ def finetune_seeds(
 # %% ../nbs/29_finetune.ipynb #62850eda
 def format_summary(s: dict) -> str:
     "One line per test metric: the fine-tuned mean ± std over seeds, then the baselines."
+    num = lambda x: 'n/a' if x is None else f'{x:.4f}'
     pm = lambda d: f"{d['mean']:.4f}" + ('' if d['std'] is None else f" ± {d['std']:.4f}")
     added = f" + {s['add_relative']}" if s.get('add_relative') else ''
     lines = [f"{s['task']} ({s['pe']}{added}), {len(s['seeds'])} seed(s), {s['steps']} steps each:"]
     for m, d in s['test'].items():
-        base = ''.join(
-            f'  {b} ' + ('n/a' if v[m] is None else f'{v[m]:.4f}')
-            for b, v in s.get('baselines', {}).items()
-            if m in v
-        )
+        base = ''.join(f'  {b} ' + num(v[m]) for b, v in s.get('baselines', {}).items() if m in v)
         lines.append(f'  test {m}: {pm(d)}' + (f'   baselines:{base}' if base else ''))
     for r in s.get('test_at_length', []):
         # each metric's mean ± std

@@ -409,11 +409,8 @@ def accelerator(mixed_precision: str = 'no', grad_accum: int = 1) -> Accelerator
     "A fresh `Accelerator` for a run (CPU processes share the cores); `ValueError` for fp16 without a GPU."
     check_precision(mixed_precision)
     AcceleratorState._reset_state(reset_partial_state=False)
-    acc = Accelerator(
-        gradient_accumulation_steps=grad_accum,
-        mixed_precision=mixed_precision,
-        cpu=not torch.cuda.is_available(),
-    )
+    cpu = not torch.cuda.is_available()
+    acc = Accelerator(gradient_accumulation_steps=grad_accum, mixed_precision=mixed_precision, cpu=cpu)
     if acc.num_processes > 1 and acc.device.type == 'cpu':
         torch.set_num_threads(max(1, (os.cpu_count() or 2) // acc.num_processes))
     return acc
@@ -443,11 +440,9 @@ def probe_step(model: torch.nn.Module, loss: Callable, what: str, remedy: str, d
     """One forward and backward of `loss(model)` (the loss of one batch) on device `dev`, the random state,
     weights and gradients left as they were; if it does not fit in memory, a `MemoryLimitError` naming `what`
     (the step) and `remedy` (the options to lower)."""
+    devices = [dev] if dev.type == 'cuda' else []  # the random states that `fork_rng` keeps
     try:
-        with (
-            memory_check(what, remedy, dev.type),
-            torch.random.fork_rng(devices=[dev] if dev.type == 'cuda' else []),
-        ):
+        with memory_check(what, remedy, dev.type), torch.random.fork_rng(devices=devices):
             loss(model.train()).backward()
     finally:
         model.zero_grad(set_to_none=True)
@@ -483,10 +478,8 @@ def running(
         write_json(out / 'config.json', asdict(cfg), indent=2, sort_keys=True)
         restart_metrics(out, step)
     show = acc.is_main_process and progress
-    with (
-        SignalStop() as stop,
-        tqdm(total=total, initial=step, desc=desc, disable=not show, dynamic_ncols=True) as bar,
-    ):
+    bar = tqdm(total=total, initial=step, desc=desc, disable=not show, dynamic_ncols=True)
+    with SignalStop() as stop, bar:
         yield stop, bar
 
 # %% ../nbs/20_loop.ipynb #e827647a

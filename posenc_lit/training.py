@@ -121,9 +121,8 @@ def _setup(cfg: TrainConfig, world: int = 1) -> MLMData:
     tok, ds = load_tokenizer(), load_corpus(cfg.data)
     train, val = (tokenize_blocks(ds[s], tok, cfg.seq_len) for s in ('train', 'validation'))
     check_one_batch(len(train), f'training blocks of {cfg.seq_len} tokens', cfg.batch_size, world)
-    V, g = tok.get_vocab_size(), torch.Generator().manual_seed(
-        20_201_130
-    )  # the same tokens in every evaluation
+    # a fixed generator: every evaluation of every run scores the same tokens
+    V, g = tok.get_vocab_size(), torch.Generator().manual_seed(20_201_130)
     inputs, labels = mask_tokens(val[: cfg.eval_blocks or len(val)], g, V, cfg.mlm_probability)
     if not (labels != -100).any():
         raise ValueError(
@@ -204,9 +203,7 @@ def _mlm_loop(cfg: TrainConfig, out: Path, acc: Accelerator, d: MLMData, parts: 
 def _finish(cfg: TrainConfig, out: Path, acc: Accelerator, model, step: int, d: MLMData) -> dict:
     "The summary of a finished run, from its records; written to `out/summary.json`."
     ev = [r for r in read_metrics(out / 'metrics.jsonl', step) if r['split'] == 'eval'][-1]
-    summary = dict(
-        pe=cfg.pe, steps=step, eval_loss=ev['loss'], eval_accuracy=ev['accuracy'], unigram_loss=d.unigram
-    )
-    summary['eval_tokens'] = int((d.ev_lab != -100).sum())
+    summary = dict(pe=cfg.pe, steps=step, eval_loss=ev['loss'], eval_accuracy=ev['accuracy'])
+    summary |= {'unigram_loss': d.unigram, 'eval_tokens': int((d.ev_lab != -100).sum())}
     summary['tokens_per_step'] = cfg.batch_size * acc.num_processes * cfg.grad_accum * cfg.seq_len
     return end_run(acc, out, summary | run_costs(acc, out, model, step, 'tokens_per_s'))
