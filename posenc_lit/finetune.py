@@ -33,9 +33,7 @@ class FinetuneConfig(RunConfig):
     checkpoint: str = option(
         '', 'checkpoint/ folder of a `posenc_lit pretrain` run, or the run directory', parse=path_text
     )
-    data_files: dict = option(
-        {}, '{split: local file} instead of the task\'s own source (--data-files)', flag=False
-    )
+    data_files: dict = option({}, "{split: file} instead of the task's own source (--data-files)", flag=False)
     max_len: int | None = option(
         None,
         'truncate every example to this many tokens (default: none; an example longer than the encoding can '
@@ -55,9 +53,7 @@ class FinetuneConfig(RunConfig):
         'add this relative encoding (e.g. huang4), started at zero, to the pretrained one '
         '(Huang et al. 2020, §4.3)',
     )
-    add_relative_kwargs: dict = option(
-        {}, 'its options, a JSON object such as \'{"k": 64}\'', needs='add_relative'
-    )
+    add_relative_kwargs: dict = option({}, 'its options, a JSON object: {"k": 64}', needs='add_relative')
     extend_positions: str = option(
         '',
         'fill absolute position rows past the pretraining length: copy (Longformer) or interpolate',
@@ -119,9 +115,8 @@ def _setup(cfg: FinetuneConfig):
     if cfg.extend_positions:
         trained = cfg.trained_len or trained_length(cfg.checkpoint)
         encode = encode_squad if spec.kind == 'span' else encode_texts
-        n = cfg.max_len or max(
-            _longest_run(encode(dd[sp], tok), spec.kind, _special(tok)[1]) for sp in TASK_SPLITS
-        )
+        longest = lambda split: _longest_run(encode(dd[split], tok), spec.kind, _special(tok)[1])
+        n = cfg.max_len or max(map(longest, TASK_SPLITS))
         if trained > (rows := encoder.cfg.max_position_embeddings):
             raise ValueError(
                 f'trained_len={trained} is longer than the position table of {cfg.checkpoint} ({rows} rows): '
@@ -312,10 +307,8 @@ def finetune_seeds(
     if cfg.eval_lengths:
         summary['test_at_length'] = lengths_summary(runs)
     if baselines and spec.kind != 'span':
-        summary['baselines'] = {
-            'majority': majority_baseline(dd, spec)['test'],
-            'bow': bow_baseline(dd, spec)['test'],
-        }
+        test = lambda baseline: baseline(dd, spec)['test']
+        summary['baselines'] = {'majority': test(majority_baseline), 'bow': test(bow_baseline)}
     write_json(out / 'summary.json', summary, indent=2, sort_keys=True)
     return summary
 

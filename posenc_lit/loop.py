@@ -121,9 +121,8 @@ def _evaluate(acc: Accelerator, loop: Loop, state: dict, out: Path, bar: tqdm):
     "Log the evaluation record of this step (and show its numbers under the progress bar)."
     rec = {'step': state['step'], 'split': loop.eval_split, **loop.tags, **loop.evaluate(state['step'])}
     log_record(out, rec, acc.is_main_process)
-    shown = [
-        f'{k} {v:.4f}' for k, v in rec.items() if isinstance(v, float) and k != 'lr' and '_per_s' not in k
-    ]
+    numbers = lambda k, v: isinstance(v, float) and k != 'lr' and '_per_s' not in k  # the rates not shown
+    shown = [f'{k} {v:.4f}' for k, v in rec.items() if numbers(k, v)]
     if shown and not bar.disable:
         bar.write(f"step {state['step']}: {loop.eval_split} {'  '.join(shown)}")
 
@@ -294,9 +293,7 @@ class RunConfig:
     batch_size: int = option(32, 'examples per process per step', Range(ge=1))
     lr: float = option(2e-3, 'peak learning rate', Range(gt=0))
     warmup: float = option(0.06, 'fraction of the steps with linear warm-up', Range(ge=0, le=1))
-    weight_decay: float = option(
-        0.01, 'AdamW weight decay (none on biases and norms)', Range(ge=0), flag=False
-    )
+    weight_decay: float = option(0.01, 'AdamW weight decay (not on biases, norms)', Range(ge=0), flag=False)
     max_grad_norm: float = option(1.0, 'gradients clipped to this global norm', Range(gt=0), flag=False)
     log_every: int = option(25, 'steps between training-loss records', Range(ge=1))
     seed: int = option(0, 'random seed', Range(ge=0, lt=2**32))

@@ -219,9 +219,7 @@ def check_replaceable(out: Path, files: tuple, kind: str):
     check_own_files(out, files, kind)
     check_checkpoint_files(out, '--overwrite', files)
     f = out / 'config.json'
-    if not f.exists() and not any(
-        (out / ck / STATE_FILE).is_file() for ck in ('checkpoint', 'checkpoint.old')
-    ):
+    if not f.exists() and not any((out / ck / STATE_FILE).is_file() for ck in CHECKPOINTS[:2]):
         raise RunDirError(
             f'{out} has no config.json and no checkpoint with its {STATE_FILE}: it only looks like a {what} '
             f'run ({_listing(sorted(names))}); refusing to delete it with --overwrite; choose another --out'

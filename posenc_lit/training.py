@@ -34,26 +34,18 @@ class TrainConfig(RunConfig):
     batch_size: int = option(32, 'blocks per process per micro-step', Range(ge=1))
     pe: str = option('learned', 'position encoding (see `posenc_lit encodings`)')
     pe_kwargs: dict = option({}, 'extra options of the encoding, a JSON object such as \'{"base": 500}\'')
-    data: str = option(
-        'default', "corpus: 'default' (embedded), a local folder, or a hub name[:config]", CORPUS
-    )
+    data: str = option('default', "corpus: 'default' (embedded), a folder, or a hub name[:config]", CORPUS)
     seq_len: int = option(64, 'tokens per block, [CLS] and [SEP] included', Range(ge=1))
     grad_accum: int = option(1, 'micro-steps per optimizer step', Range(ge=1))
     steps: int = option(1000, 'optimizer steps', Range(ge=1))
-    mlm_probability: float = option(
-        0.15, 'fraction of tokens in the masked-token loss', Range(gt=0, lt=1), flag=False
-    )
+    mlm_probability: float = option(0.15, 'fraction of tokens the loss scores', Range(gt=0, lt=1), flag=False)
     d_model: int = option(128, 'model width D')
     n_layers: int = option(2, 'encoder layers')
     n_heads: int = option(4, 'heads h; the head width is D / h')
     d_ff: int = option(512, 'feed-forward width')
     dropout: float = option(0.1, 'dropout on embeddings, attention weights and sublayer outputs')
-    max_position_embeddings: int = option(
-        512, "rows of a learned position table (huang4's default k is this - 1)"
-    )
-    emd_steps: int = option(
-        0, 'Enhanced Mask Decoder passes of the last layer for the MLM head (DeBERTa: 2; 0: off)'
-    )
+    max_position_embeddings: int = option(512, "rows of a learned position table (huang4's k: this - 1)")
+    emd_steps: int = option(0, 'Enhanced Mask Decoder passes of the last layer for MLM (DeBERTa: 2; 0: off)')
     eval_every: int = option(250, 'steps between evaluations (and at the end)', Range(ge=1))
     eval_blocks: int = option(512, 'validation blocks evaluated, a fixed subset (0: all)', Range(ge=0))
     save_every: int = option(500, 'steps between checkpoints (and at the end)', Range(ge=1))

@@ -67,9 +67,7 @@ class VitTrainConfig(RunConfig):
     steps: int = option(1000, 'optimizer steps at the training resolution', Range(ge=1))
     warmup: float = option(0.05, 'fraction of the steps with linear warm-up', Range(ge=0, le=1))
     schedule: str = option('cosine', 'decay to 0 after warm-up', OneOf(('cosine', 'linear')))
-    weight_decay: float = option(
-        0.05, 'AdamW weight decay (none on positions, [CLS], biases, norms)', Range(ge=0)
-    )
+    weight_decay: float = option(0.05, 'weight decay (none on positions, [CLS], biases, norms)', Range(ge=0))
     label_smoothing: float = option(0.0, 'label smoothing of the cross-entropy', Range(ge=0, lt=1))
     augment: bool = option(False, 'random crops (padding 2) and horizontal flips (quick: off, reference: on)')
     val_every: int = option(10, '1 in N training images of each class is validation (0: none)', Range(ge=0))
@@ -90,9 +88,7 @@ class VitTrainConfig(RunConfig):
     finetune_res: list | None = option(
         None, 'after training, fine-tune at this resolution (N or HxW)', needs='finetune_steps', parse=str
     )
-    finetune_steps: int = option(
-        0, 'steps of the fine-tune at --finetune-res', Range(ge=0), needs='finetune_res'
-    )
+    finetune_steps: int = option(0, 'optimizer steps at --finetune-res', Range(ge=0), needs='finetune_res')
     finetune_lr: float = option(5e-4, 'peak learning rate of the fine-tune', Range(gt=0))
     finetune_init: list | None = option(
         None,
