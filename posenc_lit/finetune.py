@@ -33,9 +33,7 @@ class FinetuneConfig(RunConfig):
     checkpoint: str = option(
         '', 'checkpoint/ folder of a `posenc_lit pretrain` run, or the run directory', parse=path_text
     )
-    data_files: dict = option(
-        {}, '{split: local file} instead of the task\'s own source (--data-files)', flag=False
-    )
+    data_files: dict = option({}, "{split: file} instead of the task's own source (--data-files)", flag=False)
     max_len: int | None = option(
         None,
         'truncate every example to this many tokens (default: none; an example longer than the encoding can '
@@ -55,9 +53,7 @@ class FinetuneConfig(RunConfig):
         'add this relative encoding (e.g. huang4), started at zero, to the pretrained one '
         '(Huang et al. 2020, §4.3)',
     )
-    add_relative_kwargs: dict = option(
-        {}, 'its options, a JSON object such as \'{"k": 64}\'', needs='add_relative'
-    )
+    add_relative_kwargs: dict = option({}, 'its options, a JSON object: {"k": 64}', needs='add_relative')
     extend_positions: str = option(
         '',
         'fill absolute position rows past the pretraining length: copy (Longformer) or interpolate',
@@ -119,9 +115,8 @@ def _setup(cfg: FinetuneConfig):
     if cfg.extend_positions:
         trained = cfg.trained_len or trained_length(cfg.checkpoint)
         encode = encode_squad if spec.kind == 'span' else encode_texts
-        n = cfg.max_len or max(
-            _longest_run(encode(dd[sp], tok), spec.kind, _special(tok)[1]) for sp in TASK_SPLITS
-        )
+        longest = lambda split: _longest_run(encode(dd[split], tok), spec.kind, _special(tok)[1])
+        n = cfg.max_len or max(map(longest, TASK_SPLITS))
         if trained > (rows := encoder.cfg.max_position_embeddings):
             raise ValueError(
                 f'trained_len={trained} is longer than the position table of {cfg.checkpoint} ({rows} rows): '
@@ -222,15 +217,13 @@ def _task_loop(cfg: FinetuneConfig, acc: Accelerator, parts: tuple, run: _TaskRu
     model."""
     rank, world, dev, kind = acc.process_index, acc.num_processes, acc.device, run.spec.kind
     model, train, perms = parts[0], run.data['train'], []
-    inner = acc.unwrap_model(model)
-    g = torch.Generator().manual_seed(cfg.seed)
+    inner, g, n = acc.unwrap_model(model), torch.Generator().manual_seed(cfg.seed), cfg.batch_size * world
 
     def loss(t):
         epoch, b = divmod(t, run.per_epoch)
-        # one seeded permutation per epoch, in order
-        while len(perms) <= epoch:
+        while len(perms) <= epoch:  # one seeded permutation per epoch, in order
             perms.append(torch.randperm(len(train['input_ids']), generator=g).tolist())
-        glob = perms[epoch][b * cfg.batch_size * world : (b + 1) * cfg.batch_size * world]
+        glob = perms[epoch][b * n : (b + 1) * n]
         ids, am, y, cm = _batch(train, glob[rank::world] or glob[:1], kind)
         cm = None if cm is None else cm.to(dev)
         out = model(ids.to(dev), am.to(dev), labels=y.to(dev), context_mask=cm)
@@ -241,9 +234,8 @@ def _task_loop(cfg: FinetuneConfig, acc: Accelerator, parts: tuple, run: _TaskRu
         run.keep(last, step, inner)
         return {'epoch': (step - 1) // run.per_epoch + 1, **last}
 
-    per_s = lambda c, n, s: {'tokens_per_s': c['tokens'] * world / s}
     kw = dict(steps=run.steps, eval_every=cfg.eval_every or run.per_epoch, eval_split='validation')
-    return Loop.of(cfg, parts, loss, validation, None, train_fields=per_s, **kw)  # no checkpoints
+    return Loop.of(cfg, parts, loss, validation, None, rate='tokens', **kw)  # no checkpoints
 
 # %% ../nbs/29_finetune.ipynb #b5fce545
 def _finish(cfg: FinetuneConfig, out: Path, acc: Accelerator, model, run: _TaskRun) -> dict:
@@ -256,13 +248,8 @@ def _finish(cfg: FinetuneConfig, out: Path, acc: Accelerator, model, run: _TaskR
         **{k: getattr(cfg, k) for k in ('task', 'seed', 'extend_positions', 'epochs', 'max_len')},
         **{k: getattr(enc, k) for k in ('pe', 'pe_kwargs', 'add_relative', 'add_relative_kwargs')},
         'max_position_embeddings': enc.max_position_embeddings,
-        'checkpoint': str(cfg.checkpoint),
-        'main_metric': spec.main_metric,
-        'test': test,
-        'validation': run.best,
-        'best_step': run.best_step,
-        'last_validation': run.last,
-        'steps': run.steps,
+        **dict(checkpoint=str(cfg.checkpoint), main_metric=spec.main_metric, test=test, validation=run.best),
+        **dict(best_step=run.best_step, last_validation=run.last, steps=run.steps),
         'examples': {s: len(data[s]['input_ids']) for s in TASK_SPLITS},
         'truncated': {s: data[s]['truncated'] for s in TASK_SPLITS},
         **run_costs(acc, out, model, run.steps, 'tokens_per_s'),
@@ -277,24 +264,15 @@ def _finish(cfg: FinetuneConfig, out: Path, acc: Accelerator, model, run: _TaskR
             model, dd['test'], spec, tok, cfg.eval_lengths, 64, cfg.max_answer_len
         )
     if acc.is_main_process:
-        info = {
-            'task': cfg.task,
-            'head_dropout': cfg.head_dropout,
-            'step': run.best_step,
-            'from_checkpoint': str(cfg.checkpoint),
-            'hf_tokenizer': _is_hf_folder(Path(cfg.checkpoint).expanduser()),
-        }
+        info = dict(task=cfg.task, head_dropout=cfg.head_dropout, step=run.best_step)
+        info['from_checkpoint'] = str(cfg.checkpoint)
+        info['hf_tokenizer'] = _is_hf_folder(Path(cfg.checkpoint).expanduser())
         save_task_model(model, out / 'checkpoint', tok, info)
     return end_run(acc, out, summary)
 
 # %% ../nbs/29_finetune.ipynb #0c2c452a
 def finetune_seeds(
-    cfg: FinetuneConfig,
-    out,
-    seeds=(0, 1, 2),
-    overwrite: bool = False,
-    progress: bool = True,
-    baselines: bool = True,
+    cfg: FinetuneConfig, out, seeds=(0, 1, 2), overwrite=False, progress=True, baselines=True
 ) -> dict:
     """`finetune` once per seed into `out/seed{N}`; summary with each metric's mean ± std over the seeds, and
     the baselines. A signal stops it after the current step of the current seed: it then returns that seed's
@@ -329,25 +307,20 @@ def finetune_seeds(
     if cfg.eval_lengths:
         summary['test_at_length'] = lengths_summary(runs)
     if baselines and spec.kind != 'span':
-        summary['baselines'] = {
-            'majority': majority_baseline(dd, spec)['test'],
-            'bow': bow_baseline(dd, spec)['test'],
-        }
+        test = lambda baseline: baseline(dd, spec)['test']
+        summary['baselines'] = {'majority': test(majority_baseline), 'bow': test(bow_baseline)}
     write_json(out / 'summary.json', summary, indent=2, sort_keys=True)
     return summary
 
 # %% ../nbs/29_finetune.ipynb #62850eda
 def format_summary(s: dict) -> str:
     "One line per test metric: the fine-tuned mean ± std over seeds, then the baselines."
+    num = lambda x: 'n/a' if x is None else f'{x:.4f}'
     pm = lambda d: f"{d['mean']:.4f}" + ('' if d['std'] is None else f" ± {d['std']:.4f}")
     added = f" + {s['add_relative']}" if s.get('add_relative') else ''
     lines = [f"{s['task']} ({s['pe']}{added}), {len(s['seeds'])} seed(s), {s['steps']} steps each:"]
     for m, d in s['test'].items():
-        base = ''.join(
-            f'  {b} ' + ('n/a' if v[m] is None else f'{v[m]:.4f}')
-            for b, v in s.get('baselines', {}).items()
-            if m in v
-        )
+        base = ''.join(f'  {b} ' + num(v[m]) for b, v in s.get('baselines', {}).items() if m in v)
         lines.append(f'  test {m}: {pm(d)}' + (f'   baselines:{base}' if base else ''))
     for r in s.get('test_at_length', []):
         # each metric's mean ± std

@@ -5,20 +5,20 @@
 # %% ../nbs/20_loop.ipynb #b78cf751
 from __future__ import annotations
 from contextlib import contextmanager
-import copy, errno, functools, hashlib, json, math, os, re, shutil, signal, tempfile, threading, time
+import copy, functools, json, math, os, signal, threading, time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Callable, ClassVar, NamedTuple
+from typing import Callable, ClassVar
 import torch
 from tqdm import tqdm
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState
-from accelerate.utils import load as load_state_file, set_seed
+from accelerate.utils import set_seed
 from .checks import is_int, is_real, memory_check
-from .files import LOCK_FILE, atomic_write, dumps, run_entries, write_json
-from .model import CheckpointError, check_field_types, count_parameters
+from .files import run_entries, write_json
+from .model import check_field_types, count_parameters
 from .runs import *
-from .runs import _AGAIN, _check_processes, _json_object
+from .runs import _check_processes, _json_object
 
 # %% auto #0
 __all__ = ['MIXED_PRECISION', 'NonFiniteLossError', 'Loop', 'fit', 'param_groups', 'lr_factor', 'scheduler', 'Range', 'OneOf',
@@ -48,16 +48,16 @@ class Loop:
     save_every: int = 0  # 0: checkpoints only at the end and on a stop
     grad_accum: int = 1
     max_grad_norm: float = 1.0
+    rate: str | None = None  # a count of `loss` ('tokens'): the train record's `{rate}_per_s`
     train_fields: Callable | None = None  # (mean counts, steps, seconds) -> more fields of the train record
     tags: dict = field(default_factory=dict)  # fields of every record (e.g. the ViT's phase)
     eval_split: str = 'eval'
 
     @classmethod
     def of(cls, cfg, parts: tuple, loss: Callable, evaluate: Callable, save: Callable | None, **kw) -> Loop:
-        """The `Loop` of `parts` (model, opt, sched) at the cadence of run config `cfg` (`_CADENCE`); `kw`
-        overrides."""
-        model, opt, sched = parts
+        "The `Loop` of `parts` (model, opt, sched) at the cadence of run config `cfg`; `kw` overrides."
         every = {k: getattr(cfg, k) for k in _CADENCE if hasattr(cfg, k)}
+        model, opt, sched = parts
         return cls(model=model, opt=opt, sched=sched, loss=loss, evaluate=evaluate, save=save, **(every | kw))
 
 
@@ -78,21 +78,13 @@ def _micro_step(acc: Accelerator, loop: Loop, t: int):
     return loss.detach().double().cpu(), counts
 
 
-def _rng_state() -> tuple:
-    return torch.get_rng_state(), torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
-
-
-def _set_rng_state(s: tuple):
-    torch.set_rng_state(s[0])
-    if s[1]:
-        torch.cuda.set_rng_state_all(s[1])
-
-# %% ../nbs/20_loop.ipynb #d1330e97
 def _non_finite(acc: Accelerator, loop: Loop, state: dict, rng: tuple, saved: int):
     "Save the checkpoint of the step before the non-finite loss (unless saved), then `NonFiniteLossError`."
     step = state['step']
     if loop.save is not None and saved != step:
-        _set_rng_state(rng)  # as it was when the step began
+        torch.set_rng_state(rng[0])  # as it was when the step began
+        if rng[1]:
+            torch.cuda.set_rng_state_all(rng[1])
         loop.save(dict(state))
     where = f'the checkpoint of step {step} is kept' if loop.save is not None else 'nothing was saved'
     raise NonFiniteLossError(
@@ -102,14 +94,16 @@ def _non_finite(acc: Accelerator, loop: Loop, state: dict, rng: tuple, saved: in
         'saved configuration only)'
     )
 
-
-def _record(acc: Accelerator, loop: Loop, state: dict, seconds: float) -> dict:
-    "The training record of the steps since the last one; resets the running sums of `state`."
+# %% ../nbs/20_loop.ipynb #d1330e97
+def _record(acc: Accelerator, loop: Loop, state: dict, seconds: float, before: float) -> dict:
+    """The training record of the steps since the last one; resets the running sums of `state`. Its rate counts
+    what the `seconds` timed: `before`, what the steps before a resume left in the count, is not."""
     run, n = _pending(acc, state), state['run_n']
     rec = {'step': state['step'], 'split': 'train', **loop.tags, 'loss': run['run_loss'] / n}
     rec['lr'] = loop.sched.get_last_lr()[0]
-    if loop.train_fields is not None:
-        rec.update(loop.train_fields(run['run_counts'], n, seconds))
+    rec.update(loop.train_fields(run['run_counts'], n, seconds) if loop.train_fields else {})
+    if loop.rate:
+        rec[f'{loop.rate}_per_s'] = (run['run_counts'][loop.rate] - before) * acc.num_processes / seconds
     state.update(run_loss=0.0, run_n=0, run_counts={})
     return rec
 
@@ -123,22 +117,20 @@ def _pending(acc: Accelerator, state: dict) -> dict:
     return {**state, 'run_loss': run[0].item(), 'run_counts': counts}
 
 
-def _evaluate(acc: Accelerator, loop: Loop, state: dict, out: Path, bar: tqdm | None = None):
+def _evaluate(acc: Accelerator, loop: Loop, state: dict, out: Path, bar: tqdm):
     "Log the evaluation record of this step (and show its numbers under the progress bar)."
     rec = {'step': state['step'], 'split': loop.eval_split, **loop.tags, **loop.evaluate(state['step'])}
     log_record(out, rec, acc.is_main_process)
-    shown = '  '.join(
-        f'{k} {v:.4f}'
-        for k, v in rec.items()
-        if isinstance(v, float) and k != 'lr' and not k.endswith('_per_s')
-    )
-    if bar is not None and not bar.disable and shown:
-        bar.write(f"step {state['step']}: {loop.eval_split} {shown}")
+    numbers = lambda k, v: isinstance(v, float) and k != 'lr' and '_per_s' not in k  # the rates not shown
+    shown = [f'{k} {v:.4f}' for k, v in rec.items() if numbers(k, v)]
+    if shown and not bar.disable:
+        bar.write(f"step {state['step']}: {loop.eval_split} {'  '.join(shown)}")
 
 # %% ../nbs/20_loop.ipynb #20ce39a4
 def _one_step(acc: Accelerator, loop: Loop, state: dict, saved: int):
     "One optimizer step: `grad_accum` micro-steps, then the schedule; the running sums of `state` updated."
-    rng, step_loss, counts = _rng_state(), torch.zeros((), dtype=torch.float64), {}
+    rng = torch.get_rng_state(), torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
+    step_loss, counts = torch.zeros((), dtype=torch.float64), {}
     for a in range(loop.grad_accum):
         loss, c = _micro_step(acc, loop, state['micro_step'] + a)
         if loss is None:
@@ -156,33 +148,25 @@ def _one_step(acc: Accelerator, loop: Loop, state: dict, saved: int):
 
 # %% ../nbs/20_loop.ipynb #faf0154a
 def fit(
-    acc: Accelerator,
-    loop: Loop,
-    state: dict,
-    out: Path,
-    stop_at: int | None = None,
-    stop: object = None,  # a SignalStop (see Interruptions), or None
-    bar: tqdm | None = None,
+    acc: Accelerator, loop: Loop, state: dict, out: Path, stop_at=None, stop=None, bar=None
 ) -> str | None:
-    """Train from `state['step']` to `loop.steps` (or `stop_at`); the signal that stopped it, or None. A
-    signal stops it after the step in progress, the last one included, with a checkpoint of that step."""
+    """Train from `state['step']` to `loop.steps` (or `stop_at`); the signal that stopped it, or None. A signal
+    (`stop`: a `SignalStop`, see Interruptions) stops it after the step in progress, the last one included, with
+    a checkpoint of that step; `bar`: a progress bar."""
     start = {'micro_step': state['step'] * loop.grad_accum, 'run_loss': 0.0, 'run_n': 0, 'run_counts': {}}
-    for k, v in start.items():
-        state.setdefault(k, v)
-    end = loop.steps if stop_at is None else min(stop_at, loop.steps)
-    saved, t0, signalled = state['step'], time.time(), False
+    state.update(start | state)  # a fresh run's sums, where the trainer state has none
+    end, bar = loop.steps if stop_at is None else min(stop_at, loop.steps), bar or tqdm(disable=True)
+    saved, t0, before = state['step'], time.time(), state['run_counts'].get(loop.rate, 0.0)  # before: untimed
     loop.model.train()
     while state['step'] < end:
         _one_step(acc, loop, state, saved)
         step = state['step']
-        if bar is not None:
-            bar.update(1)
+        bar.update(1)
         if step % loop.log_every == 0 or step == loop.steps:
-            rec = _record(acc, loop, state, time.time() - t0)
+            rec = _record(acc, loop, state, time.time() - t0, before)
             log_record(out, rec, acc.is_main_process)
-            if bar is not None:
-                bar.set_postfix(loss=f"{rec['loss']:.3f}")
-            t0 = time.time()
+            bar.set_postfix(loss=f"{rec['loss']:.3f}")
+            t0, before = time.time(), 0.0
         if step % loop.eval_every == 0 or step == loop.steps:
             te = time.time()
             _evaluate(acc, loop, state, out, bar)
@@ -193,8 +177,7 @@ def fit(
         if loop.save is not None and due:
             ts = time.time()
             loop.save(_pending(acc, state))
-            saved = step
-            t0 += time.time() - ts
+            saved, t0 = step, t0 + time.time() - ts
         if signalled:
             stop.acted = True
             return stop.name or 'signal'  # 'signal': another process got it
@@ -310,9 +293,7 @@ class RunConfig:
     batch_size: int = option(32, 'examples per process per step', Range(ge=1))
     lr: float = option(2e-3, 'peak learning rate', Range(gt=0))
     warmup: float = option(0.06, 'fraction of the steps with linear warm-up', Range(ge=0, le=1))
-    weight_decay: float = option(
-        0.01, 'AdamW weight decay (none on biases and norms)', Range(ge=0), flag=False
-    )
+    weight_decay: float = option(0.01, 'AdamW weight decay (not on biases, norms)', Range(ge=0), flag=False)
     max_grad_norm: float = option(1.0, 'gradients clipped to this global norm', Range(gt=0), flag=False)
     log_every: int = option(25, 'steps between training-loss records', Range(ge=1))
     seed: int = option(0, 'random seed', Range(ge=0, lt=2**32))
@@ -425,11 +406,8 @@ def accelerator(mixed_precision: str = 'no', grad_accum: int = 1) -> Accelerator
     "A fresh `Accelerator` for a run (CPU processes share the cores); `ValueError` for fp16 without a GPU."
     check_precision(mixed_precision)
     AcceleratorState._reset_state(reset_partial_state=False)
-    acc = Accelerator(
-        gradient_accumulation_steps=grad_accum,
-        mixed_precision=mixed_precision,
-        cpu=not torch.cuda.is_available(),
-    )
+    cpu = not torch.cuda.is_available()
+    acc = Accelerator(gradient_accumulation_steps=grad_accum, mixed_precision=mixed_precision, cpu=cpu)
     if acc.num_processes > 1 and acc.device.type == 'cpu':
         torch.set_num_threads(max(1, (os.cpu_count() or 2) // acc.num_processes))
     return acc
@@ -459,23 +437,19 @@ def probe_step(model: torch.nn.Module, loss: Callable, what: str, remedy: str, d
     """One forward and backward of `loss(model)` (the loss of one batch) on device `dev`, the random state,
     weights and gradients left as they were; if it does not fit in memory, a `MemoryLimitError` naming `what`
     (the step) and `remedy` (the options to lower)."""
+    devices = [dev] if dev.type == 'cuda' else []  # the random states that `fork_rng` keeps
     try:
-        with (
-            memory_check(what, remedy, dev.type),
-            torch.random.fork_rng(devices=[dev] if dev.type == 'cuda' else []),
-        ):
+        with memory_check(what, remedy, dev.type), torch.random.fork_rng(devices=devices):
             loss(model.train()).backward()
     finally:
         model.zero_grad(set_to_none=True)
-
 
 # %% ../nbs/20_loop.ipynb #0b20ec49
 def open_run(cfg, out, resume: bool, overwrite: bool, **steps) -> tuple:
     """`(out, acc, state, done)` of a run with checkpoints: `out` checked (`check_creatable_dir`, then
     `prepare_run_dir` with `steps`), a fresh `accelerator`, the trainer state to resume from (None: a fresh
     run; checked by `check_checkpoint_digest`), and the summary of a run that had finished (`done_summary`),
-    else None.
-    """
+    else None."""
     check_creatable_dir(out)
     out, acc = Path(out), accelerator(cfg.mixed_precision, getattr(cfg, 'grad_accum', 1))
     state = prepare_run_dir(out, cfg, resume, overwrite, **steps)
@@ -501,10 +475,8 @@ def running(
         write_json(out / 'config.json', asdict(cfg), indent=2, sort_keys=True)
         restart_metrics(out, step)
     show = acc.is_main_process and progress
-    with (
-        SignalStop() as stop,
-        tqdm(total=total, initial=step, desc=desc, disable=not show, dynamic_ncols=True) as bar,
-    ):
+    bar = tqdm(total=total, initial=step, desc=desc, disable=not show, dynamic_ncols=True)
+    with SignalStop() as stop, bar:
         yield stop, bar
 
 # %% ../nbs/20_loop.ipynb #e827647a
@@ -526,20 +498,12 @@ def stopped(state: dict, steps: int, sig: str | None) -> dict:
 
 
 def fit_run(
-    acc: Accelerator,
-    loop: Loop,  # what fit trains
-    cfg,  # the run's config: seed, steps
-    out: Path,  # the run directory
-    state: dict | None,  # the trainer state to resume from (open_run); None: a fresh run
-    desc: str,  # the progress bar's label
-    *,
-    stop_at: int | None = None,
-    progress: bool = True,
-    overwrite: bool = False,
-    check: Callable[[Path], object] | None = None,  # load_checkpoint's check of the checkpoint
-) -> tuple:  # (step reached, what stopped returns or None where all cfg.steps ran)
-    """Train a run to `cfg.steps`: a fresh one seeded with `cfg.seed`, else from the checkpoint in `out`
-    (`load_checkpoint`), inside `running`; a signal (the last step's too) or `stop_at` stops it."""
+    acc, loop, cfg, out, state, desc, *, stop_at=None, progress=True, overwrite=False, check=None
+) -> tuple:
+    """`(step reached, what stopped returns or None where all cfg.steps ran)`: a run trained to `cfg.steps`, a
+    fresh one (`state` None) seeded with `cfg.seed`, else from the checkpoint in `out` (`load_checkpoint`, with
+    `check`, its check of the checkpoint), inside `running` (`desc`: the progress bar's label); a signal (the
+    last step's too) or `stop_at` stops it."""
     if state is None:  # a fresh run's random state, else the checkpoint's
         set_seed(cfg.seed, device_specific=True)
     else:
@@ -569,14 +533,10 @@ def end_run(acc: Accelerator, out: Path, summary: dict) -> dict:
 # %% ../nbs/20_loop.ipynb #0663d587
 @torch.no_grad()
 def eval_sums(
-    model: torch.nn.Module,
-    n: int,
-    batch_size: int,
-    sums_of: Callable,  # (start, end, device) -> `(k,)` sums over examples [start, end)
-    k: int = 3,
-    accelerator: Accelerator | None = None,
-) -> torch.Tensor:
-    "`(k,)` float64: `sums_of` over `n` examples in batches dealt to the processes in turn, added over all."
+    model: torch.nn.Module, n: int, batch_size: int, sums_of: Callable, k: int = 3, accelerator=None
+):
+    """`(k,)` float64: `sums_of(start, end, device)`, the `(k,)` sums over examples [start, end), over `n`
+    examples in batches dealt to the processes of `accelerator` in turn, added over all."""
     rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
     was, dev = model.training, next(model.parameters()).device
     model.eval()
@@ -590,37 +550,25 @@ def eval_sums(
 
 
 def loss_accuracy(sums: torch.Tensor, count: str) -> dict:
-    """`{'loss', 'accuracy', count}` from the `(3,)` sums of `eval_sums`: losses, correct predictions,
-    examples."""
+    "`{'loss', 'accuracy', count}` from the `(3,)` sums of `eval_sums`: losses, correct predictions, examples."
     loss, accuracy = (sums[:2] / sums[2]).tolist()
     return {'loss': loss, 'accuracy': accuracy, count: int(sums[2])}
 
-
 # %% ../nbs/20_loop.ipynb #0cd7dade
-@functools.lru_cache(maxsize=2)
-# drawn once per epoch, not once per micro-batch
+@functools.lru_cache(maxsize=2)  # drawn once per epoch, not once per micro-batch
 def _epoch_permutation(n: int, seed: int, e: int) -> torch.Tensor:
     return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + e))
 
 
-def micro_batch(
-    blocks: torch.Tensor,  # training examples `(N, ...)`: blocks, image indices
-    t: int,  # micro-batch number since the start of the run
-    batch_size: int,
-    rank: int = 0,
-    world: int = 1,
-    seed: int = 0,
-) -> torch.Tensor:
-    """The `(batch_size, ...)` examples of process `rank` for micro-batch `t`: epochs are seeded permutations,
-    split by rank."""
+def micro_batch(blocks: torch.Tensor, t: int, batch_size: int, rank: int = 0, world: int = 1, seed: int = 0):
+    """The `(batch_size, ...)` examples (of `blocks`, `(N, ...)`: blocks, image indices) of process `rank` for
+    micro-batch `t` since the start of the run: epochs are seeded permutations, split by rank."""
     check_one_batch(len(blocks), 'training blocks', batch_size, world)
     e, m = divmod(t, len(blocks) // (batch_size * world))
-    perm = _epoch_permutation(len(blocks), seed, e)
     start = (m * world + rank) * batch_size
-    return blocks[perm[start : start + batch_size]]
+    return blocks[_epoch_permutation(len(blocks), seed, e)[start : start + batch_size]]
 
 
 def step_generator(seed: int, t: int, rank: int) -> torch.Generator:
-    """The generator of micro-batch `t` on process `rank` (MLM masking, image augmentation): a function of its
-    arguments."""
+    "The generator of micro-batch `t` on process `rank` (MLM masking, image augmentation): a function of them."
     return torch.Generator().manual_seed(((seed * 1_000_003 + t) * 1_009 + rank) % 2**63)

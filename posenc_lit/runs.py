@@ -12,7 +12,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import load as load_state_file
 from .checks import is_int, is_real
-from .files import LOCK_FILE, atomic_write, dumps, run_entries, write_json
+from .files import LOCK_FILE, atomic_write, dumps, run_entries
 from .model import CheckpointError
 
 # %% auto #0
@@ -219,9 +219,7 @@ def check_replaceable(out: Path, files: tuple, kind: str):
     check_own_files(out, files, kind)
     check_checkpoint_files(out, '--overwrite', files)
     f = out / 'config.json'
-    if not f.exists() and not any(
-        (out / ck / STATE_FILE).is_file() for ck in ('checkpoint', 'checkpoint.old')
-    ):
+    if not f.exists() and not any((out / ck / STATE_FILE).is_file() for ck in CHECKPOINTS[:2]):
         raise RunDirError(
             f'{out} has no config.json and no checkpoint with its {STATE_FILE}: it only looks like a {what} '
             f'run ({_listing(sorted(names))}); refusing to delete it with --overwrite; choose another --out'
@@ -305,13 +303,7 @@ def _saved_config(out: Path, config: dict, defaults: dict, kind: str):
 
 
 def prepare_run_dir(
-    out: Path,
-    cfg,
-    resume: bool | None,
-    overwrite: bool = False,
-    *,
-    steps: int | None = None,
-    ends: tuple = (),
+    out: Path, cfg, resume: bool | None, overwrite=False, *, steps=None, ends=()
 ) -> dict | None:
     """Check `out` against run config `cfg` (a dataclass: options it did not have when the run was saved take
     their defaults); the trainer state of its checkpoint to resume from (checked by `check_loop_state` for a

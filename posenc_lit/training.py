@@ -5,7 +5,7 @@
 # %% ../nbs/22_training.ipynb #9b7f6945
 from __future__ import annotations
 import sys, time
-from dataclasses import dataclass, field, asdict
+from dataclasses import dataclass, asdict
 from pathlib import Path
 from typing import ClassVar, NamedTuple
 import torch
@@ -21,7 +21,7 @@ from .loop import *
 from .runs import *
 
 # %% auto #0
-__all__ = ['CORPUS', 'PRESETS', 'TrainConfig', 'model_config', 'make_train_config', 'eval_set', 'evaluate', 'MLMData', 'pretrain']
+__all__ = ['CORPUS', 'PRESETS', 'TrainConfig', 'model_config', 'make_train_config', 'evaluate', 'MLMData', 'pretrain']
 
 # %% ../nbs/22_training.ipynb #6eb4edc2
 CORPUS = NonEmpty("'default', a local folder, or a hub dataset name")
@@ -34,26 +34,18 @@ class TrainConfig(RunConfig):
     batch_size: int = option(32, 'blocks per process per micro-step', Range(ge=1))
     pe: str = option('learned', 'position encoding (see `posenc_lit encodings`)')
     pe_kwargs: dict = option({}, 'extra options of the encoding, a JSON object such as \'{"base": 500}\'')
-    data: str = option(
-        'default', "corpus: 'default' (embedded), a local folder, or a hub name[:config]", CORPUS
-    )
+    data: str = option('default', "corpus: 'default' (embedded), a folder, or a hub name[:config]", CORPUS)
     seq_len: int = option(64, 'tokens per block, [CLS] and [SEP] included', Range(ge=1))
     grad_accum: int = option(1, 'micro-steps per optimizer step', Range(ge=1))
     steps: int = option(1000, 'optimizer steps', Range(ge=1))
-    mlm_probability: float = option(
-        0.15, 'fraction of tokens in the masked-token loss', Range(gt=0, lt=1), flag=False
-    )
+    mlm_probability: float = option(0.15, 'fraction of tokens the loss scores', Range(gt=0, lt=1), flag=False)
     d_model: int = option(128, 'model width D')
     n_layers: int = option(2, 'encoder layers')
     n_heads: int = option(4, 'heads h; the head width is D / h')
     d_ff: int = option(512, 'feed-forward width')
     dropout: float = option(0.1, 'dropout on embeddings, attention weights and sublayer outputs')
-    max_position_embeddings: int = option(
-        512, "rows of a learned position table (huang4's default k is this - 1)"
-    )
-    emd_steps: int = option(
-        0, 'Enhanced Mask Decoder passes of the last layer for the MLM head (DeBERTa: 2; 0: off)'
-    )
+    max_position_embeddings: int = option(512, "rows of a learned position table (huang4's k: this - 1)")
+    emd_steps: int = option(0, 'Enhanced Mask Decoder passes of the last layer for MLM (DeBERTa: 2; 0: off)')
     eval_every: int = option(250, 'steps between evaluations (and at the end)', Range(ge=1))
     eval_blocks: int = option(512, 'validation blocks evaluated, a fixed subset (0: all)', Range(ge=0))
     save_every: int = option(500, 'steps between checkpoints (and at the end)', Range(ge=1))
@@ -92,13 +84,6 @@ def make_train_config(preset: str = 'quick', **overrides) -> TrainConfig:
     return cfg
 
 # %% ../nbs/22_training.ipynb #347d44fa
-def eval_set(val_blocks: torch.Tensor, cfg: TrainConfig, vocab_size: int):
-    """`(inputs, labels)` for evaluation: the first `cfg.eval_blocks` validation blocks, masked by a fixed
-    generator."""
-    blocks = val_blocks if cfg.eval_blocks == 0 else val_blocks[: cfg.eval_blocks]
-    return mask_tokens(blocks, torch.Generator().manual_seed(20_201_130), vocab_size, cfg.mlm_probability)
-
-
 def evaluate(model, inputs, labels, batch_size: int, accelerator: Accelerator | None = None) -> dict:
     "Masked-token `loss` (mean cross-entropy), `accuracy` and `tokens` over `labels != -100`, sharded."
 
@@ -117,39 +102,34 @@ class MLMData(NamedTuple):
 
     tok: Tokenizer  # the tokenizer (load_tokenizer)
     train: torch.Tensor  # int64 `(N, seq_len)` training blocks
-    ev_in: torch.Tensor  # int64 `(M, seq_len)` evaluation inputs, masked once (eval_set)
+    ev_in: torch.Tensor  # int64 `(M, seq_len)` evaluation inputs: the first `eval_blocks` blocks, masked once
     ev_lab: torch.Tensor  # int64 `(M, seq_len)` their labels, -100 where no token is scored
     unigram: float  # the unigram baseline's loss on `ev_lab`
     vocab: int  # V, the tokenizer's vocabulary size
 
 
 def _setup(cfg: TrainConfig, world: int = 1) -> MLMData:
-    """Load and check data before anything is written: tokenizer, train/validation blocks, eval set, unigram
-    baseline."""
-    tok = load_tokenizer()
-    ds = load_corpus(cfg.data)
-    train = tokenize_blocks(ds['train'], tok, cfg.seq_len)
-    val = tokenize_blocks(ds['validation'], tok, cfg.seq_len)
-    V = tok.get_vocab_size()
+    "Tokenizer, train/validation blocks, eval set and unigram baseline, checked before anything is written."
+    tok, ds = load_tokenizer(), load_corpus(cfg.data)
+    train, val = (tokenize_blocks(ds[s], tok, cfg.seq_len) for s in ('train', 'validation'))
     check_one_batch(len(train), f'training blocks of {cfg.seq_len} tokens', cfg.batch_size, world)
-    inputs, labels = eval_set(val, cfg, V)
+    # a fixed generator: every evaluation of every run scores the same tokens
+    V, g = tok.get_vocab_size(), torch.Generator().manual_seed(20_201_130)
+    inputs, labels = mask_tokens(val[: cfg.eval_blocks or len(val)], g, V, cfg.mlm_probability)
     if not (labels != -100).any():
         raise ValueError(
             f'the evaluation set ({len(inputs)} blocks of {cfg.seq_len} tokens) has no masked token: '
             'raise eval_blocks'
         )
-    uni = unigram_loss(unigram_logprobs(train, V), labels)
-    return MLMData(tok, train, inputs, labels, uni, V)
+    return MLMData(tok, train, inputs, labels, unigram_loss(unigram_logprobs(train, V), labels), V)
 
 # %% ../nbs/22_training.ipynb #b6fde310
 def _model(cfg: TrainConfig, acc: Accelerator, d: MLMData):
     """The MLM model (drawn from `cfg.seed`), AdamW and its schedule, prepared; one step of `batch_size` blocks
     probed (`probe_step`: `MemoryLimitError` if it does not fit)."""
     set_seed(cfg.seed)
-    mcfg = model_config(cfg, d.vocab)
-    model = build_model(
-        'the model', EncoderForMLM, mcfg, ('d_model', 'd_ff', 'n_layers', 'max_position_embeddings')
-    )
+    sizes = ('d_model', 'd_ff', 'n_layers', 'max_position_embeddings')
+    model = build_model('the model', EncoderForMLM, model_config(cfg, d.vocab), sizes)
     groups = param_groups(model, cfg.weight_decay)
     parts = optimizer(acc, model, groups, cfg.lr, cfg.steps, cfg.warmup, betas=(0.9, 0.98), eps=1e-6)
     g, dev = torch.Generator().manual_seed(0), acc.device
@@ -177,25 +157,13 @@ def pretrain(
         return done
     d = _setup(cfg, acc.num_processes)
     loop = _mlm_loop(cfg, out, acc, d, _model(cfg, acc, d))
-    if cfg.eval_blocks > len(d.ev_in) and acc.is_main_process:  # stderr: stdout carries the summary
+    if (n := len(d.ev_in)) < cfg.eval_blocks and acc.is_main_process:  # stderr: stdout carries the summary
         print(
-            f"note: eval_blocks={cfg.eval_blocks} is more than the {len(d.ev_in)} validation blocks: "
-            'all are evaluated',
+            f'note: eval_blocks={cfg.eval_blocks} is more than the {n} validation blocks: all are evaluated',
             file=sys.stderr,
         )
-    desc = f'pretrain {cfg.pe}'
-    step, stop = fit_run(
-        acc,
-        loop,
-        cfg,
-        out,
-        state,
-        desc,
-        stop_at=stop_at,
-        progress=progress,
-        overwrite=overwrite,
-        check=load_model,
-    )
+    kw = dict(stop_at=stop_at, progress=progress, overwrite=overwrite, check=load_model)
+    step, stop = fit_run(acc, loop, cfg, out, state, f'pretrain {cfg.pe}', **kw)
     if stop is not None:  # a signal, the last step's too, or --stop-at
         return stop
     return _finish(cfg, out, acc, loop.model, step, d)
@@ -208,18 +176,12 @@ def _mlm_loop(cfg: TrainConfig, out: Path, acc: Accelerator, d: MLMData, parts: 
     def loss(t):
         x = micro_batch(d.train, t, cfg.batch_size, rank, world, cfg.seed)
         inputs, labels = mask_tokens(x, step_generator(cfg.seed, t, rank), d.vocab, cfg.mlm_probability)
-        return model(inputs.to(dev), labels=labels.to(dev))['loss'], {}
+        return model(inputs.to(dev), labels=labels.to(dev))['loss'], {'tokens': x.numel()}
 
     def evaluation(step):
-        te = time.time()
-        ev = evaluate(model, d.ev_in, d.ev_lab, cfg.batch_size * 2, acc)
-        return {
-            'loss': ev['loss'],
-            'accuracy': ev['accuracy'],
-            'lr': sched.get_last_lr()[0],
-            'tokens_per_s': d.ev_in.numel() / (time.time() - te),
-            'unigram_loss': d.unigram,
-        }
+        te, ev = time.time(), evaluate(model, d.ev_in, d.ev_lab, cfg.batch_size * 2, acc)
+        rates = {'lr': sched.get_last_lr()[0], 'tokens_per_s': d.ev_in.numel() / (time.time() - te)}
+        return {'loss': ev['loss'], 'accuracy': ev['accuracy'], **rates, 'unigram_loss': d.unigram}
 
     def write(tmp: Path):  # beside accelerate's state
         (tmp / 'config.json').write_text(acc.unwrap_model(model).cfg.to_json())
@@ -227,21 +189,13 @@ def _mlm_loop(cfg: TrainConfig, out: Path, acc: Accelerator, d: MLMData, parts: 
         d.tok.save(str(tmp / 'tokenizer.json'))
 
     save = lambda state: save_checkpoint(acc, out, write, state)
-    tokens = cfg.batch_size * world * cfg.grad_accum * cfg.seq_len  # per optimizer step
-    per_s = lambda counts, n, s: {'tokens_per_s': tokens * n / s}
-    return Loop.of(cfg, parts, loss, evaluation, save, train_fields=per_s)
+    return Loop.of(cfg, parts, loss, evaluation, save, rate='tokens')
 
 # %% ../nbs/22_training.ipynb #34659a33
 def _finish(cfg: TrainConfig, out: Path, acc: Accelerator, model, step: int, d: MLMData) -> dict:
     "The summary of a finished run, from its records; written to `out/summary.json`."
     ev = [r for r in read_metrics(out / 'metrics.jsonl', step) if r['split'] == 'eval'][-1]
-    summary = {
-        'pe': cfg.pe,
-        'steps': step,
-        'eval_loss': ev['loss'],
-        'eval_accuracy': ev['accuracy'],
-        'unigram_loss': d.unigram,
-        'eval_tokens': int((d.ev_lab != -100).sum()),
-        'tokens_per_step': cfg.batch_size * acc.num_processes * cfg.grad_accum * cfg.seq_len,
-    }
+    summary = dict(pe=cfg.pe, steps=step, eval_loss=ev['loss'], eval_accuracy=ev['accuracy'])
+    summary |= {'unigram_loss': d.unigram, 'eval_tokens': int((d.ev_lab != -100).sum())}
+    summary['tokens_per_step'] = cfg.batch_size * acc.num_processes * cfg.grad_accum * cfg.seq_len
     return end_run(acc, out, summary | run_costs(acc, out, model, step, 'tokens_per_s'))

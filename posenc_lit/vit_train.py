@@ -5,10 +5,9 @@
 # %% ../nbs/26_vit_train.ipynb #75837a4b
 from __future__ import annotations
 import copy, time
-from typing import NamedTuple
-from dataclasses import dataclass, field, asdict
+from typing import ClassVar, NamedTuple
+from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
 import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
@@ -21,12 +20,11 @@ from .runs import *
 from .model import CheckpointError
 from .runs import _AGAIN
 from .vision import *
-from .vit import ViT, ViTConfig, load_vit, save_vit
-from .vit import reinit_pos_embed_, resize_pos_embed_
+from .vit import ViT, ViTConfig, load_vit, save_vit, reinit_pos_embed_, resize_pos_embed_
 
 # %% auto #0
 __all__ = ['EVAL_MODES', 'IMAGES', 'VIT_PRESETS', 'MAX_PATCHES', 'VitTrainConfig', 'vit_config', 'make_vit_config',
-           'vit_no_decay', 'evaluate_images', 'model_for', 'evaluate_sizes', 'Phase', 'total_steps', 'train_vit']
+           'vit_no_decay', 'evaluate_images', 'model_for', 'evaluate_sizes', 'Phase', 'train_vit']
 
 # %% ../nbs/26_vit_train.ipynb #adb82fe5
 # interpolate the table on the fly (two methods), or re-initialise it
@@ -69,9 +67,7 @@ class VitTrainConfig(RunConfig):
     steps: int = option(1000, 'optimizer steps at the training resolution', Range(ge=1))
     warmup: float = option(0.05, 'fraction of the steps with linear warm-up', Range(ge=0, le=1))
     schedule: str = option('cosine', 'decay to 0 after warm-up', OneOf(('cosine', 'linear')))
-    weight_decay: float = option(
-        0.05, 'AdamW weight decay (none on positions, [CLS], biases, norms)', Range(ge=0)
-    )
+    weight_decay: float = option(0.05, 'weight decay (none on positions, [CLS], biases, norms)', Range(ge=0))
     label_smoothing: float = option(0.0, 'label smoothing of the cross-entropy', Range(ge=0, lt=1))
     augment: bool = option(False, 'random crops (padding 2) and horizontal flips (quick: off, reference: on)')
     val_every: int = option(10, '1 in N training images of each class is validation (0: none)', Range(ge=0))
@@ -92,9 +88,7 @@ class VitTrainConfig(RunConfig):
     finetune_res: list | None = option(
         None, 'after training, fine-tune at this resolution (N or HxW)', needs='finetune_steps', parse=str
     )
-    finetune_steps: int = option(
-        0, 'steps of the fine-tune at --finetune-res', Range(ge=0), needs='finetune_res'
-    )
+    finetune_steps: int = option(0, 'optimizer steps at --finetune-res', Range(ge=0), needs='finetune_res')
     finetune_lr: float = option(5e-4, 'peak learning rate of the fine-tune', Range(gt=0))
     finetune_init: list | None = option(
         None,
@@ -170,7 +164,6 @@ def _check_sizes(cfg: VitTrainConfig):
             f'size only (--eval-sizes {H}x{W}) without --finetune-res'
         )
 
-
 # %% ../nbs/26_vit_train.ipynb #b6daa999
 def make_vit_config(preset: str = 'quick', **overrides) -> VitTrainConfig:
     """`VitTrainConfig` from a preset (`VIT_PRESETS`) and overrides (`None` is ignored, except `interpolate`),
@@ -196,16 +189,11 @@ def vit_no_decay(name: str) -> bool:
 
 # %% ../nbs/26_vit_train.ipynb #d90f2123
 def evaluate_images(
-    model,
-    images: torch.Tensor,
-    labels: torch.Tensor,  # uint8 `(n, H, W)`, int64 `(n,)`
-    mean: float,
-    std: float,
-    size: tuple | None = None,  # standardisation; `(H', W')` to resize to
-    batch_size: int = 256,
-    accelerator: Accelerator | None = None,
-) -> dict:
-    "Cross-entropy `loss`, `accuracy` and the number of `images`; sharded over processes if `accelerator`."
+    model, images, labels, mean: float, std: float, size=None, batch_size=256, accelerator=None
+):
+    """Cross-entropy `loss`, `accuracy` and the number of `images` (uint8 `(n, H, W)`, `labels` int64 `(n,)`),
+    standardised by `mean` and `std` and resized to `size` `(H', W')` if given; sharded over the processes of
+    `accelerator` if given."""
 
     def sums_of(s, e, dev):  # loss sum, correct, count
         x, y = to_float(images[s:e], mean, std, size).to(dev), labels[s:e].to(dev)
@@ -234,33 +222,21 @@ def model_for(model: ViT, size, mode: str) -> ViT:
 
 # %% ../nbs/26_vit_train.ipynb #bb1ec69f
 def evaluate_sizes(
-    model: ViT,
-    images,
-    labels,
-    mean: float,
-    std: float,
-    sizes,
-    modes=EVAL_MODES,
-    *,
-    accelerator: Accelerator | None = None,
-    # `{(H, W): accuracy}` of `model` as it is, already measured: not computed again
-    known: dict | None = None,
-) -> dict:
+    model: ViT, images, labels, mean, std, sizes, modes=EVAL_MODES, *, accelerator=None, known=None
+):
     """`{'HxW': {mode: accuracy}}` on `images` resized to each size; the same number for modes that give the
-    same model."""
+    same model, and `known[(H, W)]` for the model as it is where it was already measured."""
     out = {}
-    for size in sizes:
+    for size in map(tuple, sizes):
         res, seen = {}, {}
-        if known and tuple(size) in known:
-            seen['as it is'] = known[tuple(size)]
+        if known and size in known:
+            seen['as it is'] = known[size]
         for mode in modes:
             m = model_for(model, size, mode)
-            # modes that leave the model as it is share one number
-            key = 'as it is' if m is model else mode
+            key = 'as it is' if m is model else mode  # modes that leave the model as it is share one number
             if key not in seen:
-                seen[key] = evaluate_images(
-                    m, images, labels, mean, std, tuple(size), accelerator=accelerator
-                )['accuracy']
+                ev = evaluate_images(m, images, labels, mean, std, size, accelerator=accelerator)
+                seen[key] = ev['accuracy']
             res[mode] = seen[key]
         out[f'{size[0]}x{size[1]}'] = res
     return out
@@ -286,11 +262,6 @@ def _phases(cfg: VitTrainConfig) -> list[Phase]:
         first += steps
     return phases
 
-
-def total_steps(cfg: VitTrainConfig) -> int:
-    "Optimizer steps of the whole run: training, then each fine-tune."
-    return _phases(cfg)[-1].last
-
 # %% ../nbs/26_vit_train.ipynb #b520d593
 def _setup(cfg: VitTrainConfig, world: int = 1) -> tuple[dict, dict]:
     "`(data, info)`: the splits of `load_images` and what the run needs to know about them."
@@ -311,16 +282,9 @@ def _setup(cfg: VitTrainConfig, world: int = 1) -> tuple[dict, dict]:
     check_one_batch(len(X), 'training images', cfg.batch_size, world, VisionDataError)
     n_classes = max(10, int(max(int(data[s][1].max()) for s in IMAGE_SPLITS if len(data[s][1]))) + 1)
     mean, std = image_stats(X)
-    info = {
-        'data': src,
-        'data_location': resolve_source(src)[1],
-        'n_classes': n_classes,
-        'mean': mean,
-        'std': std,
-        'data_image_size': list(X.shape[1:]),
-        'images': {s: len(data[s][1]) for s in IMAGE_SPLITS},
-    } | ({'data_note': note} if note else {})
-    return data, info
+    info = dict(data=src, data_location=resolve_source(src)[1], n_classes=n_classes, mean=mean, std=std)
+    info |= {'data_image_size': list(X.shape[1:]), 'images': {s: len(data[s][1]) for s in IMAGE_SPLITS}}
+    return data, info | ({'data_note': note} if note else {})
 
 # %% ../nbs/26_vit_train.ipynb #776ab3aa
 @dataclass
@@ -367,21 +331,19 @@ def _phase_loop(r: _VitRun, acc: Accelerator, phase: Phase, parts: tuple) -> Loo
         x, yb = to_float(imgs, mean, std, size).to(acc.device), y[idx].to(acc.device)
         logits = model(x)  # (b, n_classes)
         ce = F.cross_entropy(logits.float(), yb, label_smoothing=cfg.label_smoothing)
-        return ce, {'correct': (logits.argmax(-1) == yb).sum().item()}
+        return ce, {'correct': (logits.argmax(-1) == yb).sum().item(), 'images': len(yb)}
 
     def evaluation(step):
-        v = {'loss': None, 'accuracy': None}
-        if len(r.data['validation'][1]):
-            v = evaluate_images(
-                acc.unwrap_model(model), *r.data['validation'], mean, std, size, accelerator=acc
-            )
+        val, v = r.data['validation'], {'loss': None, 'accuracy': None}
+        if len(val[1]):
+            v = evaluate_images(acc.unwrap_model(model), *val, mean, std, size, accelerator=acc)
         if step == last and v['loss'] is not None:
             r.state['val_end'] = v  # the phase's validation result, not computed again
         return {'image_size': list(size), 'loss': v['loss'], 'accuracy': v['accuracy']}
 
-    save = lambda st: r.save(acc, model, st)
-    per_s = lambda c, k, s: {'accuracy': c['correct'] / (k * n), 'images_per_s': k * n * world / s}
-    return Loop.of(cfg, parts, loss, evaluation, save, steps=last, train_fields=per_s, tags={'phase': name})
+    save, accuracy = lambda st: r.save(acc, model, st), lambda c, k, s: {'accuracy': c['correct'] / (k * n)}
+    kw = dict(steps=last, train_fields=accuracy, rate='images', tags={'phase': name})
+    return Loop.of(cfg, parts, loss, evaluation, save, **kw)
 
 # %% ../nbs/26_vit_train.ipynb #22deac7b
 def _phase_results(r: _VitRun, acc: Accelerator, model: ViT, phase: Phase) -> dict:
@@ -445,41 +407,25 @@ def _fit_phases(r: _VitRun, model: ViT, phases: list[Phase]) -> tuple:
 def _finish(r: _VitRun, acc: Accelerator, m: ViT) -> dict:
     "The summary of a finished run, from its phase results and records; written to `out/summary.json`."
     cfg, res, info = r.cfg, r.state['results'], r.info
-    ft = lambda f, steps=cfg.finetune_steps: {  # what the summary says of a phase
-        'image_size': f['image_size'],
-        'steps': steps,
-        'test_accuracy': f['test']['accuracy'],
-        'val_accuracy': (f['validation'] or {}).get('accuracy'),
-        'eval': f['eval'],
-    }
+
+    def ft(f, steps=cfg.finetune_steps):  # what the summary says of a phase
+        out = dict(image_size=f['image_size'], steps=steps, test_accuracy=f['test']['accuracy'])
+        return out | dict(val_accuracy=(f['validation'] or {}).get('accuracy'), eval=f['eval'])
+
     how = 'not applicable: the encoding has no table; every mode is the same model'
     if m.pe.table_grid is not None:
         how = 'the learned table, interpolated on the fly (bicubic, bilinear) or re-initialised (none)'
-    summary = {
-        **{k: getattr(cfg, k) for k in ('pe', 'pe_kwargs', 'patch_size')},
-        **ft(res['train'], cfg.steps),
-        **{k: v for k, v in info.items() if k not in ('n_classes', 'mean', 'std')},  # the data's
-        'grid': [s // cfg.patch_size for s in cfg.image_size],
-        'epochs': cfg.steps * cfg.batch_size * acc.num_processes / info['images']['train'],
-        'test_loss': res['train']['test']['loss'],
-        'interpolation': how,
-        **run_costs(acc, r.out, m, r.state['step'], 'images_per_s'),
-        'wall_s': time.time() - r.t_start,
-    }
+    summary = {k: getattr(cfg, k) for k in ('pe', 'pe_kwargs', 'patch_size')} | ft(res['train'], cfg.steps)
+    summary |= {k: v for k, v in info.items() if k not in ('n_classes', 'mean', 'std')}  # the data's
+    summary['grid'] = [s // cfg.patch_size for s in cfg.image_size]
+    summary['epochs'] = cfg.steps * cfg.batch_size * acc.num_processes / info['images']['train']
+    summary |= {'test_loss': res['train']['test']['loss'], 'interpolation': how}
+    summary |= run_costs(acc, r.out, m, r.state['step'], 'images_per_s') | {'wall_s': time.time() - r.t_start}
     if 'finetune' in res:
         summary['finetune'] = ft(res['finetune'])
     if cfg.finetune_init:
         summary['finetunes'] = {p.name.removeprefix('finetune-'): ft(res[p.name]) for p in _phases(cfg)[1:]}
     return end_run(acc, r.out, summary)
-
-# %% ../nbs/26_vit_train.ipynb #876e4d30
-def _start_model(cfg: VitTrainConfig, out: Path, info: dict, state: dict | None) -> ViT:
-    """The model to train: drawn from `cfg.seed` for a fresh run; to resume (`state` checked by
-    `_check_phase_state`), the checkpoint's, of its phase's shape (`load_checkpoint` restores the rest)."""
-    if state is not None:
-        return load_resumed(out / 'checkpoint', lambda: load_vit(out / 'checkpoint' / 'model'))
-    set_seed(cfg.seed)
-    return build_model('the ViT', ViT, vit_config(cfg, info['n_classes']))
 
 # %% ../nbs/26_vit_train.ipynb #efe69be1
 def train_vit(
@@ -499,7 +445,11 @@ def train_vit(
     if done is not None:
         return done  # finished: left as it is
     data, info = _setup(cfg, acc.num_processes)
-    model = _start_model(cfg, out, info, state)
+    if state is None:
+        set_seed(cfg.seed)
+        model = build_model('the ViT', ViT, vit_config(cfg, info['n_classes']))
+    else:  # the checkpoint's, of its phase's shape (`load_checkpoint` restores the rest)
+        model = load_resumed(out / 'checkpoint', lambda: load_vit(out / 'checkpoint' / 'model'))
     state = state or {'step': 0, 'results': {}, 'elapsed': 0.0}
     r = _VitRun(cfg, out, data, info, state, time.time() - state['elapsed'], stop_at)
     span = running(acc, out, cfg, state['step'], ends[-1], f'vit {cfg.pe}', progress, overwrite)

@@ -4,8 +4,9 @@ Each test failed on the trainers before the loop: a save that renamed `checkpoin
 written into it, a missing `trainer_state.json` read as "no checkpoint yet", NaN losses run to the end and written as
 `NaN` into JSON, a full disk reported as a `RuntimeError` traceback, a temporary file of a killed write that blocked
 `--overwrite`, and the "interrupted" line printed once per process."""
-import json, os, shutil, subprocess, sys, textwrap
+import itertools, json, os, shutil, subprocess, sys, textwrap
 from pathlib import Path
+from unittest import mock
 import pytest
 from conftest import free_port, write_small_corpus
 
@@ -171,3 +172,17 @@ def test_overwrite_replaces_only_the_run_folder_itself(corpus, tmp_path, monkeyp
     assert s['steps'] == 4 and Path.cwd() == run
     assert json.loads((run / 'config.json').read_text())['seed'] == 1 and (run / 'summary.json').is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ['fake', 'link', 'run']   # nothing left aside
+
+
+def test_throughput_after_resume_counts_the_steps_since(corpus, tmp_path):
+    """The first training record after --resume: its loss is the whole window's (2 steps before the stop, 3 after),
+    its tokens_per_s counts only the tokens of the 3 steps the clock timed (a clock that reads 0, 1, 2, ...: one
+    second from the resume to the record), not the window's 5 (the loop before the fix: 5 × 256 tokens / 1 s)."""
+    cfg = _cfg(corpus, steps=5, log_every=5, eval_every=5, save_every=5)
+    assert pretrain(cfg, tmp_path / 'r', stop_at=2, progress=False) == {'stopped_at_step': 2, 'steps': 5}
+    with mock.patch('time.time', side_effect=itertools.count()):
+        pretrain(cfg, tmp_path / 'r', resume=True, progress=False)
+    recs = [json.loads(l) for l in (tmp_path / 'r' / 'metrics.jsonl').read_text().splitlines()]
+    train = [r for r in recs if r['split'] == 'train']
+    assert [r['step'] for r in train] == [5]
+    assert train[0]['tokens_per_s'] == 3 * cfg.batch_size * cfg.seq_len
