@@ -214,7 +214,7 @@ def _lm_loop(cfg: LMConfig, out: Path, acc: Accelerator, d: LMData, parts: tuple
 
     def loss(t):
         x, y = micro_batch(d.train, t, cfg.batch_size, rank, world, cfg.seed).unbind(1)
-        return lm_loss(model, x.to(dev), y.to(dev)), {}
+        return lm_loss(model, x.to(dev), y.to(dev)), {'tokens': x.numel()}
 
     def evaluation(step):
         ev = lm_evaluate(model, ev_x, ev_y, cfg.batch_size * 2, acc)
@@ -224,11 +224,7 @@ def _lm_loop(cfg: LMConfig, out: Path, acc: Accelerator, d: LMData, parts: tuple
         (tmp / 'train_config.json').write_text(dumps(asdict(cfg), indent=2, sort_keys=True))
         d.tok.save(str(tmp / 'tokenizer.json'))
 
-    tokens = cfg.batch_size * world * cfg.grad_accum * cfg.seq_len  # per optimizer step
-    per_s = lambda counts, n, s: {'tokens_per_s': tokens * n / s}
-    return Loop.of(
-        cfg, parts, loss, evaluation, lambda st: save_checkpoint(acc, out, write, st), train_fields=per_s
-    )
+    return Loop.of(cfg, parts, loss, evaluation, lambda st: save_checkpoint(acc, out, write, st), rate='tokens')
 
 # %% ../nbs/42_decoder_study.ipynb #ff752a3f
 def pretrain_lm(
