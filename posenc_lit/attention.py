@@ -149,13 +149,19 @@ def attend_fast(
     """Fast path of `attend` through `F.scaled_dot_product_attention` (on CPU, `_attend_math` when a term
     needs a gradient); returns `out (b, h, i, d_v)`; with a mask, a row that may attend a key holding NaN or
     ±inf is NaN (see the note above)."""
+    out, rows = _attend_fast(q, k, v, score_terms, mask, scale, dropout_p)
+    return out if rows is None else out.masked_fill(rows, float('nan'))
+
+
+# `attend_fast`'s output and the rows `(b, h, i, 1)` that must be NaN (None: none), which `attend` fills together
+# with its own (one pass over the output, not two)
+def _attend_fast(q, k, v, score_terms, mask, scale, dropout_p):
     if q.device.type == 'cpu' and _cpu_math_path(q, score_terms, mask):
-        return _attend_math(q, k, v, score_terms, mask, scale, dropout_p)
+        return _attend_math(q, k, v, score_terms, mask, scale, dropout_p), None
     rows = None
     if mask is not None:
         k, rows = _nonfinite_keys(k, mask)
-    out = _sdpa(q, k, v, score_terms, mask, scale, dropout_p)
-    return out if rows is None else out.masked_fill(rows, float('nan'))
+    return _sdpa(q, k, v, score_terms, mask, scale, dropout_p), rows
 
 
 def _sdpa(q, k, v, score_terms, mask, scale, dropout_p):
@@ -365,13 +371,16 @@ def attend(
         # padding's NaN must not reach other rows (0·NaN)
         k, v = k.masked_fill(~used, 0.0), v.masked_fill(~used, 0.0)
         mask = mask | ~valid  # fully masked rows attend everywhere, then are zeroed
+    # a query holding NaN or ±inf gives NaN on every path (a fused kernel may return 0 there)
+    nan_rows, probs = _nonfinite(q)[..., None], None  # (b, h, i, 1)
     if return_probs or value_terms or not fast:
         out, probs = attend_manual(q, k, v, score_terms, mask, scale, dropout_p, value_terms)
-    else:
-        path = attend_compiled if fast == 'compiled' else attend_fast
-        out, probs = path(q, k, v, score_terms, mask, scale, dropout_p), None
-    # a query holding NaN or ±inf gives NaN on every path (a fused kernel may return 0 there)
-    out = out.masked_fill(_nonfinite(q)[..., None], float('nan'))
+    elif fast == 'compiled':
+        out = attend_compiled(q, k, v, score_terms, mask, scale, dropout_p)
+    else:  # and the rows that may attend a key holding NaN or ±inf (see attend_fast)
+        out, rows = _attend_fast(q, k, v, score_terms, mask, scale, dropout_p)
+        nan_rows = nan_rows if rows is None else nan_rows | rows
+    out = out.masked_fill(nan_rows, float('nan'))
     if valid is not None:
         out = out.masked_fill(~valid, 0.0)
         if probs is not None:

@@ -12,7 +12,9 @@
 import pytest
 import torch
 import torch.nn as nn
-from posenc_lit.attention import KVCache, MultiHeadAttention, attend, default_positions, position_attention
+from posenc_lit.attention import (
+    KVCache, MultiHeadAttention, attend, attend_fast, causal_mask, default_positions, position_attention,
+)
 from posenc_lit.core import list_encodings
 from posenc_lit.model import ModelConfig
 
@@ -53,7 +55,8 @@ def test_a_nan_key_with_a_term_and_a_row_mask_on_the_fast_path():
     term = torch.randn(1, H, N, N, generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         fast, manual = (attend(q, k, v, [term], mask, causal=True, fast=f) for f in (True, False))
-    assert torch.equal(fast.isnan(), manual.isnan())
+        alone = attend_fast(q, k, v, [term], mask & causal_mask(N, N))  # the public fast path, called directly
+    assert torch.equal(fast.isnan(), manual.isnan()) and torch.equal(alone.isnan(), manual.isnan())
     assert manual[0, 1, T:6].isnan().all() and manual[0, 1, 6:].isfinite().all()  # the other document: finite
     ok = ~manual.isnan()
     torch.testing.assert_close(fast[ok], manual[ok], atol=1e-5, rtol=1e-5)
