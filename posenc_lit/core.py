@@ -404,10 +404,10 @@ def _frozen_terms(pe, ctx) -> bool:
 # %% ../nbs/00_core.ipynb #3bff3c69
 #| code-fold: true
 def check_prepare(
-    q_pos,  # `(b|1, i)` or `(i,)` signed integer query positions
-    k_pos,  # `(b|1, j)` or `(j,)` signed integer key positions
-    key_mask=None,  # `(b|1, j)` bool, True = a real key, or None
-    causal=False,  # True or False
+    q_pos: torch.Tensor,  # `(b|1, i)` or `(i,)` signed integer query positions
+    k_pos: torch.Tensor,  # `(b|1, j)` or `(j,)` signed integer key positions
+    key_mask: torch.Tensor | None = None,  # `(b|1, j)` bool, True = a real key, or None
+    causal: bool = False,  # True or False
 ):
     """The contract's checks of `prepare`'s arguments, run before every encoding's own `prepare`:
     `TypeError` for positions that are not signed integer tensors `(n,)` / `(b, n)`; `ValueError` for a
