@@ -91,7 +91,6 @@ class ALiBi(PositionEncoding):
     ) -> ALiBiContext:  # integer positions `(b|1, i)`, `(b|1, j)` (or 1-D)
         """Per-forward context with `alibi_bias` `(b|1, h, i, j)`, float32, shared by all layers (made when
         read)."""
-        check_position_pair(q_pos, k_pos)  # a list is refused by `rel_pos`, naming it
         return ALiBiContext(q_pos, k_pos, pe=self)
 
     def score_terms(

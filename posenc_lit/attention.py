@@ -125,6 +125,18 @@ def _cpu_math_path(q, score_terms, mask) -> bool:
     return mask is None and not score_terms and not is_tracing() and bool(q.isnan().any())
 
 
+def _nonfinite(x):  # `(..., n, d)` -> `(..., n)`: the vectors holding a NaN or ±inf (0·NaN and 0·inf are NaN)
+    return (x * 0).sum(-1).isnan()  # on the device, no host read; a tenth of isfinite().all()'s time on CPU
+
+
+# SDPA adds the mask to q·k, and NaN + -inf is NaN: a masked key holding NaN or ±inf would spoil rows that the
+# manual path keeps finite (its masked_fill replaces the entry)
+def _nonfinite_keys(k, mask):
+    "`k` with NaN and ±inf zeroed, and the rows `(b, h, i, 1)` that may attend a key that held one."
+    rows = (mask & _nonfinite(k)[..., None, :]).any(-1, keepdim=True)  # (b, h, i, 1)
+    return k.nan_to_num(0.0, 0.0, 0.0), rows
+
+
 def attend_fast(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -135,9 +147,24 @@ def attend_fast(
     dropout_p: float = 0.0,
 ):
     """Fast path of `attend` through `F.scaled_dot_product_attention` (on CPU, `_attend_math` when a term
-    needs a gradient); returns `out (b, h, i, d_v)`."""
+    needs a gradient); returns `out (b, h, i, d_v)`; with a mask, a row that may attend a key holding NaN or
+    ±inf is NaN (see the note above)."""
+    out, rows = _attend_fast(q, k, v, score_terms, mask, scale, dropout_p)
+    return out if rows is None else out.masked_fill(rows, float('nan'))
+
+
+# `attend_fast`'s output and the rows `(b, h, i, 1)` that must be NaN (None: none), which `attend` fills together
+# with its own (one pass over the output, not two)
+def _attend_fast(q, k, v, score_terms, mask, scale, dropout_p):
     if q.device.type == 'cpu' and _cpu_math_path(q, score_terms, mask):
-        return _attend_math(q, k, v, score_terms, mask, scale, dropout_p)
+        return _attend_math(q, k, v, score_terms, mask, scale, dropout_p), None
+    rows = None
+    if mask is not None:
+        k, rows = _nonfinite_keys(k, mask)
+    return _sdpa(q, k, v, score_terms, mask, scale, dropout_p), rows
+
+
+def _sdpa(q, k, v, score_terms, mask, scale, dropout_p):
     bias = None
     for t in score_terms:
         bias = t if bias is None else bias + t  # (b|1, h|1, i, j)
@@ -292,7 +319,7 @@ def attend_fused(
 
     bm = causal_block_mask(full[2], full[3], q.device) if causal else None
     out = _flex(q, k, v, score_mod, bm, q.shape[-1] ** -0.5 if scale is None else scale)
-    out = out.masked_fill(~q.isfinite().all(-1, keepdim=True), float('nan'))
+    out = out.masked_fill(_nonfinite(q)[..., None], float('nan'))
     return out if valid is None else out.masked_fill(~valid, 0.0)
 
 # %% ../nbs/01_attention.ipynb #a326733c
@@ -344,13 +371,16 @@ def attend(
         # padding's NaN must not reach other rows (0·NaN)
         k, v = k.masked_fill(~used, 0.0), v.masked_fill(~used, 0.0)
         mask = mask | ~valid  # fully masked rows attend everywhere, then are zeroed
+    # a query holding NaN or ±inf gives NaN on every path (a fused kernel may return 0 there)
+    nan_rows, probs = _nonfinite(q)[..., None], None  # (b, h, i, 1)
     if return_probs or value_terms or not fast:
         out, probs = attend_manual(q, k, v, score_terms, mask, scale, dropout_p, value_terms)
-    else:
-        path = attend_compiled if fast == 'compiled' else attend_fast
-        out, probs = path(q, k, v, score_terms, mask, scale, dropout_p), None
-    # a query holding NaN or ±inf gives NaN on every path (a fused kernel may return 0 there)
-    out = out.masked_fill(~q.isfinite().all(-1, keepdim=True), float('nan'))
+    elif fast == 'compiled':
+        out = attend_compiled(q, k, v, score_terms, mask, scale, dropout_p)
+    else:  # and the rows that may attend a key holding NaN or ±inf (see attend_fast)
+        out, rows = _attend_fast(q, k, v, score_terms, mask, scale, dropout_p)
+        nan_rows = nan_rows if rows is None else nan_rows | rows
+    out = out.masked_fill(nan_rows, float('nan'))
     if valid is not None:
         out = out.masked_fill(~valid, 0.0)
         if probs is not None:

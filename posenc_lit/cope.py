@@ -105,7 +105,7 @@ class CoPE(PositionEncoding):
         self, q_pos, k_pos, *, key_mask: torch.Tensor | None = None, causal: bool = False
     ) -> CoPEContext:  # integer positions `(b|1, i)`, `(b|1, j)` (or 1-D); their values are not read
         "Per-forward context: the key mask and the direction; the positions themselves are each layer's own."
-        _check_cope_prepare(self, q_pos, k_pos, key_mask, causal)
+        _check_cope_prepare(self, q_pos, k_pos, causal)
         return CoPEContext(q_pos, k_pos, key_mask, causal, pe=self)
 
     def score_terms(self, q, k, ctx: CoPEContext, layer: int | LayerRef | None = None):
@@ -122,21 +122,15 @@ class CoPE(PositionEncoding):
 
 # %% ../nbs/12_cope.ipynb #0bf2101f
 #| code-fold: true
-def _check_cope_prepare(pe, q_pos, k_pos, key_mask, causal):
-    "`prepare`'s checks: the direction; integer positions, no more queries than keys; a `(b, j)` bool mask."
-    check_flags(causal=causal)
+def _check_cope_prepare(pe, q_pos, k_pos, causal):
+    "`prepare`'s own checks, after the contract's (`check_prepare`): the direction; no more queries than keys."
     if not (pe.bidirectional or causal):
         raise ValueError("CoPE(bidirectional=False) is the paper's causal form: prepare it with causal=True")
     if is_tracing():
         return
-    check_position_pair(q_pos, k_pos)  # integer tensors (n,) or (b, n), as every encoding's (lists too)
     n_q, n_k = q_pos.shape[-1], k_pos.shape[-1]
     if n_q > n_k:  # the queries are the last keys (self-attention, or new tokens after a cache)
         raise ValueError(f'CoPE counts keys up to each query: got {n_q} queries for {n_k} keys')
-    ok = isinstance(key_mask, torch.Tensor) and key_mask.dtype == torch.bool and key_mask.ndim == 2
-    if key_mask is not None and not (ok and key_mask.shape[1] == n_k):
-        got = f'{key_mask.dtype} {tuple(key_mask.shape)}' if isinstance(key_mask, torch.Tensor) else key_mask
-        raise ValueError(f'key_mask must be a bool tensor (b, j) with j = {n_k} keys, True = real; got {got}')
 
 # %% ../nbs/12_cope.ipynb #f64a35c4
 @register_encoding(

@@ -7,16 +7,18 @@ from __future__ import annotations
 import importlib
 import re
 import sys
+import functools
+import threading
 from dataclasses import dataclass, field, fields
 from typing import Callable
 import torch
 import torch.nn as nn
-from .checks import check_position_pair
+from .checks import check_flags, check_position_pair
 
 # %% auto #0
 __all__ = ['CONVENTIONS', 'KINDS', 'MODALITIES', 'ENCODING_MODULES', 'NAME_PATTERN', 'rel_pos', 'to_convention', 'EncodingSpec',
            'register_encoding', 'list_encodings', 'get_encoding', 'list_ablations', 'encoding_families', 'Context',
-           'LayerRef', 'PositionEncoding', 'check_context']
+           'LayerRef', 'PositionEncoding', 'check_context', 'check_prepare', 'checked_inputs']
 
 # %% ../nbs/00_core.ipynb #2283af21
 def rel_pos(
@@ -303,6 +305,13 @@ class PositionEncoding(nn.Module):
     max_len: int | None = None  # rows of an absolute position table (positions < max_len); None: any length
     context_type: type = Context  # the type `prepare` returns
 
+    def __init_subclass__(cls, **kwargs):
+        "Puts a subclass's own `prepare` behind the contract's input checks (`check_prepare`, Input checks)."
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get('prepare')
+        if callable(own) and not getattr(own, 'contract_checked', False):
+            cls.prepare = _contract_prepare(own)
+
     def embed(self, pos: torch.Tensor):  # `(b|1, n)` integer positions
         "Vectors `(b|1, n, D)` to add to the input embeddings, or `None`."
         return None
@@ -315,7 +324,8 @@ class PositionEncoding(nn.Module):
         key_mask: torch.Tensor | None = None,  # `(b, j)` bool, True = a real key (None: all)
         causal: bool = False,  # each query sees only the keys up to itself
     ) -> Context:
-        "Per-forward context shared by all layers (content-free terms are computed here once)."
+        """Per-forward context shared by all layers (content-free terms are computed here once); the arguments
+        are checked first, for every encoding (`check_prepare`)."""
         return Context(q_pos, k_pos, pe=self)
 
     def lend_projections(
@@ -390,3 +400,73 @@ def _frozen_terms(pe, ctx) -> bool:
         isinstance(v := getattr(ctx, f.name), torch.Tensor) and v.is_floating_point() for f in fields(ctx)
     )
     return floats and any(p.requires_grad for p in pe.parameters())
+
+# %% ../nbs/00_core.ipynb #3bff3c69
+#| code-fold: true
+def check_prepare(
+    q_pos: torch.Tensor,  # `(b|1, i)` or `(i,)` signed integer query positions
+    k_pos: torch.Tensor,  # `(b|1, j)` or `(j,)` signed integer key positions
+    key_mask: torch.Tensor | None = None,  # `(b|1, j)` bool, True = a real key, or None
+    causal: bool = False,  # True or False
+):
+    """The contract's checks of `prepare`'s arguments, run before every encoding's own `prepare`:
+    `TypeError` for positions that are not signed integer tensors `(n,)` / `(b, n)`; `ValueError` for a
+    `causal` that is not a bool, a `key_mask` that is not a bool `(b, j)` tensor with `j` = the number of keys,
+    and batch sizes that do not broadcast. Reads no values (no device sync)."""
+    check_position_pair(q_pos, k_pos)
+    check_flags(causal=causal)
+    if key_mask is None:
+        return
+    n_k = k_pos.shape[-1]
+    ok = isinstance(key_mask, torch.Tensor) and key_mask.dtype == torch.bool and key_mask.ndim == 2
+    if not (ok and (torch.jit.is_tracing() or key_mask.shape[1] == n_k)):  # traced: sizes are tensors
+        got = _desc(key_mask)
+        raise ValueError(f'key_mask must be a bool tensor (b, j) with j = {n_k} keys, True = real; got {got}')
+    rows = {len(p) for p in (q_pos, k_pos) if p.ndim == 2} - {1}
+    if len(rows) == 1 and len(key_mask) not in (1, *rows):
+        raise ValueError(
+            f'key_mask has {len(key_mask)} rows but the positions a batch of {rows.pop()}: they must match, '
+            'or one be 1'
+        )
+
+
+def _desc(t) -> str:  # what a message says was passed
+    return f'{t.dtype} tensor of shape {tuple(t.shape)}' if isinstance(t, torch.Tensor) else type(t).__name__
+
+
+# `.open`: a checked `prepare` runs on this thread, or a caller checked the inputs (`checked_inputs`)
+_PREPARE = threading.local()
+
+
+def _contract_prepare(prepare):
+    "`prepare` behind `check_prepare`, which runs once per outermost call (not again in a nested `prepare`)."
+
+    @functools.wraps(prepare)
+    def checked(self, q_pos, k_pos, *args, **kwargs):
+        if getattr(_PREPARE, 'open', False):
+            return prepare(self, q_pos, k_pos, *args, **kwargs)
+        check_prepare(q_pos, k_pos, kwargs.get('key_mask'), kwargs.get('causal', False))
+        _PREPARE.open = True
+        try:
+            return prepare(self, q_pos, k_pos, *args, **kwargs)
+        finally:
+            _PREPARE.open = False
+
+    checked.contract_checked = True
+    return checked
+
+
+PositionEncoding.prepare = _contract_prepare(PositionEncoding.prepare)
+
+
+class checked_inputs:
+    """`with checked_inputs(): ctx = pe.prepare(...)`: `prepare` skips `check_prepare` in the block, for a
+    caller that has checked its positions, `key_mask` and `causal` itself (a model's forward)."""
+
+    def __enter__(self):
+        self.was, _PREPARE.open = getattr(_PREPARE, 'open', False), True
+        return self
+
+    def __exit__(self, *exc):
+        _PREPARE.open = self.was
+

@@ -155,7 +155,6 @@ class DebertaRelative(PositionEncoding):
     ) -> DebertaContext:
         """The rows of $P$ the pairs use, normalized (`P`), once per forward; $\\delta(i,j)$ of every pair
         (`delta`, `(b|1, i, j)`) is made when read."""
-        check_position_pair(q_pos, k_pos)
         ext = _distance_extremes(q_pos, k_pos)  # (2,): min and max of j - i (None: no pairs, or traced)
         lo, hi = 0, 2 * self.span - 1
         if ext is not None:  # δ is monotone in i - j: the rows of its extremes bound it

@@ -163,7 +163,6 @@ class RelativeVectors(PositionEncoding):
         self, q_pos, k_pos, *, key_mask: torch.Tensor | None = None, causal: bool = False
     ) -> RelativeContext:
         "The rows the pairs use, read once per forward from the positions (`rel_idx` is made when read)."
-        check_position_pair(q_pos, k_pos)
         ext = _distance_extremes(q_pos, k_pos)  # min and max of j - i (None: empty or traced)
         if ext is None:
             return RelativeContext(q_pos, k_pos, (0, 2 * self.k), pe=self)

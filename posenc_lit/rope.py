@@ -200,8 +200,6 @@ class RoPE(PositionEncoding):
         causal: bool = False,
     ) -> RoPEContext:  # integer positions `(b|1, i)`, `(b|1, j)` (or 1-D)
         "Per-forward context shared by all layers: the positions and their float32 cos/sin (see `cos_sin`)."
-        # signed integers, as every encoding's (a float or bool position would rotate by its value)
-        check_position_pair(q_pos, k_pos)
         same = q_pos is k_pos
         q_pos, k_pos = (p[None] if p.ndim == 1 else p for p in (q_pos, k_pos))
         angles = self._angles(q_pos, k_pos, same, torch.float32)

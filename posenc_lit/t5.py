@@ -91,7 +91,6 @@ class T5RelativeBias(PositionEncoding):
     def prepare(
         self, q_pos, k_pos, *, key_mask: torch.Tensor | None = None, causal: bool = False
     ) -> T5Context:
-        check_position_pair(q_pos, k_pos)
         return T5Context(q_pos, k_pos, pe=self)
 
     def score_terms(self, q, k, ctx, layer: int | LayerRef | None = None):

@@ -141,7 +141,6 @@ def _batch_positions(q_pos, k_pos):  # (n,) -> (1, n)
 
 
 def _check_tupe_positions(q_pos, k_pos, max_len):
-    check_position_pair(q_pos, k_pos)  # as every encoding's: signed integer (n,) or (b, n), no (i, j) tensor
     if not is_tracing():  # traced: no data-dependent check (see `is_tracing`)
         for p in (q_pos,) if k_pos is q_pos else (q_pos, k_pos):  # self-attention: one host read, not two
             check_positions(p, max_len, "TUPE's position table")

@@ -253,6 +253,61 @@ def test_every_registered_encoding_keeps_the_contract(modality, name, toys):
         position_attention(pe, q, k, v, other.prepare(pos, pos, **extra), 0)
 
 
+_PREPARE_BAD = {  # what a caller's own attention module may pass to `prepare`: (kwargs, error, message)
+    'float key_mask': (lambda keep: {'key_mask': keep.float()}, ValueError,
+                       r'key_mask must be a bool tensor \(b, j\) with j = \d+ keys, True = real; got torch.float32'),
+    'short key_mask': (lambda keep: {'key_mask': keep[:, 1:]}, ValueError, r'key_mask must be a bool tensor \(b, j\)'),
+    'key_mask (j,)': (lambda keep: {'key_mask': keep[0]}, ValueError, r'got torch.bool tensor of shape \(\d+,\)'),
+    'key_mask of another batch': (lambda keep: {'key_mask': keep.repeat(2, 1)}, ValueError,
+                                  'key_mask has 4 rows but the positions a batch of 2'),
+    "causal='yes'": (lambda keep: {'causal': 'yes'}, ValueError, "causal must be true or false; got 'yes'"),
+    'causal=1': (lambda keep: {'causal': 1}, ValueError, 'causal must be true or false; got 1'),
+    'float positions': (lambda keep: {'q_pos': 'float'}, TypeError, 'q_pos must be a signed integer tensor'),
+}
+
+
+@pytest.mark.parametrize('modality,name', WALK)
+def test_every_encodings_prepare_refuses_bad_arguments(modality, name, toys):
+    """`prepare` is public (an attention module of one's own calls it): every encoding, the toys registered from
+    outside the package too, refuses a float or wrong-length key_mask and a non-bool causal with the contract's
+    message (`check_prepare`), before its own code runs; a valid call still works."""
+    pe, extra = (_text if modality == 'text' else _image)(name)
+    n = 1 + extra['grid'][0] * extra['grid'][1] if extra else 9
+    pos = torch.arange(n).expand(B, n)
+    keep = torch.ones(B, n, dtype=torch.bool)
+    keep[1, :2] = False
+    for what, (kw, err, msg) in _PREPARE_BAD.items():
+        kw = kw(keep)
+        q_pos = pos.float() if kw.pop('q_pos', None) else pos
+        with pytest.raises(err, match=msg):
+            pe.prepare(q_pos, pos, **kw, **extra)
+    ctx = pe.prepare(pos, pos, key_mask=keep, causal=modality == 'text', **extra)
+    _check_context(pe, ctx, pos, pos)
+
+
+def test_the_contract_checks_once_per_call(monkeypatch):
+    "A prepare that calls another (CombinedEncoding's members, rel2d's super().prepare) is checked once, not again."
+    import posenc_lit.core as core
+    from posenc_lit.attention import CombinedEncoding
+    from posenc_lit.core import checked_inputs
+    calls = []
+    real = core.check_prepare
+    monkeypatch.setattr(core, 'check_prepare', lambda *a: calls.append(a) or real(*a))
+    pos = default_positions(9)
+    CombinedEncoding(Shaw(D_HEAD, N_LAYERS), T5RelativeBias(H)).prepare(pos, pos, causal=True)
+    assert len(calls) == 1
+    pe, extra = _image('rel2d')
+    pe.prepare(default_positions(13), default_positions(13), **extra)
+    assert len(calls) == 2
+    with checked_inputs():  # a caller that checked its inputs itself
+        T5RelativeBias(H).prepare(pos, pos)
+    assert len(calls) == 2
+    with pytest.raises(ValueError, match='key_mask must be a bool'):  # checked again after a failure, too
+        T5RelativeBias(H).prepare(pos, pos, key_mask=torch.ones(1, 9))
+    T5RelativeBias(H).prepare(pos, pos)
+    assert len(calls) == 4
+
+
 def test_the_walk_sees_every_encoding(toys):
     registered = {(m, n) for m in ('text', 'image') for n in list_encodings(m)}
     assert registered == set(WALK), registered ^ set(WALK)

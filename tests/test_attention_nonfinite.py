@@ -1,0 +1,109 @@
+"""NaN and ±inf under masks: the fast path (SDPA) against the manual one (issue 41; the note "A key holding NaN or
+±inf, under a mask" in 01_attention).
+
+- A NaN in k at key t under the causal mask: every registered text encoding gives the same NaN pattern on the fast
+  and the manual path (rows before t finite, rows from t NaN), with and without padding (SDPA adds the mask to q·k,
+  and NaN + -inf would be NaN: the fast path zeroes such keys and sets NaN in the rows that may attend them).
+- A key holding ±inf but no NaN: the documented difference, pinned: the fast path gives NaN in every row that may
+  attend it; the manual path only where s·q·k is not -inf there.
+- A NaN in v at key t reaches every row of the full forward on every path (0·NaN in p @ v), the rows before t
+  included; decoding with a KV cache keeps the rows before t finite.
+"""
+import pytest
+import torch
+import torch.nn as nn
+from posenc_lit.attention import (
+    KVCache, MultiHeadAttention, attend, attend_fast, causal_mask, default_positions, position_attention,
+)
+from posenc_lit.core import list_encodings
+from posenc_lit.model import ModelConfig
+
+TEXT = dict(vocab_size=40, d_model=16, n_heads=2, n_layers=2, d_ff=32, max_position_embeddings=24)
+B, H, N, D, T = 2, 2, 9, 8, 4  # batch, heads, length, head dim; the key or value position that holds a NaN
+
+
+def _qkv(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(B, H, N, D, generator=g) for _ in range(3))
+
+
+@pytest.mark.parametrize('name', sorted(list_encodings()))
+@pytest.mark.parametrize('padded', [False, True])
+def test_a_nan_key_spoils_only_the_rows_that_may_attend_it_on_every_path(name, padded):
+    pe = list_encodings()[name].factory(ModelConfig(**TEXT, pe=name)).eval()
+    q, k, v = _qkv()
+    k[:, :, T] = float('nan')
+    pos = default_positions(N)
+    keep = torch.ones(B, N, dtype=torch.bool)
+    if padded:
+        keep[1, :2] = False  # left padding
+    mask = keep[:, None, None, :] if padded else None
+    with torch.no_grad():
+        ctx = pe.prepare(pos, pos, key_mask=keep if padded else None, causal=True)
+        fast, manual = (position_attention(pe, q, k, v, ctx, 0, mask, causal=True, fast=f) for f in (True, False))
+    assert torch.equal(fast.isnan(), manual.isnan()), name
+    assert manual[:, :, :T].isfinite().all() and manual[:, :, T:].isnan().all()
+    torch.testing.assert_close(fast[:, :, :T], manual[:, :, :T], atol=1e-5, rtol=1e-5)
+
+
+def test_a_nan_key_with_a_term_and_a_row_mask_on_the_fast_path():
+    "A float term, a mask that differs by row (documents) and the causal mask: as the manual path."
+    q, k, v = _qkv(1)
+    k[0, 1, T] = float('nan')
+    doc = torch.arange(N) >= 6  # two documents: 0..5 and 6..8
+    mask = (doc[:, None] == doc[None, :])[None, None]  # (1, 1, i, j)
+    term = torch.randn(1, H, N, N, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        fast, manual = (attend(q, k, v, [term], mask, causal=True, fast=f) for f in (True, False))
+        alone = attend_fast(q, k, v, [term], mask & causal_mask(N, N))  # the public fast path, called directly
+    assert torch.equal(fast.isnan(), manual.isnan()) and torch.equal(alone.isnan(), manual.isnan())
+    assert manual[0, 1, T:6].isnan().all() and manual[0, 1, 6:].isfinite().all()  # the other document: finite
+    ok = ~manual.isnan()
+    torch.testing.assert_close(fast[ok], manual[ok], atol=1e-5, rtol=1e-5)
+
+
+def test_an_inf_key_the_documented_difference():
+    """k[t] = (-inf, 0, …): s·q·k is -inf where q[0] > 0 (the key gets probability 0, the manual row is finite) and
+    +inf where q[0] < 0 (NaN). The fast path cannot tell without the products inside the kernel: NaN in every row
+    that may attend key t; the rows before t are finite on both paths."""
+    q, k, v = _qkv(3)
+    k[:, :, T] = 0.0
+    k[:, :, T, 0] = float('-inf')
+    with torch.no_grad():
+        fast, manual = (attend(q, k, v, causal=True, fast=f) for f in (True, False))
+    rows = fast.isnan().any(-1)  # (b, h, i)
+    assert not rows[..., :T].any() and rows[..., T:].all()
+    assert torch.equal(manual.isnan().any(-1)[..., T:], q[..., T:, 0] < 0)
+    assert (q[..., T:, 0] > 0).any()  # the case exists in this draw: rows where the two paths differ
+
+
+def test_a_nan_value_reaches_every_row_of_the_full_forward_but_not_cached_decoding():
+    q, k, v = _qkv(4)
+    v[:, :, T] = float('nan')
+    with torch.no_grad():
+        for fast in (True, False, 'fused'):
+            out = attend(q, k, v, causal=True, fast=fast)
+            assert out.isnan().all(), fast  # rows before t too: their p of key t is 0, and 0·NaN is NaN
+
+    class NaNAt(nn.Module):  # the value projection, with a NaN value at absolute position T
+        def __init__(self, lin):
+            super().__init__()
+            self.lin, self.seen = lin, 0
+
+        def forward(self, x):  # (b, n, D)
+            out = self.lin(x)
+            if self.seen <= T < self.seen + x.shape[1]:
+                out[:, T - self.seen] = float('nan')
+            self.seen += x.shape[1]
+            return out
+
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(16, H).eval()
+    mha.v_proj = NaNAt(mha.v_proj)
+    x = torch.randn(B, N, 16)
+    with torch.no_grad():
+        full = mha(x, causal=True)
+        mha.v_proj.seen, cache = 0, KVCache()
+        steps = torch.cat([mha(x[:, i : i + 1], causal=True, cache=cache) for i in range(N)], 1)
+    assert full.isnan().all()
+    assert steps[:, :T].isfinite().all() and steps[:, T:].isnan().all()
