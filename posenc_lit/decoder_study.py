@@ -224,7 +224,9 @@ def _lm_loop(cfg: LMConfig, out: Path, acc: Accelerator, d: LMData, parts: tuple
         (tmp / 'train_config.json').write_text(dumps(asdict(cfg), indent=2, sort_keys=True))
         d.tok.save(str(tmp / 'tokenizer.json'))
 
-    return Loop.of(cfg, parts, loss, evaluation, lambda st: save_checkpoint(acc, out, write, st), rate='tokens')
+    return Loop.of(
+        cfg, parts, loss, evaluation, lambda st: save_checkpoint(acc, out, write, st), rate='tokens'
+    )
 
 # %% ../nbs/42_decoder_study.ipynb #ff752a3f
 def pretrain_lm(
