@@ -11,12 +11,12 @@ from typing import Callable
 from scipy import stats
 
 # %% auto #0
-__all__ = ['STUDY', 'ABS_MARGIN', 'ENTRY_SETTINGS', 'VERDICTS', 'LEVEL', 'MARGIN', 'LONG', 'SPEED', 'TUPE_SPEED', 'DROPIN',
-           'CLAIMS', 'COLOURS', 'entry_settings', 'check_run', 'seed_folders', 'seed_runs', 'loss_values', 'study_loss',
-           'eval_loss', 'seed_noise', 'loss_at', 'eval_curve', 'task_values', 'downstream', 'minilm_values',
-           'gap_interval', 'verdict', 'Measured', 'Measure', 'Claim', 'pretrain_loss', 'checkpoint_values',
-           'task_metric', 'trained_offsets', 'growth_values', 'growth', 'vit', 'check_root', 'judge', 'claims',
-           'claims_markdown', 'forest_plot']
+__all__ = ['STUDY', 'ABS_MARGIN', 'ENTRY_SETTINGS', 'VERDICTS', 'LEVEL', 'MARGIN', 'MIN_SEEDS', 'LONG', 'SPEED', 'TUPE_SPEED',
+           'DROPIN', 'CLAIMS', 'COLOURS', 'entry_settings', 'check_run', 'seed_folders', 'seed_runs', 'loss_values',
+           'study_loss', 'eval_loss', 'seed_noise', 'loss_at', 'eval_curve', 'task_values', 'downstream',
+           'minilm_values', 'gap_interval', 'too_few', 'verdict', 'Measured', 'Measure', 'Claim', 'setup',
+           'differences', 'pretrain_loss', 'checkpoint_values', 'task_metric', 'trained_offsets', 'growth_values',
+           'growth', 'vit', 'check_root', 'judge', 'claims', 'claims_markdown', 'forest_plot']
 
 # %% ../nbs/41_claims.ipynb #4172f9dc
 STUDY = 'study'  # results/study/<entry>[-s<seed>]/ (tools/run_study.sh, the `study` preset; issue 29)
@@ -374,6 +374,7 @@ def _vit(root, run: str, *keys) -> float:
 VERDICTS = ('holds', 'does not hold', 'cannot tell at this power', 'not tested', 'not measured yet')
 LEVEL = 0.95  # the confidence level of every interval
 MARGIN = {'nats': 0.05, 'points': 1.0}  # the equivalence margin of a claim of equality, by unit
+MIN_SEEDS = 3  # seeds a side needs before a row can be called (issue 37: at least three per compared entry)
 
 
 def gap_interval(ours: list, base, level: float = LEVEL) -> tuple:
@@ -394,24 +395,35 @@ def gap_interval(ours: list, base, level: float = LEVEL) -> tuple:
     return gap, gap - half, gap + half
 
 # %% ../nbs/41_claims.ipynb #8199257b
+def too_few(seeds: tuple) -> bool:
+    "Whether a side of `seeds` (`(n_ours, n_base)`, `n_base` None for a fixed baseline) has < `MIN_SEEDS` seeds."
+    return any(n is not None and n < MIN_SEEDS for n in seeds)
+
+
 def verdict(
     gap: float | None,
     lo: float | None,
     hi: float | None,
     *,
+    seeds: tuple | None,
     margin: float | None = None,
     treated: bool = True,
+    effect: float | None = None,
 ) -> str:
     """The verdict of one row (one of `VERDICTS`) by the rule at the top of the page. `gap`: positive is the
     claim's direction (None: not committed); `lo`, `hi`: its 95 % interval (None: fewer than two seeds on a
-    side); `margin`: the equivalence margin of a claim of equality (None: a claim of direction); `treated`:
-    False where the treatment never took effect."""
-    _check_verdict(gap, lo, hi, margin)
+    side); `seeds`: `(n_ours, n_base)` seeds per side (`n_base` None for a fixed baseline; `seeds` None only
+    where nothing is committed); `margin`: the equivalence margin of a claim of equality (None: a claim of
+    direction); `treated`: False where the treatment never took effect; `effect`: the paper's effect in the
+    row's unit, oriented (None where the paper gives none in that unit)."""
+    _check_verdict(gap, lo, hi, margin, seeds, effect)
     if not treated:
         return 'not tested'
     if gap is None:
         return 'not measured yet'
-    if lo is None:
+    if too_few(seeds) or lo is None:
+        return 'cannot tell at this power'
+    if effect is not None and effect < (hi - lo) / 2:  # the paper's effect is below what the study resolves
         return 'cannot tell at this power'
     if margin is None:
         return 'holds' if lo > 0 else 'does not hold' if hi < 0 else 'cannot tell at this power'
@@ -431,9 +443,16 @@ def _check_values(ours, base, level):
         raise ValueError(f'level must lie in (0, 1), got {level!r}')
 
 
-def _check_verdict(gap, lo, hi, margin):
+def _check_verdict(gap, lo, hi, margin, seeds, effect):
     if margin is not None and not (_finite(margin, 'margin') > 0):
         raise ValueError(f'margin must be positive, got {margin!r}')
+    if effect is not None and not (_finite(effect, 'effect') > 0):
+        raise ValueError(f'effect must be positive, got {effect!r}')
+    ok = lambda n, fixed: (n is None and fixed) or (type(n) is int and n > 0)
+    if not (seeds is None and gap is None) and not (
+        isinstance(seeds, tuple) and len(seeds) == 2 and ok(seeds[0], False) and ok(seeds[1], True)
+    ):
+        raise ValueError(f'seeds must be (n_ours, n_base) seeds per side (n_base None: fixed), got {seeds!r}')
     if (lo is None) != (hi is None) or (gap is None and lo is not None):
         raise ValueError(
             f'an interval is two bounds around a gap or none, got gap {gap!r}, lo {lo!r}, hi {hi!r}'
@@ -471,7 +490,57 @@ class Claim:
     base: str  # the paper's own baseline
     measure: Measure
     way: str = 'better'  # 'better': ours beats base; 'worse': ours is worse (an ablation costs); 'equal': ≈
-    label: str = ''  # what a reader must know about the entries, e.g. "first study's records"
+    label: str = ''  # what a reader must know about the entries, e.g. "first study: k = 512, lr 2e-3"
+    effect: float | None = (
+        None  # the paper's effect in the row's unit, oriented; None where it has no such size
+    )
+
+# %% ../nbs/41_claims.ipynb #e14ad344
+def _lr_text(lr: float) -> str:
+    "A learning rate as the tools write it: 0.002 → '2e-3'."
+    m, e = f'{lr:.1e}'.split('e')
+    return f"{m.removesuffix('.0')}e{int(e)}"
+
+
+def setup(root, entry: str) -> dict:
+    """What a reader must know of study entry `entry` beside its encoding, from seed 0's `config.json` and
+    `summary.json`: `lr` (peak), `parameters`, `EMD passes` (`emd_steps`), `words ×` ('√D' where the word
+    embeddings are scaled: `sinusoidal` unless `scale_words` is False) and `steps`; None where not recorded.
+    """
+    run = seed_runs(root, entry)[0]
+    c = _json(run, 'config.json') if (run / 'config.json').is_file() else {}
+    scaled = c.get('pe') == 'sinusoidal' and c.get('pe_kwargs', {}).get('scale_words', True)
+    return {
+        'lr': c.get('lr'),
+        'parameters': _json(run, 'summary.json').get('parameters'),
+        'EMD passes': c.get('emd_steps', 0) if c else None,
+        'words ×': ('√D' if scaled else '1') if c else None,
+        'steps': c.get('steps'),
+    }
+
+
+def differences(root, ours: str, base: str) -> str:
+    "'lr 4e-3 vs 2e-3; 1,515,712 vs 1,511,104 parameters': where the two study entries' `setup` differ."
+    try:
+        a, b = setup(root, ours), setup(root, base)
+    except FileNotFoundError:  # a fine-tuned entry whose pretraining is not committed
+        return f'no study run of {ours if not Path(root, STUDY, ours).is_dir() else base} to compare settings'
+    show = {
+        'lr': _lr_text,
+        'parameters': '{:,}'.format,
+        'EMD passes': str,
+        'words ×': str,
+        'steps': '{:,}'.format,
+    }
+    out = []
+    for k, f in show.items():
+        if a[k] is not None and b[k] is not None and a[k] != b[k]:
+            out.append(f'lr {f(a[k])} vs {f(b[k])}' if k == 'lr' else f'{k} {f(a[k])} vs {f(b[k])}')
+    return '; '.join(out)
+
+
+def _with(note: str, diff: str) -> str:
+    return note + (f'; differs beyond the encoding: {diff}' if diff else '')
 
 # %% ../nbs/41_claims.ipynb #6e5206dc
 def _both(*reads) -> list:
@@ -494,7 +563,7 @@ def pretrain_loss(ours: str, base: str) -> Measure:
 
     def read(root):
         a, b = _both(lambda: loss_values(root, ours), lambda: loss_values(root, base))
-        return Measured(a, b, 'pretraining seeds')
+        return Measured(a, b, _with('pretraining seeds', differences(root, ours, base)))
 
     return Measure('masked-token loss', 'nats', read)
 
@@ -512,6 +581,12 @@ def checkpoint_values(root, entry: str, task: str) -> tuple[list[float], list[in
     return out, n, metric
 
 
+def _ft_seeds(root, entry: str, task: str) -> str:
+    "The pretraining seeds of `entry` fine-tuned on `task` ('0, 2'): seed 0 and each `<entry>-s<k>` committed."
+    more = [f.name.rsplit('-s', 1)[1] for f in seed_folders(Path(root, f'study_{task}'), entry)]
+    return ', '.join(['0'] + more)
+
+
 def task_metric(ours: str, base: str, task: str) -> Measure:
     """The test metric (× 100) on the study's `task` of each fine-tuned pretraining run of `ours` and `base`
     (`checkpoint_values`: a checkpoint's fine-tuning seeds averaged into one value)."""
@@ -520,9 +595,12 @@ def task_metric(ours: str, base: str, task: str) -> Measure:
         (a, na, m), (b, nb, _) = _both(
             lambda: checkpoint_values(root, ours, task), lambda: checkpoint_values(root, base, task)
         )
-        ft = '/'.join(map(str, sorted(set(na + nb))))
-        note = f'{m}; pretraining seeds, each the mean of its {ft} fine-tuning seed(s)'
-        return Measured([100 * x for x in a], [100 * x for x in b], note)
+        seeds = f'{_ft_seeds(root, ours, task)} vs {_ft_seeds(root, base, task)}'
+        ft = f"{', '.join(map(str, na))} vs {', '.join(map(str, nb))}"
+        note = f'{m}; pretraining seeds {seeds}, each the mean of its fine-tuning seeds ({ft})'
+        return Measured(
+            [100 * x for x in a], [100 * x for x in b], _with(note, differences(root, ours, base))
+        )
 
     return Measure(f'{task} test metric', 'points', read)
 
@@ -563,9 +641,8 @@ def growth(ours: str, base: str, long: int = LONG) -> Measure:
     def read(root):
         a, b = _both(lambda: growth_values(root, ours, long), lambda: growth_values(root, base, long))
         cfg = lambda e: _json(seed_runs(root, e)[0], 'config.json')
-        return Measured(
-            a, b, 'pretraining seeds; ' + '; '.join(trained_offsets(cfg(e), long) for e in (ours, base))
-        )
+        note = 'pretraining seeds; ' + '; '.join(trained_offsets(cfg(e), long) for e in (ours, base))
+        return Measured(a, b, _with(note, differences(root, ours, base)))
 
     return Measure(f'loss growth, 32 → {long} tokens', 'nats', read)
 
@@ -585,7 +662,8 @@ def _loss_past(root, entry: str, frac: float) -> list[float]:
 
 def _tupe_speed(root) -> Measured:
     a, b = _both(lambda: _loss_past(root, 'tupe-a', SPEED), lambda: loss_values(root, 'learned'))
-    return Measured(a, b, f'pretraining seeds; tupe-a at the first evaluation past {SPEED:.0%} of its steps')
+    note = f'pretraining seeds; tupe-a at the first evaluation past {SPEED:.0%} of its steps'
+    return Measured(a, b, _with(note, differences(root, 'tupe-a', 'learned')))
 
 
 TUPE_SPEED = Measure("held-out loss: tupe-a at 30 % of the steps, learned at 100 %", 'nats', _tupe_speed)
@@ -631,17 +709,25 @@ def vit(ours: tuple, base: tuple, what: str) -> Measure:
 def _minilm_bow(root) -> Measured:
     p = minilm_values(root, 'plain', '')
     bow = _num(root, ('minilm', 'plain', 'summary.json'), 'baselines', 'bow', 'accuracy')
-    return Measured(
-        [100 * x for x in p.values()], 100 * bow, 'fine-tuning seeds; bag-of-words: one fixed fit'
+    note = (
+        f'one pretrained checkpoint (the real MiniLM): one seed, the mean of its {len(p)} fine-tuning seeds; '
+        "bag-of-words: one fixed fit, not the paper's task-specific baselines"
     )
+    return Measured([100 * statistics.fmean(p.values())], 100 * bow, note)
 
 
 def _study_bow(root) -> Measured:
     v, n, m = checkpoint_values(root, 'learned', 'sentiment')
     bow = _num(root, ('study_sentiment', 'learned', 'summary.json'), 'baselines', 'bow', m)
-    ft = '/'.join(map(str, sorted(set(n))))
-    note = f'pretraining seeds, each the mean of its {ft} fine-tuning seed(s); bag-of-words: one fixed fit'
-    return Measured([100 * x for x in v], 100 * bow, note)
+    s = _json(seed_runs(root, 'learned')[0], 'summary.json')
+    size = (
+        f"{s.get('parameters', 0):,} parameters, {s.get('steps', 0) * s.get('tokens_per_step', 0):,} tokens"
+    )
+    note = (
+        f'the treatment, large-scale pretraining, cannot take effect at this scale ({size} seen in pretraining, '
+        "against BERT's 110 M parameters and 3.3 G words); bag-of-words is not the paper's task-specific baseline"
+    )
+    return Measured([100 * x for x in v], 100 * bow, note, treated=False)
 
 # %% ../nbs/41_claims.ipynb #30961cda
 def _parts(
@@ -658,7 +744,13 @@ def _parts(
     return [Claim(paper, claim, ours, base, m, way, label) for m in measures]
 
 
-_FIRST = "first study's records (k = 512: rows past ±31 never trained)"
+_FIRST = 'first study: k = 512, lr 2e-3 (rows past ±31 never trained)'  # checked against the configs below
+_K16 = "huang4 at k = 16, Shaw's clipping distance"
+_K511 = "huang4 at k = 511, HF's default (no clipping within 512 positions; the paper's own k is [U])"
+_ABS_LONG = (
+    "learned's rows past 31 were never trained: its rise measures untrained rows (the paper's point: absolute "
+    'embeddings cannot extrapolate); sinusoidal, defined at every position, is the row the verdict rests on'
+)
 _VASWANI = (
     'Vaswani et al. 2017, Table 3 (E)',
     'sinusoidal and learned positions produced nearly identical results (§3.5, Table 3 row E) [P]',
@@ -671,7 +763,11 @@ _HUANG = (
     'Huang et al. 2020; HF README',
     'method 4 > Shaw > absolute: SQuAD 1.1 F1 90.54 > 89.51 > 88.52 [V]',
 )
-_HUANG_LONG = ('Huang et al. 2020, §4', 'method 4 holds up on inputs longer than its training length [U]')
+_HUANG_LONG = (
+    'Huang et al. 2020, §4 ("inductive" property)',
+    'method 4 is robust on sequences longer than those it was trained on, where absolute embeddings are not '
+    '(abstract [V]; the section\'s baseline and setup [U])',
+)
 _DROPIN_CLAIM = (
     'Huang et al. 2020; HF PR #8276',
     'method 4 added to a trained absolute model improves it: BERT-large 93.15 → 93.52 F1 [V]',
@@ -715,11 +811,17 @@ CLAIMS = [
     *_parts(*_HUANG, 'huang4', 'shaw'),
     *_parts(*_HUANG, 'huang4', 'learned'),
     Claim(*_HUANG, 'shaw', 'learned', pretrain_loss('shaw', 'learned')),
+    Claim(*_HUANG, 'huang4-k511', 'learned', pretrain_loss('huang4-k511', 'learned'), label=_K511),
+    Claim(*_HUANG_LONG, 'huang4', 'sinusoidal', growth('huang4', 'sinusoidal'), label=_K16),
+    Claim(*_HUANG_LONG, 'huang4-k511', 'sinusoidal', growth('huang4-k511', 'sinusoidal'), label=_K511),
+    Claim(*_HUANG_LONG, 'huang4', 'learned', growth('huang4', 'learned'), label=f'{_K16}; {_ABS_LONG}'),
     Claim(
-        *_HUANG, 'huang4-k511', 'learned', pretrain_loss('huang4-k511', 'learned'), label='k = 511 variant'
+        *_HUANG_LONG,
+        'huang4-k511',
+        'learned',
+        growth('huang4-k511', 'learned'),
+        label=f'{_K511}; {_ABS_LONG}',
     ),
-    Claim(*_HUANG_LONG, 'huang4', 'learned', growth('huang4', 'learned')),
-    Claim(*_HUANG_LONG, 'huang4-k511', 'learned', growth('huang4-k511', 'learned'), label='k = 511 variant'),
     Claim(*_DROPIN_CLAIM, 'MiniLM + method 4', 'MiniLM', DROPIN),
     Claim(
         'Ke et al. 2021, abstract',
@@ -732,11 +834,11 @@ CLAIMS = [
     *_parts(*_TUPE, 'tupe-r', 'learned'),
     *_parts(*_TUPE, 'tupe-r', 'tupe-a'),
     *[
-        Claim(*_TUPE_CLS, 'tupe-a', 'tupe-a-tiecls', task_metric('tupe-a', 'tupe-a-tiecls', t))
-        for t in ('sentiment', 'order', 'rating')
+        Claim(*_TUPE_CLS, 'tupe-a', 'tupe-a-tiecls', m)
+        for m in [pretrain_loss('tupe-a', 'tupe-a-tiecls')]
+        + [task_metric('tupe-a', 'tupe-a-tiecls', t) for t in ('sentiment', 'order', 'rating')]
     ],
     *_parts(*_DEBERTA, 'deberta', 'learned'),
-    Claim(*_DEBERTA, 'deberta-k512', 'learned', pretrain_loss('deberta-k512', 'learned'), label=_FIRST),
     Claim(*_C2P, 'deberta-noc2p', 'deberta', pretrain_loss('deberta-noc2p', 'deberta'), 'worse'),
     Claim(*_P2C, 'deberta-nop2c', 'deberta', pretrain_loss('deberta-nop2c', 'deberta'), 'worse'),
     Claim(*_EMD, 'deberta-emd', 'deberta', pretrain_loss('deberta-emd', 'deberta')),
@@ -877,29 +979,32 @@ def _n(v) -> str:
 # %% ../nbs/41_claims.ipynb #ad38413d
 def judge(c: Claim, root) -> dict:
     """One row of the table: `c`'s fields, `what`, `unit`, `seeds` ('3 vs 2'), the `means` of both sides, the
-    oriented `gap` and its interval `lo`, `hi` (None where not measured or fewer than two seeds), `verdict`
-    and `note`."""
+    oriented `gap` and its interval `lo`, `hi` (None where not measured or fewer than two seeds), `n` (the
+    seeds per side `verdict` was given), `verdict` and `note`."""
     row = dict(
         paper=c.paper, claim=c.claim, ours=c.ours, base=c.base, what=c.measure.what, unit=c.measure.unit
     )
-    row |= dict(way=c.way, label=c.label, seeds='', means='', gap=None, lo=None, hi=None)
+    row |= dict(way=c.way, label=c.label, seeds='', means='', gap=None, lo=None, hi=None, n=None)
     try:
         m = c.measure.read(Path(root))
     except FileNotFoundError as e:
         files = ', '.join(_under(f, root) for f in getattr(e, 'files', [e.filename]))
-        return row | dict(verdict=verdict(None, None, None), note=f'no committed result: {files}')
+        return row | dict(verdict=verdict(None, None, None, seeds=None), note=f'no committed result: {files}')
     sign = (-1 if c.measure.unit == 'nats' else 1) * (-1 if c.way == 'worse' else 1)
     base = sign * m.base if isinstance(m.base, (int, float)) else [sign * x for x in m.base]
     gap, lo, hi = gap_interval([sign * x for x in m.ours], base)
     margin = MARGIN[c.measure.unit] if c.way == 'equal' else None
-    v = verdict(gap, lo, hi, margin=margin, treated=m.treated)
-    note = m.note + ('' if lo is not None or not m.treated else '; fewer than 2 seeds on a side: no interval')
+    n = (len(m.ours), None if isinstance(m.base, (int, float)) else len(m.base))
+    v = verdict(gap, lo, hi, seeds=n, margin=margin, treated=m.treated, effect=c.effect)
+    few = f"; {_n(m.ours)} vs {_n(m.base)} seeds: fewer than {MIN_SEEDS} a side"
+    note = m.note + (few if too_few(n) and m.treated else '')
     return row | dict(
         seeds=f'{_n(m.ours)} vs {_n(m.base)}',
         means=_means(m, c.measure.unit),
         gap=gap,
         lo=lo,
         hi=hi,
+        n=n,
         verdict=v,
         note=note,
     )
@@ -928,13 +1033,14 @@ def claims(root='results') -> list[dict]:
 
 # %% ../nbs/41_claims.ipynb #25c92bfc
 def _interval(r: dict) -> str:
-    "'+0.117 [−0.50, +0.73] nats', '+0.45 pts (no interval)' or '—'."
+    "'+0.117 [−0.50, +0.73] nats, ±0.62' (the half-width: what the row resolves), '+0.45 pts (no interval)', '—'."
     if r['gap'] is None:
         return '—'
     d, unit = (3, 'nats') if r['unit'] == 'nats' else (2, 'pts')
     ci = '(no interval)' if r['lo'] is None else f"[{r['lo']:+.{d}f}, {r['hi']:+.{d}f}]"
+    half = '' if r['lo'] is None else f", ±{(r['hi'] - r['lo']) / 2:.{d}f}"
     eq = f" (≈: ±{MARGIN[r['unit']]:g})" if r['way'] == 'equal' else ''
-    return f"{r['gap']:+.{d}f} {ci} {unit}{eq}"
+    return f"{r['gap']:+.{d}f} {ci} {unit}{half}{eq}"
 
 
 def claims_markdown(rows: list) -> str:

@@ -609,12 +609,12 @@ def coverage_markdown(rows: list[dict]) -> str:
 def calls_markdown(rows: list[dict]) -> str:
     """The rows ranked by loss, each against the next: the gap (nats), its Welch 95 % interval from the two
     entries' per-seed `values` (`claims.gap_interval`), and whether it is called by the claims page's rule
-    (`claims.verdict`: the interval excludes zero)."""
+    (`claims.verdict`: three seeds a side and an interval that excludes zero)."""
     ranked = sorted(rows, key=lambda r: r['loss'])
     out = ['| entry | next | seeds | gap (nats) | 95 % interval | called |', '|---|---|---|---:|---|---|']
     for a, b in zip(ranked, ranked[1:]):
         gap, lo, hi = gap_interval(b['values'], a['values'])  # positive: `a` has the lower loss
-        called = verdict(gap, lo, hi)
+        called = verdict(gap, lo, hi, seeds=(len(b['values']), len(a['values'])))
         called = 'yes' if called == 'holds' else called
         ci = 'n/a (one seed)' if lo is None else f'[{lo:+.3f}, {hi:+.3f}]'
         seeds = f"{a['seeds']} vs {b['seeds']}"

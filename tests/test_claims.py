@@ -47,27 +47,35 @@ def row(root, ours, base, what='masked-token loss') -> dict:
 
 # --- the rule ---------------------------------------------------------------------------------------------------
 
+S = (3, 3)  # three seeds a side
+
+
 @pytest.mark.parametrize('args, kw, want', [
     ((0.10, 0.03, 0.17), {}, 'holds'),
     ((-0.10, -0.17, -0.03), {}, 'does not hold'),
     ((0.10, -0.02, 0.22), {}, 'cannot tell at this power'),
-    ((0.10, None, None), {}, 'cannot tell at this power'),            # fewer than 2 seeds on a side: no interval
+    ((0.10, None, None), {'seeds': (1, 3)}, 'cannot tell at this power'),  # one seed on a side: no interval
+    ((0.10, 0.03, 0.17), {'seeds': (2, 3)}, 'cannot tell at this power'),  # two seeds: whatever the interval says
+    ((-0.10, -0.17, -0.03), {'seeds': (3, 2)}, 'cannot tell at this power'),
+    ((0.10, 0.03, 0.17), {'seeds': (3, None)}, 'holds'),                  # a fixed baseline has no seeds
+    ((0.10, 0.03, 0.17), {'effect': 0.05}, 'cannot tell at this power'),  # the paper's effect < the half-width
     ((0.0, -0.5, 0.5), {'treated': False}, 'not tested'),
-    ((None, None, None), {}, 'not measured yet'),
+    ((None, None, None), {'seeds': None}, 'not measured yet'),
     ((0.01, -0.03, 0.04), {'margin': 0.05}, 'holds'),                 # ≈ within the margin
     ((0.12, 0.07, 0.17), {'margin': 0.05}, 'does not hold'),          # entirely beyond +margin
     ((-0.12, -0.17, -0.07), {'margin': 0.05}, 'does not hold'),       # entirely beyond −margin
     ((0.04, -0.01, 0.09), {'margin': 0.05}, 'cannot tell at this power'),
+    ((0.01, -0.03, 0.04), {'margin': 0.05, 'seeds': (2, 2)}, 'cannot tell at this power'),
 ])
 def test_verdict_gives_each_outcome(args, kw, want):
-    assert verdict(*args, **kw) == want
+    assert verdict(*args, **({'seeds': S} | kw)) == want
 
 
 def test_a_gap_far_below_the_seed_spread_cannot_tell():
     "The reviewer's row: 0.04811 against 0.04806, a gap of 0.00005 nats, with seeds that spread by 0.02."
     gap, lo, hi = gap_interval([4.04811 - 0.02, 4.04811, 4.04811 + 0.02], [4.04806 - 0.02, 4.04806, 4.04806 + 0.02])
     assert gap == pytest.approx(0.00005) and lo < -0.04 and hi > 0.04
-    assert verdict(gap, lo, hi) == 'cannot tell at this power'
+    assert verdict(gap, lo, hi, seeds=S) == 'cannot tell at this power'
 
 
 def test_gap_interval_is_welchs_with_each_sides_own_spread():
@@ -84,9 +92,11 @@ def test_gap_interval_is_welchs_with_each_sides_own_spread():
 
 def test_bad_input_to_the_rule_is_an_error():
     with pytest.raises(ValueError, match=r'the interval \[0.2, 0.3\] must contain the gap 0.1'):
-        verdict(0.1, 0.2, 0.3)
+        verdict(0.1, 0.2, 0.3, seeds=S)
     with pytest.raises(ValueError, match='margin must be positive'):
-        verdict(0.1, 0.0, 0.2, margin=-1)
+        verdict(0.1, 0.0, 0.2, seeds=S, margin=-1)
+    with pytest.raises(ValueError, match='seeds must be'):
+        verdict(0.1, 0.0, 0.2, seeds=(3, 0))
     with pytest.raises(ValueError, match='ours must be a non-empty list'):
         gap_interval([], [1.0, 2.0])
 
@@ -114,8 +124,10 @@ def test_every_row_is_judged_by_the_one_rule():
     assert len(rows) == len(CLAIMS) and {r['verdict'] for r in rows} <= set(VERDICTS)
     for r in rows:
         margin = MARGIN[r['unit']] if r['way'] == 'equal' else None
-        assert r['verdict'] == verdict(r['gap'], r['lo'], r['hi'], margin=margin,
+        assert r['verdict'] == verdict(r['gap'], r['lo'], r['hi'], seeds=r['n'], margin=margin,
                                        treated=r['verdict'] != 'not tested'), r
+        if r['n'] and any(n is not None and n < 3 for n in r['n']) and r['verdict'] != 'not tested':
+            assert r['verdict'] == 'cannot tell at this power' and 'fewer than 3 a side' in r['note'], r
         if r['verdict'] != 'not measured yet':
             assert re.fullmatch(r'\d+ vs (\d+|fixed)', r['seeds']) and r['base'], r
         else:
@@ -135,10 +147,16 @@ def test_committed_rows_use_the_papers_baselines_and_say_what_they_lack():
     vit = [r for r in rows if r['what'].startswith(('Fashion-MNIST', 'accuracy at 56'))]
     assert len(vit) == 7 and all(r['verdict'] == 'cannot tell at this power' and r['seeds'] == '1 vs 1'
                                  and r['note'].startswith('1 seed') for r in vit)
-    first = [r for r in rows if r['ours'].startswith('deberta-k512')]
-    assert first and all(r['label'].startswith("first study's records") for r in first)
+    first = [r for r in rows if 'deberta-k512' in (r['ours'] + r['base'])]
+    assert first and all(r['label'].startswith('first study: k = 512, lr 2e-3') for r in first)
+    assert all(r['base'].startswith('deberta-k512') for r in first)           # never against a headline entry
     longer = [r for r in rows if r['what'].startswith('loss growth') and r['ours'].startswith('huang4')]
-    assert {r['ours'] for r in longer} == {'huang4', 'huang4-k511'} and {r['base'] for r in longer} == {'learned'}
+    assert {r['ours'] for r in longer} == {'huang4', 'huang4-k511'}
+    assert {r['base'] for r in longer} == {'learned', 'sinusoidal'}
+    assert all('never trained' in r['label'] for r in longer if r['base'] == 'learned')
+    devlin = [r for r in rows if r['paper'].startswith('Devlin')]
+    assert {r['verdict'] for r in devlin if r['ours'].startswith('learned')} == {'not tested'}
+    assert all(r['seeds'] == '1 vs fixed' for r in devlin if 'MiniLM' in r['ours'])
 
 
 def test_entry_settings_are_those_of_study_entries_sh():
@@ -188,7 +206,7 @@ def test_numbers_come_from_the_files_and_each_side_keeps_its_spread(tmp_path):
 
 
 def test_length_rows_say_which_offsets_were_trained(tmp_path):
-    for k in range(2):
+    for k in range(3):
         write_run(tmp_path, 'huang4', k, 4.1 + k / 100, growth=0.02 + k / 100)
         write_run(tmp_path, 'huang4-k511', k, 4.1 + k / 100, growth=1.5 + k / 10)
         write_run(tmp_path, 'learned', k, 4.4 + k / 100, growth=2.0 + k / 10)
@@ -256,6 +274,8 @@ def test_the_drop_in_is_not_tested_when_no_prediction_moved(tmp_path):
                                                     'baselines': {'bow': {'accuracy': 0.79}}}))
         return d
     minilm('plain', '', [0.845, 0.844, 0.839])
+    r = row(tmp_path, 'real MiniLM, fine-tuned', 'bag-of-words', 'sentiment test accuracy')
+    assert (r['seeds'], r['verdict']) == ('1 vs fixed', 'cannot tell at this power')   # one checkpoint: one seed
     h = minilm('huang4', 'huang4', [0.845, 0.844, 0.839])
     r = row(tmp_path, 'MiniLM + method 4', 'MiniLM', 'sentiment test accuracy, real MiniLM')
     assert r['verdict'] == 'not tested' and r['note'] == "every seed (3) has the plain run's test accuracy to the last digit"
