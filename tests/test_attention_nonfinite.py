@@ -107,3 +107,26 @@ def test_a_nan_value_reaches_every_row_of_the_full_forward_but_not_cached_decodi
         steps = torch.cat([mha(x[:, i : i + 1], causal=True, cache=cache) for i in range(N)], 1)
     assert full.isnan().all()
     assert steps[:, :T].isfinite().all() and steps[:, T:].isnan().all()
+
+
+def _compiled(f, *args):  # f(*args) through torch.compile on CPU (Inductor); a clean skip where it cannot compile
+    try:
+        return torch.compile(f, backend='inductor')(*args)
+    except Exception as e:  # noqa: BLE001 (the compiler's own errors: no C compiler, ...)
+        pytest.skip(f'torch.compile (inductor, CPU) is unavailable here: {type(e).__name__}: {e}')
+
+
+def test_nan_keys_and_queries_stay_nan_under_torch_compile():
+    "Inductor folds x·0 to 0: `_nonfinite`'s eager sum trick would make NaN rows finite inside a compiled graph."
+    torch._dynamo.reset()
+    q, k, v = _qkv(5)
+    k[:, :, T] = float('nan')
+    q[0, 1, 1, 0] = float('inf')
+    keep = torch.ones(B, 1, 1, N, dtype=torch.bool)
+    with torch.no_grad():
+        manual = attend(q, k, v, mask=keep, causal=True, fast=False)
+        compiled = _compiled(lambda q, k, v, m: attend(q, k, v, mask=m, causal=True), q, k, v, keep)
+    assert manual[:, :, T:].isnan().all() and manual[0, 1, 1].isnan().all()
+    assert torch.equal(compiled.isnan(), manual.isnan())
+    ok = ~manual.isnan()
+    torch.testing.assert_close(compiled[ok], manual[ok], atol=1e-5, rtol=1e-5)
