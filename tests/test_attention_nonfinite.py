@@ -130,3 +130,40 @@ def test_nan_keys_and_queries_stay_nan_under_torch_compile():
     assert torch.equal(compiled.isnan(), manual.isnan())
     ok = ~manual.isnan()
     torch.testing.assert_close(compiled[ok], manual[ok], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize('shape', [(N,), (N, N), (B, 1, 1, N), (1, H, N, N), (B, 1, N, N), (B, H, N, N)])
+def test_the_rows_that_may_attend_a_bad_key_for_every_mask_shape(shape):
+    from posenc_lit.attention import _nonfinite_keys
+
+    g = torch.Generator().manual_seed(6)
+    k = torch.randn(B, H, N, D, generator=g)
+    k[0, 1, 2, 3], k[1, 0, 5, 0] = float('nan'), float('inf')
+    mask = torch.rand(shape, generator=g) > 0.5
+    _, rows = _nonfinite_keys(k, mask)
+    want = (mask & ~k.isfinite().all(-1)[..., None, :]).any(-1, keepdim=True)  # (b, h, i, 1)
+    assert torch.equal(rows.expand_as(want), want)
+
+
+def test_attend_fast_takes_an_additive_float_mask_as_sdpa_does():
+    q, k, v = _qkv(7)
+    k[:, :, T] = float('nan')
+    keep = causal_mask(N, N)
+    additive = torch.zeros(N, N).masked_fill(~keep, float('-inf'))
+    with torch.no_grad():
+        a, b = attend_fast(q, k, v, mask=keep), attend_fast(q, k, v, mask=additive)
+    assert torch.equal(a.isnan(), b.isnan()) and b[:, :, :T].isfinite().all() and b[:, :, T:].isnan().all()
+    torch.testing.assert_close(a[:, :, :T], b[:, :, :T])
+
+
+def test_the_check_builds_no_b_h_i_j_temporary():
+    from torch.profiler import ProfilerActivity, profile
+
+    from posenc_lit.attention import _nonfinite_keys
+
+    b, h, n, d = 4, 8, 512, 16
+    k, cm = torch.randn(b, h, n, d), causal_mask(n, n)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        _nonfinite_keys(k, cm)
+    peak = max(e.cpu_memory_usage for e in prof.events())
+    assert peak <= k.numel() * 4 < b * h * n * n  # the copy of k (1 MiB), not b·h·i·j bools (8 MiB)
