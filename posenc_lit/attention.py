@@ -325,9 +325,10 @@ def attend_fused(
     if 0 in full:  # no keys, queries, rows or heads: nothing to attend (FlexAttention indexes the terms)
         return q.new_zeros(*q.shape[:3], v.shape[-1])
     valid = None
-    if mask is not None:
-        valid = mask.any(-1, keepdim=True)  # (b|1, h|1, i|1, 1)
-        used = mask.any(-2, keepdim=True).transpose(-1, -2)  # (b|1, h|1, j, 1)
+    if mask is not None:  # which rows and keys are left, the causal part included (as attend's manual path)
+        allowed = _with_causal(mask, causal, full[2], full[3], q.device)
+        valid = allowed.any(-1, keepdim=True)  # (b|1, h|1, i|1, 1)
+        used = allowed.any(-2, keepdim=True).transpose(-1, -2)  # (b|1, h|1, j, 1)
         k, v = k.masked_fill(~used, 0.0), v.masked_fill(~used, 0.0)  # padding's NaN stays out
         mask = mask.expand(full)  # a view, read entry by entry
 

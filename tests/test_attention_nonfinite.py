@@ -167,3 +167,19 @@ def test_the_check_builds_no_b_h_i_j_temporary():
         _nonfinite_keys(k, cm)
     peak = max(e.cpu_memory_usage for e in prof.events())
     assert peak <= k.numel() * 4 < b * h * n * n  # the copy of k (1 MiB), not b·h·i·j bools (8 MiB)
+
+
+def test_fused_rows_left_empty_by_padding_and_causal_are_zero_as_on_the_manual_path():
+    "Left padding plus causal=True: the first rows have no allowed key (0), NaN in a real value or not."
+    q, k, v = _qkv(8)
+    keep = torch.ones(B, 1, 1, N, dtype=torch.bool)
+    keep[1, ..., :3] = False  # left padding: rows 0..2 of batch row 1 see only padding
+    for nan in (False, True):
+        if nan:
+            v[1, :, 5] = float('nan')
+        with torch.no_grad():
+            fused, manual = (attend(q, k, v, mask=keep, causal=True, fast=f) for f in ('fused', False))
+        assert (manual[1, :, :3] == 0).all() and (fused[1, :, :3] == 0).all(), nan
+        assert torch.equal(fused.isnan(), manual.isnan())
+        ok = ~manual.isnan()
+        torch.testing.assert_close(fused[ok], manual[ok], atol=1e-5, rtol=1e-5)
