@@ -478,10 +478,14 @@ class checked_inputs:
     """`with checked_inputs(): ctx = pe.prepare(...)`: `prepare` skips `check_prepare` in the block, for a
     caller that has checked its positions, `key_mask` and `causal` itself (a model's forward)."""
 
+    def __init__(self):
+        self.was = []  # the states before each `with` of this object still open (it may be nested in itself)
+
     def __enter__(self):
-        self.was, _PREPARE.open = getattr(_PREPARE, 'open', False), True
+        self.was.append(getattr(_PREPARE, 'open', False))
+        _PREPARE.open = True
         return self
 
     def __exit__(self, *exc):
-        _PREPARE.open = self.was
+        _PREPARE.open = self.was.pop()
 

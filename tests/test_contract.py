@@ -504,3 +504,17 @@ def test_the_contract_is_not_bypassed_by_wraps_a_mixin_or_positional_arguments()
         Positional().prepare(pos, pos, bad)
     with pytest.raises(ValueError, match='causal must be true or false'):
         Positional().prepare(pos, pos, None, 'yes')
+
+
+def test_checked_inputs_is_reentrant():
+    "One checked_inputs() object nested in itself: the checks are back on once both blocks are left."
+    from posenc_lit.core import checked_inputs
+
+    pos, bad = default_positions(6), torch.ones(1, 6)
+    ci = checked_inputs()
+    with ci:
+        with ci:
+            T5RelativeBias(H).prepare(pos, pos, key_mask=bad)  # not checked inside
+        T5RelativeBias(H).prepare(pos, pos, key_mask=bad)
+    with pytest.raises(ValueError, match='key_mask must be a bool'):
+        T5RelativeBias(H).prepare(pos, pos, key_mask=bad)
