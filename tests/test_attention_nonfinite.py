@@ -183,3 +183,21 @@ def test_fused_rows_left_empty_by_padding_and_causal_are_zero_as_on_the_manual_p
         assert torch.equal(fused.isnan(), manual.isnan())
         ok = ~manual.isnan()
         torch.testing.assert_close(fused[ok], manual[ok], atol=1e-5, rtol=1e-5)
+
+
+def test_gradients_with_a_nan_key_the_documented_difference():
+    "Manual path: a NaN in every row of dq, dk, dv; fast path: finite, dk 0 at the NaN key; the loss NaN on both."
+    for mask in (None, torch.ones(B, 1, 1, N, dtype=torch.bool)):
+        grads = {}
+        for fast in (False, True):
+            q, k, v = _qkv(9)
+            k[:, :, T, 0] = float('nan')
+            for t in (q, k, v):
+                t.requires_grad_(True)
+            loss = attend(q, k, v, mask=mask, causal=mask is None, fast=fast).sum()
+            loss.backward()
+            assert loss.isnan()
+            grads[fast] = (q.grad, k.grad, v.grad)
+        assert all(g.isnan().any(-1).all() for g in grads[False])  # a NaN in every row
+        assert all(g.isfinite().all() for g in grads[True])
+        assert (grads[True][1][:, :, T] == 0).all()
