@@ -313,7 +313,7 @@ class PositionEncoding(nn.Module):
 
     def __init_subclass__(cls, **kwargs):
         """Puts the subclass's `prepare` (its own, or a mixin's found through the MRO) behind the contract's
-        input checks (`check_prepare`, Input checks); a staticmethod or classmethod `prepare` is left as it is.
+        input checks (`check_prepare`, Input checks); a staticmethod or classmethod `prepare` is left as is.
         """
         super().__init_subclass__(**kwargs)
         found = inspect.getattr_static(cls, 'prepare', None)  # the base's own is wrapped where it is defined
