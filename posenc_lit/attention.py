@@ -125,16 +125,34 @@ def _cpu_math_path(q, score_terms, mask) -> bool:
     return mask is None and not score_terms and not is_tracing() and bool(q.isnan().any())
 
 
-def _nonfinite(x):  # `(..., n, d)` -> `(..., n)`: the vectors holding a NaN or ±inf (0·NaN and 0·inf are NaN)
-    return (x * 0).sum(-1).isnan()  # on the device, no host read; a tenth of isfinite().all()'s time on CPU
+def _nonfinite(x):  # `(..., n, d)` -> `(..., n)`: the vectors holding a NaN or ±inf (no host read)
+    if torch.compiler.is_compiling():  # Inductor folds x·0 to 0, so the sum trick below would say False
+        return ~x.isfinite().all(-1)
+    return (x * 0).sum(-1).isnan()  # 0·NaN, 0·inf are NaN; eager, 1/15–1/30 of isfinite().all()'s CPU time
 
 
 # SDPA adds the mask to q·k, and NaN + -inf is NaN: a masked key holding NaN or ±inf would spoil rows that the
 # manual path keeps finite (its masked_fill replaces the entry)
 def _nonfinite_keys(k, mask):
-    "`k` with NaN and ±inf zeroed, and the rows `(b, h, i, 1)` that may attend a key that held one."
-    rows = (mask & _nonfinite(k)[..., None, :]).any(-1, keepdim=True)  # (b, h, i, 1)
-    return k.nan_to_num(0.0, 0.0, 0.0), rows
+    """`k` with NaN and ±inf zeroed, and the rows `(b, h, i|1, 1)` that may attend a key that held one (`mask`
+    bool, or float and additive: allowed where > -inf)."""
+    allowed = mask if mask.dtype == torch.bool else mask > float('-inf')
+    allowed = allowed[(None,) * (4 - allowed.ndim)].to(k.dtype)  # (b|1, h|1, i|1, j), 1 = may attend
+    bad = _nonfinite(k).to(k.dtype)  # (b, h, j), 1 = holds NaN or ±inf
+    return k.nan_to_num(0.0, 0.0, 0.0), _may_attend(allowed, bad)
+
+
+def _may_attend(
+    allowed, bad
+):  # `(b|1, h|1, i|1, j)`, `(b, h, j)` -> bool `(b, h, i|1, 1)`: Σ_j allowed·bad > 0
+    # a matrix product, not `mask & bad` (a (b, h, i, j) temporary); a mask shared by the heads (the batch)
+    # takes them (and the batch) as the product's columns: one matrix product, not b·h matrix-vector ones
+    b, h, j = bad.shape
+    if allowed.shape[:2] == (1, 1):
+        return (allowed[0, 0] @ bad.reshape(b * h, j).T).T.reshape(b, h, -1, 1) > 0
+    if allowed.shape[1] == 1:
+        return (allowed[:, 0] @ bad.transpose(1, 2)).transpose(1, 2)[..., None] > 0
+    return allowed @ bad[..., None] > 0
 
 
 def attend_fast(
@@ -147,7 +165,8 @@ def attend_fast(
     dropout_p: float = 0.0,
 ):
     """Fast path of `attend` through `F.scaled_dot_product_attention` (on CPU, `_attend_math` when a term
-    needs a gradient); returns `out (b, h, i, d_v)`; with a mask, a row that may attend a key holding NaN or
+    needs a gradient); returns `out (b, h, i, d_v)`; `mask` bool (True = may attend) or float (added to the
+    logits, as SDPA takes it: allowed where > -inf); with a mask, a row that may attend a key holding NaN or
     ±inf is NaN (see the note above)."""
     out, rows = _attend_fast(q, k, v, score_terms, mask, scale, dropout_p)
     return out if rows is None else out.masked_fill(rows, float('nan'))
@@ -306,9 +325,10 @@ def attend_fused(
     if 0 in full:  # no keys, queries, rows or heads: nothing to attend (FlexAttention indexes the terms)
         return q.new_zeros(*q.shape[:3], v.shape[-1])
     valid = None
-    if mask is not None:
-        valid = mask.any(-1, keepdim=True)  # (b|1, h|1, i|1, 1)
-        used = mask.any(-2, keepdim=True).transpose(-1, -2)  # (b|1, h|1, j, 1)
+    if mask is not None:  # which rows and keys are left, the causal part included (as attend's manual path)
+        allowed = _with_causal(mask, causal, full[2], full[3], q.device)
+        valid = allowed.any(-1, keepdim=True)  # (b|1, h|1, i|1, 1)
+        used = allowed.any(-2, keepdim=True).transpose(-1, -2)  # (b|1, h|1, j, 1)
         k, v = k.masked_fill(~used, 0.0), v.masked_fill(~used, 0.0)  # padding's NaN stays out
         mask = mask.expand(full)  # a view, read entry by entry
 

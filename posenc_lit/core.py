@@ -8,7 +8,9 @@ import importlib
 import re
 import sys
 import functools
+import inspect
 import threading
+import weakref
 from dataclasses import dataclass, field, fields
 from typing import Callable
 import torch
@@ -297,6 +299,10 @@ class LayerRef:
             raise TypeError(f'LayerRef(idx): the layer index is an int ≥ 0 (or None); got {self.idx!r:.60}')
 
 # %% ../nbs/00_core.ipynb #01ff96e6
+# the prepares behind `check_prepare` (Input checks), by identity: `functools.wraps` copies attributes
+_CHECKED = weakref.WeakSet()
+
+
 class PositionEncoding(nn.Module):
     "Base class of position encodings; with its default hooks it adds no position signal (NoPE)."
 
@@ -306,11 +312,17 @@ class PositionEncoding(nn.Module):
     context_type: type = Context  # the type `prepare` returns
 
     def __init_subclass__(cls, **kwargs):
-        "Puts a subclass's own `prepare` behind the contract's input checks (`check_prepare`, Input checks)."
+        """Puts the subclass's `prepare` (its own, or a mixin's found through the MRO) behind the contract's
+        input checks (`check_prepare`, Input checks); a staticmethod or classmethod `prepare` is left as is.
+        """
         super().__init_subclass__(**kwargs)
-        own = cls.__dict__.get('prepare')
-        if callable(own) and not getattr(own, 'contract_checked', False):
-            cls.prepare = _contract_prepare(own)
+        found = inspect.getattr_static(cls, 'prepare', None)  # the base's own is wrapped where it is defined
+        if (
+            inspect.isfunction(found)
+            and found not in _CHECKED
+            and found is not vars(PositionEncoding)['prepare']
+        ):
+            cls.prepare = _contract_prepare(found)
 
     def embed(self, pos: torch.Tensor):  # `(b|1, n)` integer positions
         "Vectors `(b|1, n, D)` to add to the input embeddings, or `None`."
@@ -445,14 +457,17 @@ def _contract_prepare(prepare):
     def checked(self, q_pos, k_pos, *args, **kwargs):
         if getattr(_PREPARE, 'open', False):
             return prepare(self, q_pos, k_pos, *args, **kwargs)
-        check_prepare(q_pos, k_pos, kwargs.get('key_mask'), kwargs.get('causal', False))
+        # `key_mask`, `causal`: by keyword, or positionally after the positions (the contract's order)
+        key_mask = args[0] if len(args) > 0 else kwargs.get('key_mask')
+        causal = args[1] if len(args) > 1 else kwargs.get('causal', False)
+        check_prepare(q_pos, k_pos, key_mask, causal)
         _PREPARE.open = True
         try:
             return prepare(self, q_pos, k_pos, *args, **kwargs)
         finally:
             _PREPARE.open = False
 
-    checked.contract_checked = True
+    _CHECKED.add(checked)
     return checked
 
 
@@ -463,10 +478,14 @@ class checked_inputs:
     """`with checked_inputs(): ctx = pe.prepare(...)`: `prepare` skips `check_prepare` in the block, for a
     caller that has checked its positions, `key_mask` and `causal` itself (a model's forward)."""
 
+    def __init__(self):
+        self.was = []  # the states before each `with` of this object still open (it may be nested in itself)
+
     def __enter__(self):
-        self.was, _PREPARE.open = getattr(_PREPARE, 'open', False), True
+        self.was.append(getattr(_PREPARE, 'open', False))
+        _PREPARE.open = True
         return self
 
     def __exit__(self, *exc):
-        _PREPARE.open = self.was
+        _PREPARE.open = self.was.pop()
 

@@ -107,3 +107,97 @@ def test_a_nan_value_reaches_every_row_of_the_full_forward_but_not_cached_decodi
         steps = torch.cat([mha(x[:, i : i + 1], causal=True, cache=cache) for i in range(N)], 1)
     assert full.isnan().all()
     assert steps[:, :T].isfinite().all() and steps[:, T:].isnan().all()
+
+
+def _compiled(f, *args):  # f(*args) through torch.compile on CPU (Inductor); a clean skip where it cannot compile
+    try:
+        return torch.compile(f, backend='inductor')(*args)
+    except Exception as e:  # noqa: BLE001 (the compiler's own errors: no C compiler, ...)
+        pytest.skip(f'torch.compile (inductor, CPU) is unavailable here: {type(e).__name__}: {e}')
+
+
+def test_nan_keys_and_queries_stay_nan_under_torch_compile():
+    "Inductor folds x·0 to 0: `_nonfinite`'s eager sum trick would make NaN rows finite inside a compiled graph."
+    torch._dynamo.reset()
+    q, k, v = _qkv(5)
+    k[:, :, T] = float('nan')
+    q[0, 1, 1, 0] = float('inf')
+    keep = torch.ones(B, 1, 1, N, dtype=torch.bool)
+    with torch.no_grad():
+        manual = attend(q, k, v, mask=keep, causal=True, fast=False)
+        compiled = _compiled(lambda q, k, v, m: attend(q, k, v, mask=m, causal=True), q, k, v, keep)
+    assert manual[:, :, T:].isnan().all() and manual[0, 1, 1].isnan().all()
+    assert torch.equal(compiled.isnan(), manual.isnan())
+    ok = ~manual.isnan()
+    torch.testing.assert_close(compiled[ok], manual[ok], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize('shape', [(N,), (N, N), (B, 1, 1, N), (1, H, N, N), (B, 1, N, N), (B, H, N, N)])
+def test_the_rows_that_may_attend_a_bad_key_for_every_mask_shape(shape):
+    from posenc_lit.attention import _nonfinite_keys
+
+    g = torch.Generator().manual_seed(6)
+    k = torch.randn(B, H, N, D, generator=g)
+    k[0, 1, 2, 3], k[1, 0, 5, 0] = float('nan'), float('inf')
+    mask = torch.rand(shape, generator=g) > 0.5
+    _, rows = _nonfinite_keys(k, mask)
+    want = (mask & ~k.isfinite().all(-1)[..., None, :]).any(-1, keepdim=True)  # (b, h, i, 1)
+    assert torch.equal(rows.expand_as(want), want)
+
+
+def test_attend_fast_takes_an_additive_float_mask_as_sdpa_does():
+    q, k, v = _qkv(7)
+    k[:, :, T] = float('nan')
+    keep = causal_mask(N, N)
+    additive = torch.zeros(N, N).masked_fill(~keep, float('-inf'))
+    with torch.no_grad():
+        a, b = attend_fast(q, k, v, mask=keep), attend_fast(q, k, v, mask=additive)
+    assert torch.equal(a.isnan(), b.isnan()) and b[:, :, :T].isfinite().all() and b[:, :, T:].isnan().all()
+    torch.testing.assert_close(a[:, :, :T], b[:, :, :T])
+
+
+def test_the_check_builds_no_b_h_i_j_temporary():
+    from torch.profiler import ProfilerActivity, profile
+
+    from posenc_lit.attention import _nonfinite_keys
+
+    b, h, n, d = 4, 8, 512, 16
+    k, cm = torch.randn(b, h, n, d), causal_mask(n, n)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        _nonfinite_keys(k, cm)
+    peak = max(e.cpu_memory_usage for e in prof.events())
+    assert peak <= k.numel() * 4 < b * h * n * n  # the copy of k (1 MiB), not b·h·i·j bools (8 MiB)
+
+
+def test_fused_rows_left_empty_by_padding_and_causal_are_zero_as_on_the_manual_path():
+    "Left padding plus causal=True: the first rows have no allowed key (0), NaN in a real value or not."
+    q, k, v = _qkv(8)
+    keep = torch.ones(B, 1, 1, N, dtype=torch.bool)
+    keep[1, ..., :3] = False  # left padding: rows 0..2 of batch row 1 see only padding
+    for nan in (False, True):
+        if nan:
+            v[1, :, 5] = float('nan')
+        with torch.no_grad():
+            fused, manual = (attend(q, k, v, mask=keep, causal=True, fast=f) for f in ('fused', False))
+        assert (manual[1, :, :3] == 0).all() and (fused[1, :, :3] == 0).all(), nan
+        assert torch.equal(fused.isnan(), manual.isnan())
+        ok = ~manual.isnan()
+        torch.testing.assert_close(fused[ok], manual[ok], atol=1e-5, rtol=1e-5)
+
+
+def test_gradients_with_a_nan_key_the_documented_difference():
+    "Manual path: a NaN in every row of dq, dk, dv; fast path: finite, dk 0 at the NaN key; the loss NaN on both."
+    for mask in (None, torch.ones(B, 1, 1, N, dtype=torch.bool)):
+        grads = {}
+        for fast in (False, True):
+            q, k, v = _qkv(9)
+            k[:, :, T, 0] = float('nan')
+            for t in (q, k, v):
+                t.requires_grad_(True)
+            loss = attend(q, k, v, mask=mask, causal=mask is None, fast=fast).sum()
+            loss.backward()
+            assert loss.isnan()
+            grads[fast] = (q.grad, k.grad, v.grad)
+        assert all(g.isnan().any(-1).all() for g in grads[False])  # a NaN in every row
+        assert all(g.isfinite().all() for g in grads[True])
+        assert (grads[True][1][:, :, T] == 0).all()

@@ -468,3 +468,53 @@ def test_cope_positions_depend_on_the_mask_and_the_direction():
     lower = torch.ones(6, 6, dtype=torch.bool).tril(-1)  # keys before the query
     assert (t() - t(key_mask=keep))[..., lower].abs().max() > 1e-3
     assert (t() - t(causal=True)).abs().max() > 1e-3
+
+
+def test_the_contract_is_not_bypassed_by_wraps_a_mixin_or_positional_arguments():
+    "functools.wraps copies attributes, a mixin's prepare comes through the MRO, key_mask/causal may be positional."
+    import functools
+
+    from posenc_lit.core import Context, PositionEncoding
+
+    pos, bad = default_positions(6), torch.full((1, 6), 0.5)
+
+    class Wrapped(PositionEncoding):
+        @functools.wraps(PositionEncoding.prepare)  # to reuse the base's docstring
+        def prepare(self, q_pos, k_pos, *, key_mask=None, causal=False):
+            return Context(q_pos, k_pos, pe=self)
+
+    class Positional(PositionEncoding):
+        def prepare(self, q_pos, k_pos, key_mask=None, causal=False):
+            return Context(q_pos, k_pos, pe=self)
+
+    class Mixin:
+        def prepare(self, q_pos, k_pos, *, key_mask=None, causal=False):
+            return Context(q_pos, k_pos, pe=self)
+
+    class WithMixin(Mixin, PositionEncoding):
+        pass
+
+    for cls in (Wrapped, WithMixin, Positional):
+        with pytest.raises(ValueError, match='key_mask must be a bool'):
+            cls().prepare(pos, pos, key_mask=bad)
+        with pytest.raises(ValueError, match='causal must be true or false'):
+            cls().prepare(pos, pos, causal='yes')
+        assert cls().prepare(pos, pos, key_mask=torch.ones(1, 6, dtype=torch.bool), causal=True).pe is not None
+    with pytest.raises(ValueError, match='key_mask must be a bool'):
+        Positional().prepare(pos, pos, bad)
+    with pytest.raises(ValueError, match='causal must be true or false'):
+        Positional().prepare(pos, pos, None, 'yes')
+
+
+def test_checked_inputs_is_reentrant():
+    "One checked_inputs() object nested in itself: the checks are back on once both blocks are left."
+    from posenc_lit.core import checked_inputs
+
+    pos, bad = default_positions(6), torch.ones(1, 6)
+    ci = checked_inputs()
+    with ci:
+        with ci:
+            T5RelativeBias(H).prepare(pos, pos, key_mask=bad)  # not checked inside
+        T5RelativeBias(H).prepare(pos, pos, key_mask=bad)
+    with pytest.raises(ValueError, match='key_mask must be a bool'):
+        T5RelativeBias(H).prepare(pos, pos, key_mask=bad)
