@@ -148,7 +148,13 @@ def _one_step(acc: Accelerator, loop: Loop, state: dict, saved: int):
 
 # %% ../nbs/20_loop.ipynb #faf0154a
 def fit(
-    acc: Accelerator, loop: Loop, state: dict, out: Path, stop_at=None, stop=None, bar=None
+    acc: Accelerator,
+    loop: Loop,
+    state: dict,
+    out: Path,
+    stop_at: int | None = None,
+    stop: object = None,  # a SignalStop (see Interruptions), or None
+    bar: tqdm | None = None,
 ) -> str | None:
     """Train from `state['step']` to `loop.steps` (or `stop_at`); the signal that stopped it, or None. A signal
     (`stop`: a `SignalStop`, see Interruptions) stops it after the step in progress, the last one included, with
@@ -498,8 +504,18 @@ def stopped(state: dict, steps: int, sig: str | None) -> dict:
 
 
 def fit_run(
-    acc, loop, cfg, out, state, desc, *, stop_at=None, progress=True, overwrite=False, check=None
-) -> tuple:
+    acc: Accelerator,
+    loop: Loop,  # what fit trains
+    cfg,  # the run's config: seed, steps
+    out: Path,  # the run directory
+    state: dict | None,  # the trainer state to resume from (open_run); None: a fresh run
+    desc: str,  # the progress bar's label
+    *,
+    stop_at: int | None = None,
+    progress: bool = True,
+    overwrite: bool = False,
+    check: Callable[[Path], object] | None = None,  # load_checkpoint's check of the checkpoint
+) -> tuple:  # (step reached, what stopped returns or None where all cfg.steps ran)
     """`(step reached, what stopped returns or None where all cfg.steps ran)`: a run trained to `cfg.steps`, a
     fresh one (`state` None) seeded with `cfg.seed`, else from the checkpoint in `out` (`load_checkpoint`, with
     `check`, its check of the checkpoint), inside `running` (`desc`: the progress bar's label); a signal (the
@@ -533,8 +549,13 @@ def end_run(acc: Accelerator, out: Path, summary: dict) -> dict:
 # %% ../nbs/20_loop.ipynb #0663d587
 @torch.no_grad()
 def eval_sums(
-    model: torch.nn.Module, n: int, batch_size: int, sums_of: Callable, k: int = 3, accelerator=None
-):
+    model: torch.nn.Module,
+    n: int,
+    batch_size: int,
+    sums_of: Callable,  # (start, end, device) -> `(k,)` sums over examples [start, end)
+    k: int = 3,
+    accelerator: Accelerator | None = None,
+) -> torch.Tensor:
     """`(k,)` float64: `sums_of(start, end, device)`, the `(k,)` sums over examples [start, end), over `n`
     examples in batches dealt to the processes of `accelerator` in turn, added over all."""
     rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)

@@ -303,7 +303,13 @@ def _saved_config(out: Path, config: dict, defaults: dict, kind: str):
 
 
 def prepare_run_dir(
-    out: Path, cfg, resume: bool | None, overwrite=False, *, steps=None, ends=()
+    out: Path,
+    cfg,
+    resume: bool | None,
+    overwrite: bool = False,
+    *,
+    steps: int | None = None,
+    ends: tuple = (),
 ) -> dict | None:
     """Check `out` against run config `cfg` (a dataclass: options it did not have when the run was saved take
     their defaults); the trainer state of its checkpoint to resume from (checked by `check_loop_state` for a

@@ -189,8 +189,15 @@ def vit_no_decay(name: str) -> bool:
 
 # %% ../nbs/26_vit_train.ipynb #d90f2123
 def evaluate_images(
-    model, images, labels, mean: float, std: float, size=None, batch_size=256, accelerator=None
-):
+    model,
+    images: torch.Tensor,
+    labels: torch.Tensor,  # uint8 `(n, H, W)`, int64 `(n,)`
+    mean: float,
+    std: float,
+    size: tuple | None = None,  # standardisation; `(H', W')` to resize to
+    batch_size: int = 256,
+    accelerator: Accelerator | None = None,
+) -> dict:
     """Cross-entropy `loss`, `accuracy` and the number of `images` (uint8 `(n, H, W)`, `labels` int64 `(n,)`),
     standardised by `mean` and `std` and resized to `size` `(H', W')` if given; sharded over the processes of
     `accelerator` if given."""
@@ -222,8 +229,18 @@ def model_for(model: ViT, size, mode: str) -> ViT:
 
 # %% ../nbs/26_vit_train.ipynb #bb1ec69f
 def evaluate_sizes(
-    model: ViT, images, labels, mean, std, sizes, modes=EVAL_MODES, *, accelerator=None, known=None
-):
+    model: ViT,
+    images,
+    labels,
+    mean: float,
+    std: float,
+    sizes,
+    modes=EVAL_MODES,
+    *,
+    accelerator: Accelerator | None = None,
+    # `{(H, W): accuracy}` of `model` as it is, already measured: not computed again
+    known: dict | None = None,
+) -> dict:
     """`{'HxW': {mode: accuracy}}` on `images` resized to each size; the same number for modes that give the
     same model, and `known[(H, W)]` for the model as it is where it was already measured."""
     out = {}
