@@ -11,6 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from dataclasses import dataclass
 from .core import *
+from .core import _desc  # what a message says was passed
 from .checks import *
 
 # %% auto #0
@@ -412,10 +413,6 @@ def attend(
 # a score term that does not fit (b, h, i, j): position_attention names its encoding
 class _ScoreTermError(ValueError):
     pass
-
-
-def _desc(t) -> str:  # what a message says was passed
-    return f'{t.dtype} tensor of shape {tuple(t.shape)}' if isinstance(t, torch.Tensor) else type(t).__name__
 
 
 def _fits(t, full) -> bool:  # a 4-D tensor that broadcasts to `full` (b, h, i, j)

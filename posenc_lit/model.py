@@ -12,6 +12,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from safetensors.torch import save_file, load_file
 from .core import *
+from .core import _desc  # what a message says was passed
 from .checks import *
 from .files import atomic_write
 from .attention import *
@@ -682,10 +683,6 @@ def _check_relative(cfg, enc: PositionEncoding) -> PositionEncoding:
     return enc
 
 # %% ../nbs/15_model.ipynb #19328af6
-def _desc(t):
-    return f'{t.dtype} tensor of shape {tuple(t.shape)}' if isinstance(t, torch.Tensor) else type(t).__name__
-
-
 def _check_tensor(t, name: str, what: str, kind, shapes=None, device=None):
     """`ValueError` `'{name} must be {what}; got …'` unless `kind(t)` and `t.shape` is one of `shapes` (any
     if None), and naming the device unless `t` is on `device`; `t` None passes."""
