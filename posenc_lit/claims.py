@@ -361,8 +361,6 @@ def minilm_values(root, run: str, added: str) -> dict:
                 )
     return dict(zip(seeds, v))
 
-
-
 # %% ../nbs/41_claims.ipynb #c7905048
 def _check_vit_seed(run: Path, seed: int, first: Path):
     """`ValueError` naming the file unless the ViT run folder `run` holds seed `seed` at the settings of `first`,
