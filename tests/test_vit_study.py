@@ -154,3 +154,19 @@ def test_runner_passes_the_seed_and_needs_the_full_data(tmp_path):
         assert not called.exists()
     else:
         pytest.skip('the full Fashion-MNIST is on this machine: the refusal without it is not exercised')
+
+
+def test_runner_end_to_end(tmp_path):
+    "A seed of an entry with a table, smoke-sized: its files land in results/vit/NAME-sK; run again, it is skipped."
+    env = {**os.environ, 'STUDY_ROOT': str(tmp_path), 'COMMIT': '0', 'PRESET': 'smoke', 'PYTHONPATH': str(ROOT)}
+    run = lambda: subprocess.run(['bash', str(SCRIPT), 'learned2d-s3'], env=env, capture_output=True, text=True,
+                                 timeout=900)
+    p = run()
+    assert p.returncode == 0, p.stderr[-2000:]
+    dest = tmp_path / 'results' / 'vit' / 'learned2d-s3'
+    assert {f.name for f in dest.iterdir()} == {'config.json', 'metrics.jsonl', 'summary.json',
+                                                'pos_embed.safetensors'}
+    c = json.loads((dest / 'config.json').read_text())
+    assert (c['pe'], c['seed'], c['steps']) == ('learned2d', 3, 20)
+    assert 'finished learned2d-s3: ' in p.stdout
+    assert 'done already: learned2d-s3' in run().stdout
