@@ -14,9 +14,9 @@ from scipy import stats
 __all__ = ['STUDY', 'ABS_MARGIN', 'ENTRY_SETTINGS', 'VERDICTS', 'LEVEL', 'MARGIN', 'MIN_SEEDS', 'LONG', 'SPEED', 'TUPE_SPEED',
            'DROPIN', 'CLAIMS', 'COLOURS', 'entry_settings', 'check_run', 'seed_folders', 'seed_runs', 'loss_values',
            'study_loss', 'eval_loss', 'seed_noise', 'loss_at', 'eval_curve', 'task_values', 'downstream',
-           'minilm_values', 'gap_interval', 'too_few', 'verdict', 'Measured', 'Measure', 'Claim', 'setup',
-           'differences', 'pretrain_loss', 'checkpoint_values', 'task_metric', 'trained_offsets', 'growth_values',
-           'growth', 'vit', 'check_root', 'judge', 'claims', 'claims_markdown', 'forest_plot']
+           'minilm_values', 'vit_runs', 'vit_values', 'gap_interval', 'too_few', 'verdict', 'Measured', 'Measure',
+           'Claim', 'setup', 'differences', 'pretrain_loss', 'checkpoint_values', 'task_metric', 'trained_offsets',
+           'growth_values', 'growth', 'vit', 'check_root', 'judge', 'claims', 'claims_markdown', 'forest_plot']
 
 # %% ../nbs/41_claims.ipynb #4172f9dc
 STUDY = 'study'  # results/study/<entry>[-s<seed>]/ (tools/run_study.sh, the `study` preset; issue 29)
@@ -361,14 +361,50 @@ def minilm_values(root, run: str, added: str) -> dict:
                 )
     return dict(zip(seeds, v))
 
+# %% ../nbs/41_claims.ipynb #c7905048
+def _check_vit_seed(run: Path, seed: int, first: Path):
+    """`ValueError` naming the file unless the ViT run folder `run` holds seed `seed` at the settings of `first`,
+    seed 0 of its entry (the keys both configs have, but the seed; the data set its summary names)."""
+    if (f := run / 'config.json').is_file():
+        c = _json(run, 'config.json')
+        if c.get('seed', 0) != seed:  # `posenc_lit vit` always writes it; 0 is its default
+            raise _misplaced(f, f"says seed {c.get('seed', 0)!r}, but its folder holds seed {seed}")
+        c0 = _json(first, 'config.json') if (first / 'config.json').is_file() else {}
+        if diff := sorted(k for k in c.keys() & c0.keys() - {'seed'} if c[k] != c0[k]):
+            raise _misplaced(
+                f,
+                f'has {diff[0]} {c[diff[0]]!r}, but {first / "config.json"} (seed 0) has {c0[diff[0]]!r}: '
+                'the seeds of one entry share its settings',
+            )
+    data, data0 = (_json(r, 'summary.json').get('data') for r in (run, first))
+    if data != data0:
+        raise _misplaced(
+            run / 'summary.json', f'has data {data!r}, but {first / "summary.json"} (seed 0) has {data0!r}'
+        )
 
-def _vit(root, run: str, *keys) -> float:
-    "The number at `keys` in `vit/<run>/summary.json` (its config's `pe` must be `run`), through `_finite`."
-    if (c := Path(root, 'vit', run, 'config.json')).is_file() and (
-        pe := _json(c.parent, c.name).get('pe')
-    ) != run:
-        raise _misplaced(c, f'says pe {pe!r}, but its folder is vit/{run}')
-    return _num(root, ('vit', run, 'summary.json'), *keys)
+
+def vit_runs(root, entry: str) -> list[Path]:
+    """The committed runs of ViT study entry `entry`: `vit/<entry>` (seed 0) first, then `vit/<entry>-s1`,
+    `-s2`, ... (`seed_folders`), each checked by `_check_vit_seed`. FileNotFoundError (the claim is 'not
+    measured yet') while seed 0 is not committed; `ValueError` naming the file of a seed out of its place."""
+    first = Path(root, 'vit', entry)
+    if not (first / 'summary.json').is_file():
+        raise FileNotFoundError(errno.ENOENT, 'not committed', str(first / 'summary.json'))
+    runs = [first] + seed_folders(first.parent, entry)
+    for r in runs[1:]:
+        _check_vit_seed(r, int(r.name.rsplit('-s', 1)[1]), first)
+    return runs
+
+
+def vit_values(root, entry: str, *keys) -> list[float]:
+    """The number at `keys` in the `summary.json` of each committed seed of ViT entry `entry` (`vit_runs`), whose
+    config's `pe` must be `entry`, through `_finite`."""
+    out = []
+    for r in vit_runs(root, entry):
+        if (c := r / 'config.json').is_file() and (pe := _json(r, 'config.json').get('pe')) != entry:
+            raise _misplaced(c, f'says pe {pe!r}, but its folder is vit/{r.name}')
+        out.append(_num(root, ('vit', r.name, 'summary.json'), *keys))
+    return out
 
 # %% ../nbs/41_claims.ipynb #24cc5c35
 VERDICTS = ('holds', 'does not hold', 'cannot tell at this power', 'not tested', 'not measured yet')
@@ -696,12 +732,20 @@ def _dropin(root) -> Measured:
 DROPIN = Measure('sentiment test accuracy, real MiniLM', 'points', _dropin)
 
 # %% ../nbs/41_claims.ipynb #1cad1a7e
+def _vit_seeds(root, entry: str) -> str:
+    "The committed seeds of ViT entry `entry` ('0, 1, 2'): `vit_runs`."
+    return ', '.join(['0'] + [r.name.rsplit('-s', 1)[1] for r in vit_runs(root, entry)[1:]])
+
+
 def vit(ours: tuple, base: tuple, what: str) -> Measure:
-    "Two numbers of `vit/<run>/summary.json`, `(run, *keys)` each, × 100: one seed per side."
+    """A number of `vit/<run>/summary.json`, `(run, *keys)` a side, × 100, for every committed seed of each side
+    (`vit_values`)."""
 
     def read(root):
-        a, b = _both(lambda: _vit(root, *ours), lambda: _vit(root, *base))
-        return Measured([100 * a], [100 * b], '1 seed per side (one training run each)')
+        a, b = _both(lambda: vit_values(root, *ours), lambda: vit_values(root, *base))
+        note = f'ViT training seeds {_vit_seeds(root, ours[0])} vs {_vit_seeds(root, base[0])}'
+        same = '; both sides are the same runs, read two ways' if ours[0] == base[0] else ''
+        return Measured([100 * x for x in a], [100 * x for x in b], note + same)
 
     return Measure(what, 'points', read)
 

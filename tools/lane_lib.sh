@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# What the study lanes share: sourced by tools/run_study.sh and tools/run_decoder_study.sh.
+# What the study lanes share: sourced by tools/run_study.sh, run_decoder_study.sh and run_vit_study.sh.
 
 # commit_result PATH MESSAGE: commit one finished result, retrying while another git command holds the index
 # (COMMIT=0: commit nothing)
@@ -10,4 +10,42 @@ commit_result() {
     sleep 7
   done
   echo "warning: could not commit $1" >&2
+}
+
+# check_names SCRIPT KNOWN NAME...: every NAME is an entry of KNOWN (a space-separated list) or ENTRY-sK,
+# seed K of an entry (K > 0 without a leading zero: seed 0 is the plain name; K below 2**32, the CLI's
+# largest seed), and holds no whitespace; otherwise a message naming SCRIPT and the name on stderr, and
+# status 2. A lane calls it before its first run starts (a run takes most of an hour).
+check_names() {
+  local script=$1 known=$2 name entry seed first second
+  shift 2
+  read -r first second _ <<< "$known"
+  for name in "$@"; do
+    if [[ $name =~ [[:space:]] ]]; then
+      echo "$script: the name '$name' holds whitespace; nothing was run. Pass each study entry as its own" \
+        "argument (e.g. $first $second, not '$first $second')" >&2
+      return 2
+    fi
+    entry=$name
+    if [[ $name =~ ^(.+)-s([1-9][0-9]*)$ ]]; then
+      entry=${BASH_REMATCH[1]} seed=${BASH_REMATCH[2]}
+      # the CLI takes seeds below 2**32; more than 10 digits would overflow bash's arithmetic
+      if (( ${#seed} > 10 )) || (( seed >= 4294967296 )); then
+        echo "$script: the seed of '$name' is past the largest seed, 4294967295 (2**32 - 1);" \
+          "nothing was run" >&2
+        return 2
+      fi
+    fi
+    if [[ " $known " != *" $entry "* ]]; then
+      echo "$script: unknown study entry '$name'; nothing was run. Known entries: $known" \
+        "(seed k > 0 of an entry: ENTRY-sk, e.g. $first-s1)" >&2
+      return 2
+    fi
+  done
+}
+
+# split_name NAME: sets `entry` and `seed` of a name check_names accepted (ENTRY-sK: ENTRY and K; else seed 0)
+split_name() {
+  entry=$1 seed=0
+  if [[ $1 =~ ^(.+)-s([1-9][0-9]*)$ ]]; then entry=${BASH_REMATCH[1]} seed=${BASH_REMATCH[2]}; fi
 }

@@ -19,7 +19,7 @@ cd "${STUDY_ROOT:-$(dirname "$0")/..}"   # STUDY_ROOT: the checkout to write int
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
 source "$HERE/study_entries.sh"   # args_for: study entry -> pretrain options
-source "$HERE/lane_lib.sh"        # commit_result
+source "$HERE/lane_lib.sh"        # commit_result, check_names, split_name
 
 # every name is checked before the first run starts (a run takes most of an hour)
 if [ $# -eq 0 ]; then
@@ -27,41 +27,19 @@ if [ $# -eq 0 ]; then
   exit 2
 fi
 known=$(python -c 'from posenc_lit.study import ENTRIES; print(*ENTRIES)')
-for name in "$@"; do
-  if [[ $name =~ [[:space:]] ]]; then
-    echo "run_study.sh: the name '$name' holds whitespace; nothing was run. Pass each study entry as its own" \
-      "argument (e.g. learned sinusoidal, not 'learned sinusoidal')" >&2
-    exit 2
-  fi
-  entry=$name
-  if [[ $name =~ ^(.+)-s([1-9][0-9]*)$ ]]; then
-    entry=${BASH_REMATCH[1]} seed=${BASH_REMATCH[2]}
-    # the CLI takes seeds below 2**32; more than 10 digits would overflow bash's arithmetic
-    if (( ${#seed} > 10 )) || (( seed >= 4294967296 )); then
-      echo "run_study.sh: the seed of '$name' is past the largest seed, 4294967295 (2**32 - 1); nothing was run" >&2
-      exit 2
-    fi
-  fi
-  if [[ " $known " != *" $entry "* ]]; then
-    echo "run_study.sh: unknown study entry '$name'; nothing was run. Known entries: $known" \
-      "(seed k > 0 of an entry: ENTRY-sk, e.g. learned-s1)" >&2
-    exit 2
-  fi
-done
+check_names run_study.sh "$known" "$@" || exit 2
 
 # the learning rate of each entry is the sweep's choice for its family (nbs/35_study.ipynb, "Learning rates");
 # an entry whose family's sweep has not given one is refused before anything runs
 declare -A LR
 for name in "$@"; do
-  entry=$name
-  if [[ $name =~ ^(.+)-s([1-9][0-9]*)$ ]]; then entry=${BASH_REMATCH[1]}; fi
+  split_name "$name"
   LR[$name]=$(python -c 'import sys; from posenc_lit.study import study_lr; print(study_lr(sys.argv[1]))' "$entry") \
     || { echo "run_study.sh: no learning rate for $name yet (above); nothing was run" >&2; exit 2; }
 done
 
 for name in "$@"; do
-  entry=$name seed=0
-  if [[ $name =~ ^(.+)-s([1-9][0-9]*)$ ]]; then entry=${BASH_REMATCH[1]} seed=${BASH_REMATCH[2]}; fi
+  split_name "$name"
   run=runs/study/$name dest=results/study/$name
   if [ -f "$dest/summary.json" ] && [ -f "$dest/lengths.json" ]; then echo "done already: $name"; continue; fi
   # shellcheck disable=SC2046
