@@ -307,6 +307,8 @@ def test_a_fine_tuning_from_another_pretraining_run_is_left_out_with_its_note(tm
         'no committed result: study_order/tupe-a/summary.json (left out: pretrained with seed 5 (committed: 0)), '
         'study_order/tupe-a-s1/summary.json (left out: pretrained with lr 0.004 (committed: 0.002))'), r['note']
     from posenc_lit.study import task_left_out, task_markdown, task_rows  # the study page's table too
+    f = tmp_path / 'study_order' / 'learned' / 'summary.json'
+    f.write_text(json.dumps(json.loads(f.read_text()) | {'validation': {'accuracy': {'mean': 0.7}}}))
     rows, left = task_rows(tmp_path, 'order'), task_left_out(tmp_path, 'order')
     assert left == {'tupe-a': 'pretrained with seed 5 (committed: 0)'}
     assert [(r['entry'], r['pretraining']) for r in rows] == [('learned', UNRECORDED)]
