@@ -260,6 +260,52 @@ def test_finetune_records_its_pretraining(ckpt, tmp_path, monkeypatch):
     assert not (tmp_path / 'ft2').exists()
 
 
+def _drop_record(*files):
+    "The summaries `files` as written before fine-tuning kept its `pretraining` record."
+    from posenc_lit.files import write_json
+    for f in files:
+        s = json.loads(f.read_text())
+        write_json(f, {k: v for k, v in s.items() if k != 'pretraining'}, indent=2, sort_keys=True)
+
+
+def test_backfill_adds_the_record_only_where_it_cannot_be_wrong(ckpt, tmp_path, monkeypatch):
+    """tools/backfill_pretraining.py gives a summary written without the record the one finetune writes now, where
+    the checkpoint is the committed run's last save, unchanged since before the fine-tuning; else it says why not."""
+    import importlib.util
+    tool = Path(__file__).parent.parent / 'tools' / 'backfill_pretraining.py'
+    spec = importlib.util.spec_from_file_location('backfill', tool)
+    bf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bf)
+    root, results = tmp_path / 'main', tmp_path / 'results'
+    run, ft = root / 'runs' / 'study' / 'tiny', root / 'runs' / 'study_sentiment' / 'tiny'
+    shutil.copytree(ckpt.parent, run)
+    (results / 'study' / 'tiny').mkdir(parents=True)
+    for f in ('config.json', 'summary.json', 'metrics.jsonl'):
+        shutil.copy(run / f, results / 'study' / 'tiny' / f)
+    if bf._birth(root) is None:
+        pytest.skip('this file system keeps no birth times')
+    monkeypatch.chdir(root)                     # as tools/run_order.sh runs: paths relative to the checkout
+    cfg = make_finetune_config('smoke', task='sentiment', checkpoint='runs/study/tiny', max_train=32)
+    s = finetune_seeds(cfg, 'runs/study_sentiment/tiny', seeds=[0], progress=False, baselines=False)
+    dest = results / 'study_sentiment' / 'tiny'
+    _drop_record(ft / 'summary.json', ft / 'seed0' / 'summary.json')
+    shutil.copytree(ft, dest, ignore=shutil.ignore_patterns('checkpoint'))
+    assert 'skipped on request' in bf.backfill(results, root, {'tiny'}, write=True)[0][1]
+    assert bf.backfill(results, root, set(), write=False)[0][1].startswith('record to add')
+    assert 'pretraining' not in json.loads((dest / 'summary.json').read_text())      # a dry run writes nothing
+    assert bf.backfill(results, root, set(), write=True)[0][1].startswith('record added')
+    want = s['pretraining'] | {'backfilled': 'tools/backfill_pretraining.py'}
+    assert json.loads((dest / 'summary.json').read_text())['pretraining'] == want
+    assert json.loads((dest / 'seed0' / 'summary.json').read_text())['pretraining'] == want
+    _drop_record(dest / 'summary.json', dest / 'seed0' / 'summary.json')
+    w = run / 'checkpoint' / 'model.safetensors'
+    w.write_bytes(w.read_bytes())               # the same bytes, written after the fine-tuning started
+    assert 'study_sentiment/tiny was made (' in bf.backfill(results, root, set(), write=True)[0][1]
+    w.write_bytes(w.read_bytes() + b'\0')
+    assert 'is not the file its last save wrote' in bf.backfill(results, root, set(), write=True)[0][1]
+    assert 'pretraining' not in json.loads((dest / 'summary.json').read_text())
+
+
 def test_quick_run_beats_majority(ckpt, tmp_path):
     "The quick preset, one seed, on the full sentiment task from the tiny checkpoint: above the majority class."
     res = finetune(make_finetune_config('quick', task='sentiment', checkpoint=str(ckpt)), tmp_path / 'q', progress=False)
