@@ -331,7 +331,7 @@ _PRETRAINED = (
 
 
 def pretraining_check(
-    s: dict,  # a fine-tuning summary (`finetune`, `finetune_seeds`)
+    s: dict,  # a fine-tuning summary, as fine-tuning writes it
     run,  # the committed pretraining run folder it should start from: `study/<entry>[-s<k>]`
 ) -> str:
     """'' if `s` started from the committed pretraining run `run`: its `pretraining` record has the `lr`,

@@ -140,7 +140,7 @@ def _setup(cfg: FinetuneConfig):
 
 # %% ../nbs/29_finetune.ipynb #572277b9
 def pretraining_record(
-    path,  # a pretraining run folder or its checkpoint/ (`find_checkpoint`); a Hugging Face folder gives None
+    path,  # a pretraining run folder or its checkpoint/ folder; a Hugging Face folder gives None
 ) -> dict | None:
     """What a fine-tuning summary records of the pretraining it starts from: `run` (`path` as given), the
     checkpoint's `step`, the run's peak `lr`, `steps`, `seed`, `pe`, `pe_kwargs` (the checkpoint's
