@@ -11,12 +11,13 @@ from typing import Callable
 from scipy import stats
 
 # %% auto #0
-__all__ = ['STUDY', 'ABS_MARGIN', 'ENTRY_SETTINGS', 'VERDICTS', 'LEVEL', 'MARGIN', 'MIN_SEEDS', 'LONG', 'SPEED', 'TUPE_SPEED',
-           'DROPIN', 'CLAIMS', 'COLOURS', 'entry_settings', 'check_run', 'seed_folders', 'seed_runs', 'loss_values',
-           'study_loss', 'eval_loss', 'seed_noise', 'loss_at', 'eval_curve', 'task_values', 'downstream',
-           'minilm_values', 'vit_runs', 'vit_values', 'gap_interval', 'too_few', 'verdict', 'Measured', 'Measure',
-           'Claim', 'setup', 'differences', 'pretrain_loss', 'checkpoint_values', 'task_metric', 'trained_offsets',
-           'growth_values', 'growth', 'vit', 'check_root', 'judge', 'claims', 'claims_markdown', 'forest_plot']
+__all__ = ['STUDY', 'ABS_MARGIN', 'ENTRY_SETTINGS', 'UNRECORDED', 'VERDICTS', 'LEVEL', 'MARGIN', 'MIN_SEEDS', 'LONG', 'SPEED',
+           'TUPE_SPEED', 'DROPIN', 'CLAIMS', 'COLOURS', 'entry_settings', 'check_run', 'seed_folders', 'seed_runs',
+           'loss_values', 'study_loss', 'eval_loss', 'seed_noise', 'loss_at', 'eval_curve', 'task_values',
+           'pretraining_check', 'ft_checks', 'downstream', 'minilm_values', 'vit_runs', 'vit_values', 'gap_interval',
+           'too_few', 'verdict', 'Measured', 'Measure', 'Claim', 'setup', 'differences', 'pretrain_loss',
+           'checkpoint_values', 'ft_note', 'task_metric', 'trained_offsets', 'growth_values', 'growth', 'vit',
+           'check_root', 'judge', 'claims', 'claims_markdown', 'forest_plot']
 
 # %% ../nbs/41_claims.ipynb #4172f9dc
 STUDY = 'study'  # results/study/<entry>[-s<seed>]/ (tools/run_study.sh, the `study` preset; issue 29)
@@ -316,6 +317,52 @@ def task_values(root, entry: str, task: str) -> tuple[list[float], str]:
     metric = s.get('main_metric', 'accuracy')
     return [_finite(a, f'{task} test {metric} of {entry} in {f}') for a in v], metric
 
+# %% ../nbs/41_claims.ipynb #aa0ee962
+UNRECORDED = (
+    'pretraining not recorded'  # a fine-tuning summary written before `finetune` kept its `pretraining`
+)
+_PRETRAINED = (
+    'lr',
+    'steps',
+    'seed',
+    'pe',
+    'pe_kwargs',
+)  # what the record and the run's config.json must share
+
+
+def pretraining_check(
+    s: dict,  # a fine-tuning summary, as fine-tuning writes it
+    run,  # the committed pretraining run folder it should start from: `study/<entry>[-s<k>]`
+) -> str:
+    """'' if `s` started from the committed pretraining run `run`: its `pretraining` record has the `lr`,
+    `steps`, `seed`, `pe` and `pe_kwargs` of `run/config.json` and the `eval_loss` of `run/summary.json`.
+    `UNRECORDED` where `s` has no record (summaries written before it was kept: used, with this note); otherwise
+    why not, e.g. "pretrained with lr 0.002 (committed: 0.004)": the fine-tuning is then left out."""
+    rec, run = s.get('pretraining') if isinstance(s, dict) else None, Path(run)
+    if rec is None:
+        return UNRECORDED
+    if not isinstance(rec, dict):
+        return f'its pretraining record is a JSON {type(rec).__name__}, not an object'
+    if not ((run / 'config.json').is_file() and (run / 'summary.json').is_file()):
+        return (
+            f'no committed pretraining run {run.name} (config.json, summary.json) to compare its record with'
+        )
+    cfg, summary = _json(run, 'config.json'), _json(run, 'summary.json')
+    want = {k: cfg.get(k) for k in _PRETRAINED} | {'eval_loss': summary.get('eval_loss')}
+    diff = [f'{k} {rec.get(k)!r} (committed: {v!r})' for k, v in want.items() if rec.get(k) != v]
+    return f"pretrained with {', '.join(diff)}" if diff else ''
+
+
+def ft_checks(root, entry: str, task: str) -> dict:
+    """{pretraining seed: `pretraining_check`} of each committed fine-tuning of study entry `entry` on `task`:
+    `study_<task>/<entry>` (seed 0) and `<entry>-s<k>` (seed k), each against `study/<entry>[-s<k>]`."""
+    base, out = Path(root, f'study_{task}'), {}
+    for d in [base / entry, *seed_folders(base, entry)]:
+        if (d / 'summary.json').is_file():
+            k = 0 if d.name == entry else int(d.name.rsplit('-s', 1)[1])
+            out[k] = pretraining_check(_json(d, 'summary.json'), Path(root, STUDY, d.name))
+    return out
+
 # %% ../nbs/41_claims.ipynb #b4a21614
 def _mean_std(v: list, metric: str) -> dict:
     sd = statistics.stdev(v) if len(v) > 1 else 0.0
@@ -580,16 +627,18 @@ def _with(note: str, diff: str) -> str:
 
 # %% ../nbs/41_claims.ipynb #6e5206dc
 def _both(*reads) -> list:
-    "Each read's result; one FileNotFoundError whose `files` name every missing file, if any is missing."
-    out, missing = [], []
+    """Each read's result; one FileNotFoundError whose `files` name every missing file, if any is missing, and
+    whose `left_out` gives (file, why) of each whose every fine-tuning was left out (`checkpoint_values`)."""
+    out, missing, left = [], [], []
     for read in reads:
         try:
             out.append(read())
         except FileNotFoundError as e:
-            missing.append(e.filename)
-    if missing:
-        e = FileNotFoundError(errno.ENOENT, 'not committed', missing[0])
-        e.files = missing
+            missing += [] if hasattr(e, 'left_out') else [e.filename]
+            left += getattr(e, 'left_out', [])
+    if missing or left:
+        e = FileNotFoundError(errno.ENOENT, 'not committed', (missing or [left[0][0]])[0])
+        e.files, e.left_out = missing, left
         raise e
     return out
 
@@ -607,20 +656,43 @@ def pretrain_loss(ours: str, base: str) -> Measure:
 def checkpoint_values(root, entry: str, task: str) -> tuple[list[float], list[int], str]:
     """The test metric on `task` of each fine-tuned pretraining run of study entry `entry` (the mean over that
     checkpoint's fine-tuning seeds: `study_<task>/<entry>`, `<entry>-s1`, ...), the number of fine-tuning seeds
-    of each, and the metric's name. FileNotFoundError while seed 0's fine-tuning is not committed."""
-    v, metric = task_values(root, entry, task)
-    out, n = [statistics.fmean(v)], [len(v)]
-    for folder in seed_folders(Path(root, f'study_{task}'), entry):
-        v, _ = task_values(root, folder.name, task)
+    of each, and the metric's name; a fine-tuning that started from another pretraining run than the committed
+    one (`pretraining_check`) is left out. FileNotFoundError while seed 0's fine-tuning is not committed, or
+    when every one is left out (its `left_out`: [(file, why)])."""
+    _, metric = task_values(root, entry, task)
+    out, n, left = [], [], []
+    for k, why in ft_checks(root, entry, task).items():
+        name = entry if k == 0 else f'{entry}-s{k}'
+        if why not in ('', UNRECORDED):
+            left.append((str(Path(root, f'study_{task}', name, 'summary.json')), why))
+            continue
+        v, _ = task_values(root, name, task)
         out.append(statistics.fmean(v))
         n.append(len(v))
+    if not out:
+        e = FileNotFoundError(errno.ENOENT, 'fine-tuned from another pretraining run', left[0][0])
+        e.left_out = left
+        raise e
     return out, n, metric
 
 
 def _ft_seeds(root, entry: str, task: str) -> str:
-    "The pretraining seeds of `entry` fine-tuned on `task` ('0, 2'): seed 0 and each `<entry>-s<k>` committed."
-    more = [f.name.rsplit('-s', 1)[1] for f in seed_folders(Path(root, f'study_{task}'), entry)]
-    return ', '.join(['0'] + more)
+    """The pretraining seeds of `entry` fine-tuned on `task` ('0, 2') that `checkpoint_values` uses: seed 0 and
+    each `<entry>-s<k>` committed, but those left out."""
+    return ', '.join(str(k) for k, why in ft_checks(root, entry, task).items() if why in ('', UNRECORDED))
+
+
+def ft_note(root, task: str, *entries: str) -> str:
+    """What a row says of the pretraining behind the fine-tunings of `entries` on `task`: each seed left out and
+    why, and the seeds whose summary has no record ('pretraining not recorded: shaw seed 0, learned seeds 0, 2');
+    '' if neither."""
+    out, bare = [], []
+    for e in entries:
+        checks = ft_checks(root, e, task)
+        out += [f'{e} seed {k} left out, {why}' for k, why in checks.items() if why not in ('', UNRECORDED)]
+        if ks := [str(k) for k, why in checks.items() if why == UNRECORDED]:
+            bare.append(f"{e} seed{'s' * (len(ks) > 1)} {', '.join(ks)}")
+    return '; '.join(out + ([f"{UNRECORDED}: {', '.join(bare)}"] if bare else []))
 
 
 def task_metric(ours: str, base: str, task: str) -> Measure:
@@ -634,6 +706,7 @@ def task_metric(ours: str, base: str, task: str) -> Measure:
         seeds = f'{_ft_seeds(root, ours, task)} vs {_ft_seeds(root, base, task)}'
         ft = f"{', '.join(map(str, na))} vs {', '.join(map(str, nb))}"
         note = f'{m}; pretraining seeds {seeds}, each the mean of its fine-tuning seeds ({ft})'
+        note += f'; {x}' if (x := ft_note(root, task, ours, base)) else ''
         return Measured(
             [100 * x for x in a], [100 * x for x in b], _with(note, differences(root, ours, base))
         )
@@ -771,6 +844,7 @@ def _study_bow(root) -> Measured:
         f'the treatment, large-scale pretraining, cannot take effect at this scale ({size} seen in pretraining, '
         "against BERT's 110 M parameters and 3.3 G words); bag-of-words is not the paper's task-specific baseline"
     )
+    note += f'; {x}' if (x := ft_note(root, 'sentiment', 'learned')) else ''
     return Measured([100 * x for x in v], 100 * bow, note, treated=False)
 
 # %% ../nbs/41_claims.ipynb #30961cda
@@ -1032,8 +1106,10 @@ def judge(c: Claim, root) -> dict:
     try:
         m = c.measure.read(Path(root))
     except FileNotFoundError as e:
-        files = ', '.join(_under(f, root) for f in getattr(e, 'files', [e.filename]))
-        return row | dict(verdict=verdict(None, None, None, seeds=None), note=f'no committed result: {files}')
+        files = [_under(f, root) for f in getattr(e, 'files', [e.filename])]
+        files += [f'{_under(f, root)} (left out: {why})' for f, why in getattr(e, 'left_out', [])]
+        note = f"no committed result: {', '.join(files)}"
+        return row | dict(verdict=verdict(None, None, None, seeds=None), note=note)
     sign = (-1 if c.measure.unit == 'nats' else 1) * (-1 if c.way == 'worse' else 1)
     base = sign * m.base if isinstance(m.base, (int, float)) else [sign * x for x in m.base]
     gap, lo, hi = gap_interval([sign * x for x in m.ours], base)

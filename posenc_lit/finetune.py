@@ -4,7 +4,7 @@
 
 # %% ../nbs/29_finetune.ipynb #e1990f37
 from __future__ import annotations
-import math, statistics, time
+import json, math, statistics, time
 from dataclasses import dataclass, field, asdict
 from pathlib import Path
 from typing import ClassVar
@@ -20,9 +20,11 @@ from .heads import *
 from .heads import _context_mask, _is_hf_folder, _longest_run, _special
 from .loop import *
 from .runs import *
+from .runs import _sha256
 
 # %% auto #0
-__all__ = ['FINETUNE_PRESETS', 'FinetuneConfig', 'make_finetune_config', 'finetune', 'finetune_seeds', 'format_summary']
+__all__ = ['FINETUNE_PRESETS', 'FinetuneConfig', 'make_finetune_config', 'pretraining_record', 'finetune', 'finetune_seeds',
+           'format_summary']
 
 # %% ../nbs/29_finetune.ipynb #a6318dc9
 @dataclass(kw_only=True)
@@ -99,14 +101,15 @@ def make_finetune_config(preset: str = 'quick', **overrides) -> FinetuneConfig:
 
 # %% ../nbs/29_finetune.ipynb #2b62c97f
 def _setup(cfg: FinetuneConfig):
-    "Checkpoint, tokenizer, task data (encoded, lengths checked) and the model, before anything is written."
+    """Checkpoint, tokenizer, task data (encoded, lengths checked), the model and the `pretraining_record` of the
+    checkpoint, before anything is written."""
     check_precision(cfg.mixed_precision)
     spec = get_task(cfg.task)
     if not cfg.checkpoint:
         raise CheckpointError(
             'no checkpoint given: pass the checkpoint/ of a `posenc_lit pretrain` run (--checkpoint)'
         )
-    encoder, tok = load_pretrained(cfg.checkpoint)
+    encoder, tok, pre = _load_recorded(cfg.checkpoint)
     if cfg.add_relative:
         encoder = add_relative(encoder, cfg.add_relative, **cfg.add_relative_kwargs)
     dd = load_task(cfg.task, cfg.data_files or None)
@@ -133,7 +136,46 @@ def _setup(cfg: FinetuneConfig):
         if not keep:
             raise TaskError(f'task {cfg.task}: no training answer survives max_len={cfg.max_len}')
     model = EncoderForTask(encoder, spec.kind, spec.n_labels, cfg.head_dropout, special=_special(tok))
-    return spec, tok, dd, data, model
+    return spec, tok, dd, data, model, pre
+
+# %% ../nbs/29_finetune.ipynb #572277b9
+def pretraining_record(
+    path,  # a pretraining run folder or its checkpoint/ folder; a Hugging Face folder gives None
+) -> dict | None:
+    """What a fine-tuning summary records of the pretraining it starts from: `run` (`path` as given), the
+    checkpoint's `step`, the run's peak `lr`, `steps`, `seed`, `pe`, `pe_kwargs` (the checkpoint's
+    `train_config.json`, else the run's `config.json`; None where neither exists), the run's final `eval_loss`
+    (its `summary.json`, if that summary is of the checkpoint's step; else None), a git `commit` where the run
+    recorded one, and the `sha256` of the weights file. `CheckpointError` as `find_checkpoint`."""
+    p = Path(path).expanduser()
+    if _is_hf_folder(p):
+        return None
+    ck = find_checkpoint(p)
+    run = ck.parent if ck.name == 'checkpoint' else None  # a bare model folder has no run around it
+    read = lambda f: json.loads(f.read_text()) if f is not None and f.is_file() else {}
+    cfg = read(ck / 'train_config.json') or read(run and run / 'config.json')
+    step, summary = read(ck / STATE_FILE).get('step'), read(run and run / 'summary.json')
+    rec = {
+        'run': str(path),
+        'step': step,
+        **{k: cfg.get(k) for k in ('lr', 'steps', 'seed', 'pe', 'pe_kwargs')},
+    }
+    rec['eval_loss'] = summary.get('eval_loss') if step is not None and summary.get('steps') == step else None
+    if commit := cfg.get('commit') or summary.get('commit'):
+        rec['commit'] = commit
+    return rec | {'sha256': {'model.safetensors': _sha256(ck / 'model.safetensors')}}
+
+
+def _load_recorded(path):
+    "`load_pretrained(path)` and the `pretraining_record` of the weights it read (the same before and after)."
+    rec = pretraining_record(path)
+    encoder, tok = load_pretrained(path)
+    if rec is not None and pretraining_record(path) != rec:
+        raise CheckpointError(
+            f'{path} changed while it was read (a run saving into it?): what was loaded is not known; '
+            'fine-tune once that run has finished'
+        )
+    return encoder, tok, rec
 
 # %% ../nbs/29_finetune.ipynb #42e85350
 def _batch(data: dict, idx, kind: str):
@@ -158,6 +200,7 @@ class _TaskRun:
     per_epoch: int  # optimizer steps per epoch
     steps: int  # optimizer steps of the run
     t_start: float  # time.time() at the start
+    pretraining: dict | None  # `pretraining_record` of the checkpoint loaded
     best: dict | None = None  # the best validation scores so far
     best_step: int = 0
     best_state: dict | None = None  # the weights that scored `best`, on the CPU
@@ -182,14 +225,14 @@ def finetune(
     step: it then returns `{'signal', 'stopped_at_step', 'steps'}` and writes no summary (fine-tuning keeps no
     checkpoint: a stopped run starts again)."""
     out, t_start = Path(out), time.time()
-    spec, tok, dd, data, model = _setup(cfg)
+    spec, tok, dd, data, model, pre = _setup(cfg)
     acc = accelerator(cfg.mixed_precision)
     if acc.is_main_process:
         clear_run_dir(out, cfg, overwrite, cfg.checkpoint)
     set_seed(cfg.seed)  # the head is drawn again from this seed (`_setup` drew it before)
     nn.init.normal_(model.head.proj.weight, std=model.encoder.cfg.initializer_range)
     per_epoch = max(1, math.ceil(len(data['train']['input_ids']) / (cfg.batch_size * acc.num_processes)))
-    run = _TaskRun(spec, tok, dd, data, per_epoch, per_epoch * cfg.epochs, t_start)
+    run = _TaskRun(spec, tok, dd, data, per_epoch, per_epoch * cfg.epochs, t_start, pre)
     parts = optimizer(acc, model, _param_groups(model, cfg), cfg.lr, run.steps, cfg.warmup)
     state = {'step': 0}
     with running(acc, out, cfg, 0, run.steps, f'finetune {cfg.task}', progress) as (stop, bar):
@@ -255,6 +298,8 @@ def _finish(cfg: FinetuneConfig, out: Path, acc: Accelerator, model, run: _TaskR
         **run_costs(acc, out, model, run.steps, 'tokens_per_s'),
         'wall_s': time.time() - run.t_start,
     }
+    if run.pretraining is not None:
+        summary['pretraining'] = run.pretraining
     if 'dropped' in data['train']:
         summary['dropped_train_answers'] = data['train']['dropped']
     if cfg.add_relative_lr:
@@ -282,7 +327,7 @@ def finetune_seeds(
         raise ValueError(f'seeds must be distinct and at least one; got {seeds}')
     # every seed checked first
     cfgs = [make_finetune_config('quick', **{**asdict(cfg), 'seed': s}) for s in seeds]
-    spec, _, dd, _, _ = _setup(cfgs[0])  # checkpoint, data and lengths checked before anything is written
+    spec, _, dd, _, _, _ = _setup(cfgs[0])  # checkpoint, data and lengths checked before anything is written
     clear_run_dir(out, cfg, overwrite, cfg.checkpoint)
     out.mkdir(parents=True, exist_ok=True)
     runs = []
@@ -291,11 +336,22 @@ def finetune_seeds(
         if 'signal' in r:
             return {**r, 'seed': c.seed}
         runs.append(r)
+        if r.get('pretraining') != runs[0].get('pretraining'):
+            raise CheckpointError(
+                f'{cfg.checkpoint} changed between seed {seeds[0]} and seed {c.seed} (another pretraining run '
+                f'saved into it): their summaries in {out} start from different runs; fine-tune again'
+            )
         # the whole file again, atomically: a crash mid-write leaves the previous lines, never half a line
         lines = ''.join(dumps(result_record(x)) + '\n' for x in runs)
         atomic_write(out / 'results.jsonl', lambda tmp: Path(tmp).write_text(lines))
     same = 'task checkpoint main_metric max_len pe pe_kwargs steps examples truncated'.split()
-    added = ('add_relative', 'add_relative_kwargs', 'add_relative_lr', 'extend_positions')  # where set
+    added = (
+        'add_relative',
+        'add_relative_kwargs',
+        'add_relative_lr',
+        'extend_positions',
+        'pretraining',
+    )  # where set
     summary = {
         'seeds': seeds,
         **{k: runs[0][k] for k in same},  # the same in every seed's summary

@@ -14,8 +14,10 @@ from posenc_lit.claims import (
     check_root,
     downstream,
     gap_interval,
+    pretraining_check,
     seed_runs,
     study_loss,
+    UNRECORDED,
     verdict,
 )
 
@@ -26,7 +28,7 @@ __all__ = ['HEADLINE', 'VARIANTS', 'FIRST_STUDY', 'GROUPS', 'ENTRIES', 'SEEDS', 
            'pick_lr', 'study_lr', 'chosen_lrs', 'sweep_markdown', 'sweep_parameters', 'study_lrs_markdown',
            'plot_sweep', 'study_markdown', 'seed_band', 'study_families', 'plot_study_curves', 'position_tables',
            'untrained', 'coverage', 'lengths_markdown', 'coverage_markdown', 'calls_markdown', 'task_rows',
-           'task_markdown']
+           'task_left_out', 'task_markdown']
 
 # %% ../nbs/35_study.ipynb #4ec5e8df
 HEADLINE = (
@@ -627,11 +629,13 @@ def task_rows(root, task: str = 'order') -> list[dict]:
     (`TASK=<task> bash tools/run_order.sh`): `entry`, `seeds` (fine-tuning seeds), `parameters` (of the
     pretrained entry, from its `study/<entry>/summary.json`; None where that is not committed), `metric` (the
     task's main metric), its test mean `score` and sample `std` over the seeds (`claims.downstream`, which checks
-    the file), `val` (its validation mean) and the bag-of-words `bow` (None where the summary has none)."""
+    the file), `val` (its validation mean), the bag-of-words `bow` (None where the summary has none) and
+    `pretraining` ('' or `UNRECORDED`, `claims.pretraining_check`). An entry fine-tuned from another pretraining
+    run than the committed one has no row: `task_left_out` names it."""
     check_root(root)
-    rows = []
+    rows, left = [], task_left_out(root, task)
     for entry in ENTRIES:
-        if (d := downstream(root, entry, task)) is None:
+        if entry in left or (d := downstream(root, entry, task)) is None:
             continue
         f, m = Path(root, f'study_{task}', entry, 'summary.json'), d['metric']
         s = _json(f.parent, f.name)
@@ -647,19 +651,34 @@ def task_rows(root, task: str = 'order') -> list[dict]:
                 'std': d['std'],
                 'val': _finite(s['validation'][m]['mean'], f'validation {m} of {f}'),
                 'bow': None if bow is None else _finite(bow, f'bag-of-words {m} of {f}'),
+                'pretraining': pretraining_check(s, Path(root, 'study', entry)),
             }
         )
     return rows
 
 
-def task_markdown(rows: list[dict], task: str = 'order') -> str:
+def task_left_out(root, task: str = 'order') -> dict:
+    """{entry: why} for each entry of `ENTRIES` whose committed `study_<task>/<entry>` fine-tuning started from
+    another pretraining run than the committed `study/<entry>` (`claims.pretraining_check`)."""
+    out = {}
+    for entry in ENTRIES:
+        if (f := Path(root, f'study_{task}', entry, 'summary.json')).is_file():
+            why = pretraining_check(_json(f.parent, f.name), Path(root, 'study', entry))
+            if why not in ('', UNRECORDED):
+                out[entry] = why
+    return out
+
+
+def task_markdown(rows: list[dict], task: str = 'order', left_out: dict | None = None) -> str:
     """The rows of `task_rows` as a Markdown table: fine-tuning seeds, the pretrained entry's parameters, the test
     metric (higher is better; the best in bold) with the spread over fine-tuning seeds, its validation mean, and
-    the gap to bag-of-words (⚠ where it is not above by more than one standard deviation)."""
+    the gap to bag-of-words (⚠ where it is not above by more than one standard deviation); then the entries
+    `left_out` ({entry: why}, `task_left_out`) and those whose pretraining is not recorded."""
+    gone = ''.join(f'\n\n{e} is left out: its fine-tuning {why}.' for e, why in (left_out or {}).items())
     if not rows:
         return (
             f'*No {task} fine-tuning is committed yet* (`TASK={task} bash tools/run_order.sh learned ...`).'
-        )
+        ) + gone
     m, best = rows[0]['metric'], max(r['score'] for r in rows)
     out = [
         f'| entry | seeds | parameters (pretrained) | test {m} ↑ | validation {m} ↑ | vs bag-of-words ↑ |',
@@ -672,4 +691,6 @@ def task_markdown(rows: list[dict], task: str = 'order') -> str:
         gap += ' ⚠' if r['bow'] is not None and r['score'] - r['bow'] <= r['std'] else ''
         params = '?' if r.get('parameters') is None else f"{r['parameters']:,}"
         out.append(f"| {r['entry']} | {r['seeds']} | {params} | {score} | {r['val']:.3f} | {gap} |")
-    return '\n'.join(out)
+    if bare := [r['entry'] for r in rows if r.get('pretraining') == UNRECORDED]:
+        gone += f"\n\n{UNRECORDED} (summaries written before fine-tuning kept it): {', '.join(bare)}."
+    return '\n'.join(out) + gone

@@ -267,6 +267,58 @@ def test_a_fine_tuning_seed_folder_that_is_not_its_place_is_an_error(tmp_path):
         task_values(tmp_path, 'tupe-a', 'order')
 
 
+def pretraining(root: Path, name: str, **change) -> dict:
+    "The `pretraining` record finetune writes when it starts from the committed study run `name`, `change` applied."
+    c = json.loads((root / 'study' / name / 'config.json').read_text())
+    loss = json.loads((root / 'study' / name / 'summary.json').read_text())['eval_loss']
+    rec = {'run': f'runs/study/{name}', 'step': c['steps'], **{k: c.get(k) for k in ('lr', 'steps', 'seed', 'pe', 'pe_kwargs')},
+           'eval_loss': loss, 'sha256': {'model.safetensors': 'ab' * 32}}
+    return rec | change
+
+
+def record(root: Path, task: str, name: str, **change):
+    "Add the `pretraining` record of study run `name` to its committed fine-tuning on `task`."
+    f = root / f'study_{task}' / name / 'summary.json'
+    f.write_text(json.dumps(json.loads(f.read_text()) | {'pretraining': pretraining(root, name, **change)}))
+
+
+def test_a_fine_tuning_from_another_pretraining_run_is_left_out_with_its_note(tmp_path):
+    "Issue 37: a row never pairs a fine-tuning with a pretraining run other than the committed one, and says so."
+    from posenc_lit.claims import pretraining_check, UNRECORDED
+    for k in range(2):
+        write_run(tmp_path, 'tupe-a', k, [4.1, 4.125][k])
+        write_run(tmp_path, 'learned', k, 4.4 + k / 100)
+    write_task(tmp_path, 'tupe-a', 'order', [0.80, 0.82, 0.81])
+    write_task(tmp_path, 'tupe-a-s1', 'order', [0.95])
+    write_task(tmp_path, 'learned', 'order', [0.70, 0.71, 0.69])
+    write_task(tmp_path, 'learned-s1', 'order', [0.72])
+    s = json.loads((tmp_path / 'study_order' / 'tupe-a-s1' / 'summary.json').read_text())
+    run = tmp_path / 'study' / 'tupe-a-s1'
+    assert pretraining_check(s, run) == UNRECORDED
+    assert pretraining_check(s | {'pretraining': pretraining(tmp_path, 'tupe-a-s1')}, run) == ''
+    assert pretraining_check(s | {'pretraining': pretraining(tmp_path, 'tupe-a-s1', lr=4e-3, eval_loss=4.5)}, run) == (
+        'pretrained with lr 0.004 (committed: 0.002), eval_loss 4.5 (committed: 4.125)')
+    record(tmp_path, 'order', 'tupe-a')                         # the committed run: used, nothing to say
+    record(tmp_path, 'order', 'tupe-a-s1', lr=4e-3)             # another run: left out of the row
+    r = row(tmp_path, 'tupe-a', 'learned', 'order test metric')
+    assert r['seeds'] == '1 vs 2' and r['means'].startswith('81.00 against'), r
+    assert 'pretraining seeds 0 vs 0, 1, each the mean of its fine-tuning seeds (3 vs 3, 1)' in r['note'], r['note']
+    assert 'tupe-a seed 1 left out, pretrained with lr 0.004 (committed: 0.002)' in r['note'], r['note']
+    assert 'pretraining not recorded: learned seeds 0, 1' in r['note'] and 'tupe-a seed 0' not in r['note'], r['note']
+    record(tmp_path, 'order', 'tupe-a', seed=5)                 # every fine-tuning of a side left out: not measured
+    r = row(tmp_path, 'tupe-a', 'learned', 'order test metric')
+    assert r['verdict'] == 'not measured yet' and r['note'] == (
+        'no committed result: study_order/tupe-a/summary.json (left out: pretrained with seed 5 (committed: 0)), '
+        'study_order/tupe-a-s1/summary.json (left out: pretrained with lr 0.004 (committed: 0.002))'), r['note']
+    from posenc_lit.study import task_left_out, task_markdown, task_rows  # the study page's table too
+    f = tmp_path / 'study_order' / 'learned' / 'summary.json'
+    f.write_text(json.dumps(json.loads(f.read_text()) | {'validation': {'accuracy': {'mean': 0.7}}}))
+    rows, left = task_rows(tmp_path, 'order'), task_left_out(tmp_path, 'order')
+    assert left == {'tupe-a': 'pretrained with seed 5 (committed: 0)'}
+    assert [(r['entry'], r['pretraining']) for r in rows] == [('learned', UNRECORDED)]
+    assert 'tupe-a is left out: its fine-tuning pretrained with seed 5 (committed: 0).' in task_markdown(rows, 'order', left)
+
+
 def test_the_drop_in_is_not_tested_when_no_prediction_moved(tmp_path):
     def minilm(run, added, values):
         d = tmp_path / 'minilm' / run

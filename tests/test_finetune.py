@@ -3,7 +3,7 @@ span decoding on a SQuAD-format fixture, errors for bad input, and a quick run t
 import os
 os.environ.setdefault('HF_HUB_OFFLINE', '1'); os.environ.setdefault('HF_DATASETS_OFFLINE', '1')  # before datasets is imported
 
-import gzip, hashlib, io, json, subprocess, sys, tarfile
+import gzip, hashlib, io, json, shutil, subprocess, sys, tarfile
 from pathlib import Path
 
 import numpy as np, pytest, torch
@@ -224,6 +224,86 @@ def test_seeds_summary(ckpt, tmp_path):
     assert s['test']['pearson']['mean'] == pytest.approx(np.mean(vals)) and s['test']['pearson']['std'] == pytest.approx(np.std(vals, ddof=1))
     assert set(s['baselines']) == {'majority', 'bow'}
     for k in (0, 1): assert (tmp_path / 'seeds' / f'seed{k}' / 'checkpoint' / 'task.json').is_file()
+
+
+def test_finetune_records_its_pretraining(ckpt, tmp_path, monkeypatch):
+    """Each seed's summary and the seeds' summary name the pretraining run they started from: its settings, final
+    held-out loss and the SHA-256 of the weights loaded (issue 37); the claims' check accepts the run itself and
+    refuses a run at another lr; a checkpoint replaced while it is read is refused."""
+    from posenc_lit import finetune as ft
+    from posenc_lit.claims import pretraining_check
+    run = ckpt.parent
+    cfg = make_finetune_config('smoke', task='sentiment', checkpoint=str(run), max_train=32)
+    s = finetune_seeds(cfg, tmp_path / 'ft', seeds=[0], progress=False, baselines=False)
+    c, done = json.loads((run / 'config.json').read_text()), json.loads((run / 'summary.json').read_text())
+    weights = hashlib.sha256((ckpt / 'model.safetensors').read_bytes()).hexdigest()
+    want = {'run': str(run), 'step': c['steps'], **{k: c[k] for k in ('lr', 'steps', 'seed', 'pe', 'pe_kwargs')},
+            'eval_loss': done['eval_loss'], 'sha256': {'model.safetensors': weights}}
+    assert s['pretraining'] == want and done['eval_loss'] is not None
+    assert json.loads((tmp_path / 'ft' / 'seed0' / 'summary.json').read_text())['pretraining'] == want
+    assert pretraining_check(s, run) == ''
+    other = tmp_path / 'other'
+    other.mkdir()
+    (other / 'config.json').write_text(json.dumps(c | {'lr': 0.125}))
+    (other / 'summary.json').write_text(json.dumps(done))
+    assert pretraining_check(s, other) == f"pretrained with lr {c['lr']!r} (committed: 0.125)"
+    copy = tmp_path / 'copy'
+    shutil.copytree(run, copy)
+    def load_then_replace(path):      # a run saving into the folder while it is read
+        got = load_pretrained(path)
+        with open(copy / 'checkpoint' / 'model.safetensors', 'ab') as f:
+            f.write(b'\0')
+        return got
+    monkeypatch.setattr(ft, 'load_pretrained', load_then_replace)
+    with pytest.raises(CheckpointError, match='changed while it was read'):
+        finetune(make_finetune_config('smoke', task='sentiment', checkpoint=str(copy)), tmp_path / 'ft2', progress=False)
+    assert not (tmp_path / 'ft2').exists()
+
+
+def _drop_record(*files):
+    "The summaries `files` as written before fine-tuning kept its `pretraining` record."
+    from posenc_lit.files import write_json
+    for f in files:
+        s = json.loads(f.read_text())
+        write_json(f, {k: v for k, v in s.items() if k != 'pretraining'}, indent=2, sort_keys=True)
+
+
+def test_backfill_adds_the_record_only_where_it_cannot_be_wrong(ckpt, tmp_path, monkeypatch):
+    """tools/backfill_pretraining.py gives a summary written without the record the one finetune writes now, where
+    the checkpoint is the committed run's last save, unchanged since before the fine-tuning; else it says why not."""
+    import importlib.util
+    tool = Path(__file__).parent.parent / 'tools' / 'backfill_pretraining.py'
+    spec = importlib.util.spec_from_file_location('backfill', tool)
+    bf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bf)
+    root, results = tmp_path / 'main', tmp_path / 'results'
+    run, ft = root / 'runs' / 'study' / 'tiny', root / 'runs' / 'study_sentiment' / 'tiny'
+    shutil.copytree(ckpt.parent, run)
+    (results / 'study' / 'tiny').mkdir(parents=True)
+    for f in ('config.json', 'summary.json', 'metrics.jsonl'):
+        shutil.copy(run / f, results / 'study' / 'tiny' / f)
+    if bf._birth(root) is None:
+        pytest.skip('this file system keeps no birth times')
+    monkeypatch.chdir(root)                     # as tools/run_order.sh runs: paths relative to the checkout
+    cfg = make_finetune_config('smoke', task='sentiment', checkpoint='runs/study/tiny', max_train=32)
+    s = finetune_seeds(cfg, 'runs/study_sentiment/tiny', seeds=[0], progress=False, baselines=False)
+    dest = results / 'study_sentiment' / 'tiny'
+    _drop_record(ft / 'summary.json', ft / 'seed0' / 'summary.json')
+    shutil.copytree(ft, dest, ignore=shutil.ignore_patterns('checkpoint'))
+    assert 'skipped on request' in bf.backfill(results, root, {'tiny'}, write=True)[0][1]
+    assert bf.backfill(results, root, set(), write=False)[0][1].startswith('record to add')
+    assert 'pretraining' not in json.loads((dest / 'summary.json').read_text())      # a dry run writes nothing
+    assert bf.backfill(results, root, set(), write=True)[0][1].startswith('record added')
+    want = s['pretraining'] | {'backfilled': 'tools/backfill_pretraining.py'}
+    assert json.loads((dest / 'summary.json').read_text())['pretraining'] == want
+    assert json.loads((dest / 'seed0' / 'summary.json').read_text())['pretraining'] == want
+    _drop_record(dest / 'summary.json', dest / 'seed0' / 'summary.json')
+    w = run / 'checkpoint' / 'model.safetensors'
+    w.write_bytes(w.read_bytes())               # the same bytes, written after the fine-tuning started
+    assert 'study_sentiment/tiny was made (' in bf.backfill(results, root, set(), write=True)[0][1]
+    w.write_bytes(w.read_bytes() + b'\0')
+    assert 'is not the file its last save wrote' in bf.backfill(results, root, set(), write=True)[0][1]
+    assert 'pretraining' not in json.loads((dest / 'summary.json').read_text())
 
 
 def test_quick_run_beats_majority(ckpt, tmp_path):
