@@ -460,7 +460,24 @@ def cmd_vit(args) -> int:
     return _run_training(args, make_vit_config, train_vit)
 
 # %% ../nbs/23_cli.ipynb #aa135846
-def _add_compare(sub):
+def _compare_defaults(presets: bool = True) -> dict:
+    """The quick and reference presets' default `--encodings` and `--lengths` for `compare --help`, read from
+    `compare.COMPARE_PRESETS` so the help cannot drift from them; with `presets` False (another command runs:
+    compare imports the training code) empty."""
+    if not presets:
+        return {'encodings': '', 'lengths': ''}
+    from posenc_lit.compare import COMPARE_PRESETS
+
+    q, r = COMPARE_PRESETS['quick'], COMPARE_PRESETS['reference']
+    words = lambda xs: ' '.join(map(str, xs))
+    return {
+        'encodings': f", quick: {words(q['encodings'])}; reference: every registered one",
+        'lengths': f"; quick: {words(q['lengths'])}, reference: {words(r['lengths'])}",
+    }
+
+
+def _add_compare(sub, presets=True):  # presets: the defaults in the help come from compare's presets
+    dflt = _compare_defaults(presets)
     p = sub.add_parser(
         'compare',
         help=(
@@ -493,8 +510,8 @@ def _add_compare(sub):
         '--encodings',
         nargs='+',
         default=None,
-        help="language encodings (default: the preset's, quick: none shaw t5 rope deberta; reference: "
-        'every registered one, see `posenc_lit encodings`; the list replaces the default), and the '
+        help=f"language encodings (default: the preset's{dflt['encodings']}; see `posenc_lit encodings`; "
+        'the list replaces the default), and the '
         'ablations the encodings declare (posenc_lit.core.list_ablations), run only when named: '
         + ', '.join(list_ablations()),
     )
@@ -524,9 +541,8 @@ def _add_compare(sub):
         type=_positive_int,
         nargs='+',
         default=None,
-        help="evaluation block lengths in tokens (default: the "
-        "preset's; quick: 64 128 256, reference: 128 256 512 1024); an encoding that cannot run a "
-        "length gets n/a and the reason",
+        help=f"evaluation block lengths in tokens (default: the preset's{dflt['lengths']}); an encoding that "
+        "cannot run a length gets n/a and the reason",
     )
     p.add_argument(
         '--pretrained-dir',
@@ -795,7 +811,8 @@ def cmd_lm(args) -> int:
 # %% ../nbs/23_cli.ipynb #45f4ccb7
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The `posenc_lit` argument parser; given `command`, only that command's options come from its
-    configuration (`_CONFIGS`: the modules of the others are not imported)."""
+    configuration (`_CONFIGS`: the modules of the others are not imported), and only `compare`'s help names
+    its presets' defaults (`_compare_defaults`)."""
     p = argparse.ArgumentParser(
         prog='posenc_lit', description='Position encodings of Transformers: derive, test, compare.'
     )
@@ -811,7 +828,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     t = sub.add_parser('tasks', help='list the fine-tuning tasks')
     t.set_defaults(func=cmd_tasks, parser=t)
     _add_vit(sub, flags('vit'))
-    _add_compare(sub)
+    _add_compare(sub, flags('compare'))
     _add_probes(sub)
     _add_bench(sub)
     return p

@@ -15,7 +15,9 @@ Links are made to work from a checkout (and on a repository host), since the doc
 a link to another notebook (`07_tupe.ipynb#eq`) becomes `nbs/07_tupe.ipynb`; a link to a page of the site
 (settings.ini `doc_host` + `doc_baseurl`, as nbdev's doc links and `posenc_lit.catalog.doc_url` write them)
 becomes the notebook of that page; a link into the repository (`git_url`/blob/`branch`/PATH) becomes PATH.
-Anchors are dropped: a notebook file has none. A link to a page that no notebook makes is an error.
+Anchors are dropped: a notebook file has none. A link to a page that no notebook makes is an error. So an
+`[API]` link that then points to the notebook of the link just before it (the encodings table: the name leads to
+the page, API to its entry on that page) is dropped rather than shown as a second link to the same file.
 """
 import argparse, configparser, copy, difflib, re, shutil, sys
 from pathlib import Path
@@ -79,7 +81,11 @@ def relink(md, cfg, nbs):
             known = ', '.join(sorted(pages))
             raise ValueError(f'{url}: no notebook makes the page {page!r} (known: {known})')
         return m.group(1) + pages[page] + m.group(3)
-    return _re_link.sub(sub, md)
+    md = _re_link.sub(sub, md)
+    return _re_same_api.sub(r'\1', md)  # ` · [API](X)` right after a link to X: the same file twice
+
+
+_re_same_api = re.compile(r'(\]\(([^)\s]+)(?:\s+"[^"]*")?\)) · \[API\]\(\2\)')
 
 
 def directives(src):
