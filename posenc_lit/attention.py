@@ -506,8 +506,9 @@ def _check_pe_call(pe, q, k, ctx, v=None):
         )
 
 
-# the mask and causal flag a call runs with: the context's key_mask `(b|1, 1, 1, j)` and `mask` combined (both
-# say "may attend"), and the context's causal (ValueError for a `causal` that contradicts it); Python bools only
+# the mask and causal flag a call runs with: the context's key_mask `(b|1, 1, 1, j)` and `mask` combined
+# (both say "may attend"), and the context's causal (ValueError for a `causal` that contradicts it); Python
+# bools compared, no tensor read
 def _ctx_mask(ctx, mask, causal, full):
     if causal is None:
         causal = bool(ctx.causal)  # None: a context made by hand, not by prepare
@@ -601,8 +602,8 @@ class MultiHeadAttention(nn.Module):
         if cache is not None and causal is None and ctx is None:
             raise ValueError(
                 'with a KV cache, pass causal=True (a decoder: each new token sees the cache and the new '
-                'tokens up to itself) or causal=False (the new tokens see each other both ways and the cache: '
-                'a bidirectional prefix, as a prefix LM)'
+                'tokens up to itself) or causal=False (the new tokens see each other both ways and the '
+                'cache: a bidirectional prefix, as a prefix LM)'
             )
         before = None if cache is None else (cache.k, cache.v)
         try:
