@@ -464,13 +464,19 @@ def _check_mha_inputs(attn, x, kv):  # MultiHeadAttention's hidden states; its c
 _SIGNATURE = 'position_attention(pe, q, k, v, ctx, layer, mask, causal=...)'
 
 
-# position_attention's: `pe`, the type of `ctx`, its positions against q, k
-def _check_pe_call(pe, q, k, ctx):
+# position_attention's: `pe`, the type of `ctx`, q, k (and v) 4-D, the context's positions against q, k
+def _check_pe_call(pe, q, k, ctx, v=None):
     if not isinstance(pe, PositionEncoding):
         raise TypeError(
             f'pe must be a PositionEncoding (the first argument: {_SIGNATURE}); got {type(pe).__name__}'
         )
     check_context(pe, ctx, _SIGNATURE, owned=False)  # its type here; who prepared it: after the terms
+    for name, t in (('q', q), ('k', k), ('v', v)) if v is not None else (('q', q), ('k', k)):
+        if not (isinstance(t, torch.Tensor) and t.ndim == 4 and t.dtype.is_floating_point):
+            raise ValueError(  # before the hooks, whose own errors would name a width, not the layout
+                f'q, k, v must be 4-D floating-point tensors (b, h, n, d), split into heads (x.view(b, n, h, '
+                f'd).transpose(1, 2)); got {name}: {_desc(t)}'
+            )
     for name, t, key in (('q', q, 'q_pos'), ('k', k, 'k_pos')):
         p = getattr(ctx, key)
         if is_tracing() or not (isinstance(p, torch.Tensor) and isinstance(t, torch.Tensor) and t.ndim == 4):
@@ -487,12 +493,41 @@ def _check_pe_call(pe, q, k, ctx):
                 f'{tuple(t.shape)} has a batch of {t.shape[0]}: its position terms do not fit {name}; '
                 'prepare ctx from the positions of this call'
             )
-    km = getattr(ctx, 'key_mask', None)  # an encoding whose positions depend on the mask (CoPE)
-    if isinstance(km, torch.Tensor) and isinstance(q, torch.Tensor) and km.shape[0] not in (1, q.shape[0]):
+    km = ctx.key_mask  # what the call masks with (and what CoPE's positions count over)
+    if isinstance(km, torch.Tensor) and km.shape[0] not in (1, q.shape[0]):
         raise ValueError(
             f'the context was prepared with a key_mask of {km.shape[0]} rows but q has a batch of '
             f'{q.shape[0]} (shape {tuple(q.shape)}): prepare it with key_mask (b, j) of this batch'
         )
+    if isinstance(km, torch.Tensor) and km.device != q.device:
+        raise ValueError(
+            f'the context was prepared with a key_mask on device {km.device} but q is on {q.device}: '
+            'use one device'
+        )
+
+
+# the mask and causal flag a call runs with: the context's key_mask `(b|1, 1, 1, j)` and `mask` combined
+# (both say "may attend"), and the context's causal (ValueError for a `causal` that contradicts it); Python
+# bools compared, no tensor read
+def _ctx_mask(ctx, mask, causal, full):
+    if causal is None:
+        causal = bool(ctx.causal)  # None: a context made by hand, not by prepare
+    else:
+        check_flags(causal=causal)
+        if ctx.causal is not None and causal != ctx.causal:
+            raise ValueError(
+                f'causal={causal} here but ctx was prepared with causal={ctx.causal}: say it once, in '
+                'pe.prepare(q_pos, k_pos, causal=...), and leave it out here (the context carries it)'
+            )
+    if ctx.key_mask is None:
+        return mask, causal
+    km = ctx.key_mask[:, None, None, :]  # (b|1, 1, 1, j)
+    if mask is None:
+        return km, causal
+    if isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and mask.device == km.device:
+        if _fits(mask, full):
+            return mask & km, causal
+    return mask, causal  # a mask that attend refuses: its message names it
 
 # %% ../nbs/01_attention.ipynb #4e68f14f
 # the contract's names, defined in core, are also this module's (`from posenc_lit.attention import *`)
@@ -553,13 +588,23 @@ class MultiHeadAttention(nn.Module):
         kv: torch.Tensor | None = None,  # keys' hidden states (b, j, D) (default: x, self-attention)
         return_probs: bool = False,
         fast: bool | str = True,  # as position_attention: True, False, 'compiled' or 'fused'
-        causal: bool = False,  # forbid keys after each query
+        # forbid keys after each query; None: as `ctx` was prepared (without ctx: False; with a cache and no
+        # ctx: say it)
+        causal: bool | None = None,
         # this layer's cache: earlier keys and values, extended by this call's
         cache: KVCache | None = None,
     ):
         """Attend from `x` to `kv` (default `x`) with the position signal of `pe`; returns `(b, i, D)` (and
-        probs `(b, h, i, j)`)."""
+        probs `(b, h, i, j)`). With a `cache` and `causal=False` the call's tokens see each other both ways
+        and all cached tokens (a bidirectional prefix: a prefix LM); `ValueError` for a cache without `causal`
+        or `ctx` (which of the two is meant), and as `position_attention`."""
         pe = PositionEncoding() if pe is None else pe
+        if cache is not None and causal is None and ctx is None:
+            raise ValueError(
+                'with a KV cache, pass causal=True (a decoder: each new token sees the cache and the new '
+                'tokens up to itself) or causal=False (the new tokens see each other both ways and the '
+                'cache: a bidirectional prefix, as a prefix LM)'
+            )
         before = None if cache is None else (cache.k, cache.v)
         try:
             q, k, v, ctx = self._qkv(x, kv, pe, ctx, cache, causal)
@@ -595,14 +640,14 @@ class MultiHeadAttention(nn.Module):
         pe: PositionEncoding | None = None,
         ctx: Context | None = None,
         kv: torch.Tensor | None = None,
-        causal: bool = False,
+        causal: bool | None = None,  # None: as ctx was prepared (without ctx: False)
     ) -> torch.Tensor:
         "The pre-softmax logits `(b, h, i, j)` of `forward` with the same arguments (no cache)."
         pe = PositionEncoding() if pe is None else pe
         q, k, v, ctx = self._qkv(x, kv, pe, ctx, None, causal)
         return position_scores(pe, q, k, ctx, self.layer_ref, mask, causal)
 
-    def _qkv(self, x, kv, pe, ctx, cache, causal=False):
+    def _qkv(self, x, kv, pe, ctx, cache, causal=None):
         kv = x if kv is None else kv
         n_cached = 0 if cache is None else len(cache)
         _check_mha_inputs(self, x, kv)
@@ -611,7 +656,7 @@ class MultiHeadAttention(nn.Module):
             ctx = pe.prepare(
                 default_positions(x.shape[1], x.device) + n_cached,
                 default_positions(kv.shape[1] + n_cached, x.device),
-                causal=causal,
+                causal=False if causal is None else causal,
             )
         # (b, h, n, d)
         q, k, v = (
@@ -668,17 +713,22 @@ def position_attention(
     v: torch.Tensor,  # (b, h, i, d), (b, h, j, d), (b, h, j, d_v)
     ctx: Context,  # pe.prepare(q_pos, k_pos)
     layer: int | LayerRef | None = None,  # the layer address: index, LayerRef, or None (see as_layer)
-    mask: torch.Tensor | None = None,  # bool, broadcastable to (b, h, i, j), True = may attend
+    # bool, broadcastable to (b, h, i, j), True = may attend; combined with ctx.key_mask (both must allow)
+    mask: torch.Tensor | None = None,
     *,
     dropout_p: float = 0.0,
     return_probs: bool = False,
     # as attend; True/'fused': the encoding's score_mods by the rule (use_fused)
     fast: bool | str = True,
-    causal: bool = False,  # forbid keys after each query (queries = the last i keys)
+    # forbid keys after each query (queries = the last i keys); None: as ctx was prepared (ctx.causal)
+    causal: bool | None = None,
 ):
     """`attend` with `pe`'s signal: transformed `q, k`, its score terms, content scale and value terms;
-    returns `(b, h, i, d_v)` (and probs)."""
-    _check_pe_call(pe, q, k, ctx)
+    returns `(b, h, i, d_v)` (and probs). The padding keys of the `key_mask` that `ctx` was prepared with are
+    masked (with `mask`, if given), and attention is causal as `ctx` was prepared; `ValueError` for q, k, v
+    that are not 4-D `(b, h, n, d)`, for a `causal` that contradicts `ctx.causal`, and as `attend`."""
+    _check_pe_call(pe, q, k, ctx, v)
+    mask, causal = _ctx_mask(ctx, mask, causal, (*q.shape[:3], k.shape[2]))
     q, k = pe.transform_qk(q, k, ctx, layer)
     scale, values = _content_scale(pe, q), pe.value_terms(ctx, layer)
     try:  # the fused path's terms are checked as they are made (dense_mod)
@@ -733,11 +783,12 @@ def position_scores(
     ctx: Context,
     layer: int | LayerRef | None = None,
     mask: torch.Tensor | None = None,
-    causal: bool = False,
+    causal: bool | None = None,  # None: as ctx was prepared
 ) -> torch.Tensor:
     """The logits `(b, h, i, j)` that `position_attention` feeds its softmax (float32, float64 for float64 q;
-    -inf where masked)."""
+    -inf where masked: `mask`, `ctx.key_mask`, causality as `ctx` was prepared)."""
     _check_pe_call(pe, q, k, ctx)
+    mask, causal = _ctx_mask(ctx, mask, causal, (*q.shape[:3], k.shape[2]))
     q, k = pe.transform_qk(q, k, ctx, layer)
     s = scores(q, k, pe.score_terms(q, k, ctx, layer), mask, _content_scale(pe, q), causal)
     check_context(pe, ctx, _SIGNATURE)  # a context of another instance of the encoding

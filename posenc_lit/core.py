@@ -275,7 +275,9 @@ def encoding_families(
 @dataclass(eq=False)
 class Context:
     """What `prepare` computes once per forward and every layer reads; an encoding with more subclasses it
-    with typed fields. `pe` (keyword-only) is the encoding instance that prepared it."""
+    with typed fields. `pe` (keyword-only) is the encoding instance that prepared it; `key_mask` and `causal`
+    are the arguments `prepare` was called with, recorded by the contract (`position_attention` applies the
+    one and holds the other to its own `causal`)."""
 
     q_pos: torch.Tensor  # `(b|1, i)` integer query positions
     k_pos: torch.Tensor  # `(b|1, j)` integer key positions
@@ -284,6 +286,10 @@ class Context:
     # whether gradients were on when it was prepared (a context made under torch.no_grad() holds terms
     # without gradient, refused where gradients are on)
     grad: bool = field(default_factory=torch.is_grad_enabled, kw_only=True, repr=False)
+    # `(b|1, j)` bool, True = a real key: the `key_mask` of `prepare` (None: all keys real)
+    key_mask: torch.Tensor | None = field(default=None, kw_only=True, repr=False)
+    # the `causal` of `prepare`; None: a context made by hand, not by a `prepare` (then nothing to hold to)
+    causal: bool | None = field(default=None, kw_only=True, repr=False)
 
 
 @dataclass(eq=False)
@@ -451,24 +457,31 @@ _PREPARE = threading.local()
 
 
 def _contract_prepare(prepare):
-    "`prepare` behind `check_prepare`, which runs once per outermost call (not again in a nested `prepare`)."
+    """`prepare` behind `check_prepare`, which runs once per outermost call (not again in a nested `prepare`);
+    the context it returns records `key_mask` and `causal` (every call, nested or not)."""
 
     @functools.wraps(prepare)
     def checked(self, q_pos, k_pos, *args, **kwargs):
-        if getattr(_PREPARE, 'open', False):
-            return prepare(self, q_pos, k_pos, *args, **kwargs)
         # `key_mask`, `causal`: by keyword, or positionally after the positions (the contract's order)
         key_mask = args[0] if len(args) > 0 else kwargs.get('key_mask')
         causal = args[1] if len(args) > 1 else kwargs.get('causal', False)
+        if getattr(_PREPARE, 'open', False):
+            return _recorded(prepare(self, q_pos, k_pos, *args, **kwargs), key_mask, causal)
         check_prepare(q_pos, k_pos, key_mask, causal)
         _PREPARE.open = True
         try:
-            return prepare(self, q_pos, k_pos, *args, **kwargs)
+            return _recorded(prepare(self, q_pos, k_pos, *args, **kwargs), key_mask, causal)
         finally:
             _PREPARE.open = False
 
     _CHECKED.add(checked)
     return checked
+
+
+def _recorded(ctx, key_mask, causal):  # the context, with the arguments it was prepared with
+    if isinstance(ctx, Context):  # anything else: position_attention refuses it (check_context)
+        ctx.key_mask, ctx.causal = key_mask, causal
+    return ctx
 
 
 PositionEncoding.prepare = _contract_prepare(PositionEncoding.prepare)

@@ -8,7 +8,7 @@ import torch
 from .core import *
 from .checks import *
 from .attention import *
-from .attention import _with_causal
+from .attention import _ctx_mask, _with_causal
 
 # %% auto #0
 __all__ = ['batched_positions', 'offset_mod', 'fused_scores']
@@ -38,10 +38,12 @@ def fused_scores(
     ctx: Context,  # pe.prepare(q_pos, k_pos)
     layer: int | LayerRef | None = None,  # the layer address (see as_layer)
     mask: torch.Tensor | None = None,  # bool, broadcastable to (b, h, i, j), True = may attend
-    causal: bool = False,
+    causal: bool | None = None,  # None: as ctx was prepared
 ) -> torch.Tensor:
-    """The logits `(b, h, i, j)` (float32; -inf where masked) that the fused path adds `pe.score_mods` into;
-    `ValueError` for an encoding without them."""
+    """The logits `(b, h, i, j)` (float32; -inf where masked: `mask`, `ctx.key_mask`, causality as `ctx` was
+    prepared, as `position_attention`) that the fused path adds `pe.score_mods` into; `ValueError` for an
+    encoding without them."""
+    mask, causal = _ctx_mask(ctx, mask, causal, (*q.shape[:3], k.shape[2]))
     q, k = pe.transform_qk(q, k, ctx, layer)
     mods = pe.score_mods(q, k, ctx, layer)
     if mods is None:

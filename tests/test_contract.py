@@ -518,3 +518,113 @@ def test_checked_inputs_is_reentrant():
         T5RelativeBias(H).prepare(pos, pos, key_mask=bad)
     with pytest.raises(ValueError, match='key_mask must be a bool'):
         T5RelativeBias(H).prepare(pos, pos, key_mask=bad)
+
+
+# ------------------------------------------------- the context's key_mask and causal: said once, at prepare
+def _said_once_encodings():
+    "Encodings whose output depends on padding or on the direction, with tables that are not zero."
+    from posenc_lit.alibi import ALiBi
+    from posenc_lit.cope import CoPE
+    from posenc_lit.rope import RoPE
+    torch.manual_seed(0)
+    return {
+        't5': T5RelativeBias(H), 'cope': CoPE(D_HEAD, 1, init_std=0.5), 'alibi': ALiBi(H),
+        'alibi-causal': ALiBi(H, bidirectional=False), 'shaw': Shaw(D_HEAD, 1, k=2), 'rope': RoPE(D_HEAD),
+    }
+
+
+@pytest.mark.parametrize('causal', [False, True])
+@pytest.mark.parametrize('name', ['t5', 'cope', 'alibi', 'alibi-causal', 'shaw', 'rope'])
+def test_forgetting_mask_attends_no_padding(name, causal):
+    "prepare(key_mask=keep) then position_attention without mask=: the unpadded sequence's output, every path."
+    if name == 'alibi-causal' and not causal:
+        pytest.skip("ALiBi's causal form is used with causal=True")
+    pe = _said_once_encodings()[name]
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(B, H, 6, D_HEAD, generator=g) for _ in range(3))
+    keep = torch.ones(B, 6, dtype=torch.bool)
+    keep[1, 4:] = False  # row 1: 4 real tokens, 2 of padding
+    pos, pos4 = default_positions(6), default_positions(4)
+    with torch.no_grad():
+        ref = position_attention(pe, q[1:, :, :4], k[1:, :, :4], v[1:, :, :4], pe.prepare(pos4, pos4, causal=causal))
+        ctx = pe.prepare(pos, pos, key_mask=keep, causal=causal)
+        for fast in (True, False):
+            forgot = position_attention(pe, q, k, v, ctx, 0, fast=fast)
+            both = position_attention(pe, q, k, v, ctx, 0, keep[:, None, None, :], fast=fast)
+            torch.testing.assert_close(forgot[1:, :, :4], ref, atol=1e-5, rtol=1e-5)
+            assert torch.equal(forgot, both), (name, fast)
+        # the test can fail: attending the padding gives another output
+        open_ctx = pe.prepare(pos, pos, causal=causal)
+        if not causal:  # (causal: the real queries come first and never see the padding after them)
+            assert (position_attention(pe, q, k, v, open_ctx, 0)[1:, :, :4] - ref).abs().max() > 1e-3
+        scores = position_scores(pe, q, k, ctx, 0)  # the logits: -inf at the context's padding keys
+        assert scores[1, ..., 4:].isneginf().all() and scores[0].isfinite().any()
+
+
+def test_forgetting_mask_attends_no_padding_on_the_compiled_and_fused_paths():
+    pe = _said_once_encodings()['t5']
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(B, H, 6, D_HEAD, generator=g) for _ in range(3))
+    keep = torch.ones(B, 6, dtype=torch.bool)
+    keep[1, 4:] = False
+    pos, pos4 = default_positions(6), default_positions(4)
+    with torch.no_grad():
+        ref = position_attention(pe, q[1:, :, :4], k[1:, :, :4], v[1:, :, :4], pe.prepare(pos4, pos4), 0, fast=False)
+        ctx = pe.prepare(pos, pos, key_mask=keep)
+        for fast in ('compiled', 'fused'):
+            out = position_attention(pe, q, k, v, ctx, 0, fast=fast)
+            torch.testing.assert_close(out[1:, :, :4], ref, atol=1e-5, rtol=1e-5)
+        from posenc_lit.fused import fused_scores
+        assert fused_scores(pe, q, k, ctx, 0)[1, ..., 4:].isneginf().all()
+
+
+def test_a_passed_mask_and_the_contexts_key_mask_are_combined():
+    "Both say 'may attend': a key is attended only where both allow it."
+    pe = _said_once_encodings()['t5']
+    q, k, v = (torch.randn(1, H, 5, D_HEAD) for _ in range(3))
+    pos = default_positions(5)
+    keep = torch.tensor([[True, True, True, False, True]])  # key 3: padding
+    doc = torch.tensor([True, True, True, True, False])[None, None, None]  # key 4: another document
+    with torch.no_grad():
+        out = position_attention(pe, q, k, v, pe.prepare(pos, pos, key_mask=keep), 0, doc)
+        ref = position_attention(pe, q, k, v, pe.prepare(pos, pos), 0, doc & keep[:, None, None, :])
+    assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize('name', ['t5', 'cope', 'alibi-causal', 'rope'])
+def test_a_causal_flag_that_contradicts_the_context_is_refused(name):
+    pe = _said_once_encodings()[name]
+    q, k, v = (torch.randn(1, H, 5, D_HEAD) for _ in range(3))
+    pos = default_positions(5)
+    flags = [True] if name == 'alibi-causal' else [True, False]
+    for was in flags:
+        ctx = pe.prepare(pos, pos, causal=was)
+        msg = f'causal={not was} here but ctx was prepared with causal={was}'
+        with pytest.raises(ValueError, match=msg):
+            position_attention(pe, q, k, v, ctx, 0, causal=not was)
+        with pytest.raises(ValueError, match=msg):
+            position_scores(pe, q, k, ctx, 0, causal=not was)
+        attn = MultiHeadAttention(H * D_HEAD, H, layer_idx=0)
+        with pytest.raises(ValueError, match=msg):
+            attn(torch.randn(1, 5, H * D_HEAD), pe=pe, ctx=ctx, causal=not was)
+        with torch.no_grad():  # left out: the context's flag
+            assert torch.equal(
+                position_attention(pe, q, k, v, ctx, 0), position_attention(pe, q, k, v, ctx, 0, causal=was)
+            )
+
+
+def test_a_kv_cache_needs_causal_and_a_bidirectional_prefix_is_a_prefix_lm():
+    "MultiHeadAttention with a cache: causal=False prefills a prefix seen both ways; left out, it is refused."
+    from posenc_lit.attention import KVCache
+    from posenc_lit.rope import RoPE
+    torch.manual_seed(0)
+    attn, pe = MultiHeadAttention(H * D_HEAD, H, layer_idx=0).eval(), RoPE(D_HEAD)
+    x = torch.randn(1, 7, H * D_HEAD)
+    with pytest.raises(ValueError, match='with a KV cache, pass causal=True'):
+        attn(x[:, :3], pe=pe, cache=KVCache())
+    with torch.no_grad():
+        cache = KVCache()
+        steps = [attn(x[:, :3], pe=pe, causal=False, cache=cache)]
+        steps += [attn(x[:, t : t + 1], pe=pe, causal=True, cache=cache) for t in range(3, 7)]
+        prefix_lm = causal_mask(7, 7) | (torch.arange(7) < 3)
+        torch.testing.assert_close(torch.cat(steps, 1), attn(x, prefix_lm, pe=pe), atol=1e-6, rtol=1e-5)
