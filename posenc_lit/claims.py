@@ -5,19 +5,21 @@
 # %% ../nbs/41_claims.ipynb #eb704f1f
 from __future__ import annotations
 import errno, json, math, re, statistics
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 from scipy import stats
 
 # %% auto #0
-__all__ = ['STUDY', 'ABS_MARGIN', 'ENTRY_SETTINGS', 'UNRECORDED', 'VERDICTS', 'LEVEL', 'MARGIN', 'MIN_SEEDS', 'LONG', 'SPEED',
-           'TUPE_SPEED', 'DROPIN', 'CLAIMS', 'COLOURS', 'entry_settings', 'check_run', 'seed_folders', 'seed_runs',
-           'loss_values', 'study_loss', 'eval_loss', 'seed_noise', 'loss_at', 'eval_curve', 'task_values',
-           'pretraining_check', 'ft_checks', 'downstream', 'minilm_values', 'vit_runs', 'vit_values', 'gap_interval',
-           'too_few', 'verdict', 'Measured', 'Measure', 'Claim', 'setup', 'differences', 'pretrain_loss',
-           'checkpoint_values', 'ft_note', 'task_metric', 'trained_offsets', 'growth_values', 'growth', 'vit',
-           'check_root', 'judge', 'claims', 'claims_markdown', 'forest_plot']
+__all__ = ['STUDY', 'ABS_MARGIN', 'ENTRY_SETTINGS', 'UNRECORDED', 'VERDICTS', 'LEVEL', 'ALPHA', 'MARGIN', 'MIN_SEEDS', 'LONG',
+           'SPEED', 'TUPE_SPEED', 'DROPIN', 'CLAIMS', 'COLOURS', 'entry_settings', 'check_run', 'seed_folders',
+           'seed_runs', 'loss_values', 'study_loss', 'eval_loss', 'seed_noise', 'loss_at', 'eval_curve', 'task_values',
+           'pretraining_check', 'ft_checks', 'downstream', 'minilm_values', 'vit_runs', 'vit_values', 'welch',
+           'gap_interval', 'too_few', 'can_call', 'verdict', 'p_value', 'holm', 'familywise', 'Measured', 'Measure',
+           'Claim', 'setup', 'differences', 'pretrain_loss', 'checkpoint_values', 'ft_note', 'task_metric',
+           'trained_offsets', 'growth_values', 'growth', 'vit', 'check_root', 'judge', 'claims', 'claims_markdown',
+           'family_markdown', 'holm_markdown', 'forest_plot']
 
 # %% ../nbs/41_claims.ipynb #4172f9dc
 STUDY = 'study'  # results/study/<entry>[-s<seed>]/ (tools/run_study.sh, the `study` preset; issue 29)
@@ -456,8 +458,25 @@ def vit_values(root, entry: str, *keys) -> list[float]:
 # %% ../nbs/41_claims.ipynb #24cc5c35
 VERDICTS = ('holds', 'does not hold', 'cannot tell at this power', 'not tested', 'not measured yet')
 LEVEL = 0.95  # the confidence level of every interval
+ALPHA = 0.05  # 1 − LEVEL: each row's error rate, and the family's under Holm's correction
 MARGIN = {'nats': 0.05, 'points': 1.0}  # the equivalence margin of a claim of equality, by unit
 MIN_SEEDS = 3  # seeds a side needs before a row can be called (issue 37: at least three per compared entry)
+
+
+def welch(ours: list, base) -> tuple:
+    """`(gap, se, df)`: mean(`ours`) − mean(`base`), its Welch standard error and Welch–Satterthwaite
+    degrees of freedom (`se`, `df` None where a side has fewer than two values; `df` None where `se` is 0).
+    `ours`, `base`: per-seed values; `base` may be one float, a fixed number that adds no variance
+    (`df` = n − 1). Welch 1947, Biometrika 34:28–35."""
+    _check_values(ours, base, LEVEL)
+    sides = [list(ours)] + ([] if isinstance(base, (int, float)) else [list(base)])
+    gap = statistics.fmean(ours) - statistics.fmean(sides[1] if len(sides) > 1 else [base])
+    if any(len(v) < 2 for v in sides):
+        return gap, None, None
+    terms = [(statistics.variance(v) / len(v), len(v)) for v in sides]  # (s²/n, n) per side
+    se2 = sum(t for t, _ in terms)
+    df = se2**2 / sum(t**2 / (n - 1) for t, n in terms) if se2 > 0 else None
+    return gap, math.sqrt(se2), df
 
 
 def gap_interval(ours: list, base, level: float = LEVEL) -> tuple:
@@ -465,22 +484,27 @@ def gap_interval(ours: list, base, level: float = LEVEL) -> tuple:
     where a side has fewer than two values). `ours`, `base`: per-seed values; `base` may be one float, a fixed
     number without randomness (adds no variance). se² = s₁²/n₁ + s₂²/n₂, Welch–Satterthwaite df, Student t."""
     _check_values(ours, base, level)
-    sides = [list(ours)] + ([] if isinstance(base, (int, float)) else [list(base)])
-    gap = statistics.fmean(ours) - statistics.fmean(sides[1] if len(sides) > 1 else [base])
-    if any(len(v) < 2 for v in sides):
+    gap, se, df = welch(ours, base)
+    if se is None:
         return gap, None, None
-    terms = [(statistics.variance(v) / len(v), len(v)) for v in sides]  # (s²/n, n) per side
-    se2 = sum(t for t, _ in terms)
-    if se2 == 0:
-        return gap, gap, gap
-    df = se2**2 / sum(t**2 / (n - 1) for t, n in terms)
-    half = stats.t.ppf(0.5 + level / 2, df) * math.sqrt(se2)
+    half = stats.t.ppf(0.5 + level / 2, df) * se if se > 0 else 0.0
     return gap, gap - half, gap + half
 
 # %% ../nbs/41_claims.ipynb #8199257b
 def too_few(seeds: tuple) -> bool:
     "Whether a side of `seeds` (`(n_ours, n_base)`, `n_base` None for a fixed baseline) has < `MIN_SEEDS` seeds."
     return any(n is not None and n < MIN_SEEDS for n in seeds)
+
+
+def can_call(
+    lo: float | None, hi: float | None, *, seeds: tuple | None, treated: bool = True, effect=None
+) -> bool:
+    """Whether the rule can call a row holds or does not hold (`verdict`'s arguments): treated, measured
+    (`seeds` not None), `MIN_SEEDS` or more a side, an interval, and no paper's `effect` below its
+    half-width. These rows are the family of Holm's correction (`familywise`)."""
+    if not treated or seeds is None or too_few(seeds) or lo is None:
+        return False
+    return effect is None or effect >= (hi - lo) / 2
 
 
 def verdict(
@@ -504,9 +528,7 @@ def verdict(
         return 'not tested'
     if gap is None:
         return 'not measured yet'
-    if too_few(seeds) or lo is None:
-        return 'cannot tell at this power'
-    if effect is not None and effect < (hi - lo) / 2:  # the paper's effect is below what the study resolves
+    if not can_call(lo, hi, seeds=seeds, effect=effect):  # too few seeds, or an effect below the half-width
         return 'cannot tell at this power'
     if margin is None:
         return 'holds' if lo > 0 else 'does not hold' if hi < 0 else 'cannot tell at this power'
@@ -542,6 +564,61 @@ def _check_verdict(gap, lo, hi, margin, seeds, effect):
         )
     if lo is not None and not _finite(lo, 'lo') <= _finite(gap, 'the gap') <= _finite(hi, 'hi'):
         raise ValueError(f'the interval [{lo}, {hi}] must contain the gap {gap}')
+
+# %% ../nbs/41_claims.ipynb #11911590
+def p_value(gap: float, se: float, df: float | None, margin: float | None = None) -> float:
+    """The p-value of a row, dual to its interval (`welch`'s `gap`, `se`, `df`): 2·P(T_df > d/se), d the
+    gap's distance to the nearest edge of the null: |gap| for a claim of direction (Welch's two-sided test),
+    ||gap| − `margin`| for a claim of equality (within it: twice TOST's p; beyond: twice the one-sided p
+    against the nearer margin). `se` 0: 0 where d > 0, else 1. Welch 1947; Schuirmann 1987. `ValueError`
+    for bad input."""
+    _check_p_value(gap, se, df, margin)
+    d = abs(abs(gap) - (margin or 0.0))
+    if se == 0:
+        return 0.0 if d > 0 else 1.0
+    return float(2 * stats.t.sf(d / se, df))
+
+
+def holm(p: list, alpha: float = ALPHA) -> list[bool]:
+    """Whether Holm's step-down procedure at familywise level `alpha` rejects each hypothesis, in the order
+    of `p` (the family's p-values, each in [0, 1]): sort p, reject while p_(i) < `alpha`/(m − i + 1), stop at
+    the first failure. Holm 1979, Scand. J. Statist. 6:65–70. `ValueError` for a p or `alpha` out of range."""
+    _check_holm(p, alpha)
+    m, out = len(p), [False] * len(p)
+    for i, k in enumerate(sorted(range(m), key=lambda k: p[k])):  # i = 0: the smallest p, compared with α/m
+        if not p[k] < alpha / (m - i):
+            break
+        out[k] = True
+    return out
+
+# %% ../nbs/41_claims.ipynb #5bef73ba
+def familywise(rows: list, alpha: float = ALPHA) -> list[dict]:
+    """`rows` of `judge`, each with `holm`: whether its verdict survives Holm's correction at `alpha` across
+    the family, the rows with a `p` (those `can_call` admits; False for a family row the rule does not
+    call), None outside the family."""
+    family = [i for i, r in enumerate(rows) if r['p'] is not None]
+    kept = dict(zip(family, holm([rows[i]['p'] for i in family], alpha)))
+    return [r | {'holm': kept.get(i)} for i, r in enumerate(rows)]
+
+# %% ../nbs/41_claims.ipynb #5dc9bb3b
+def _check_holm(p, alpha):
+    if not isinstance(p, (list, tuple)):
+        raise ValueError(f'p must be a list of p-values, got {p!r}')
+    for x in p:
+        if not 0 <= _finite(x, 'a p-value') <= 1:
+            raise ValueError(f'a p-value must lie in [0, 1], got {x!r}')
+    if not 0 < _finite(alpha, 'alpha') < 1:
+        raise ValueError(f'alpha must lie in (0, 1), got {alpha!r}')
+
+
+def _check_p_value(gap, se, df, margin):
+    _finite(gap, 'the gap')
+    if _finite(se, 'se') < 0:
+        raise ValueError(f'se must not be negative, got {se!r}')
+    if se > 0 and not (df is not None and _finite(df, 'df') > 0):
+        raise ValueError(f'df must be positive where se is, got {df!r}')
+    if margin is not None and not _finite(margin, 'margin') > 0:
+        raise ValueError(f'margin must be positive, got {margin!r}')
 
 # %% ../nbs/41_claims.ipynb #2b129666
 @dataclass
@@ -1098,11 +1175,12 @@ def _n(v) -> str:
 def judge(c: Claim, root) -> dict:
     """One row of the table: `c`'s fields, `what`, `unit`, `seeds` ('3 vs 2'), the `means` of both sides, the
     oriented `gap` and its interval `lo`, `hi` (None where not measured or fewer than two seeds), `n` (the
-    seeds per side `verdict` was given), `verdict` and `note`."""
+    seeds per side `verdict` was given), `verdict`, `p` (`p_value`; None outside the family: `can_call`) and
+    `note`."""
     row = dict(
         paper=c.paper, claim=c.claim, ours=c.ours, base=c.base, what=c.measure.what, unit=c.measure.unit
     )
-    row |= dict(way=c.way, label=c.label, seeds='', means='', gap=None, lo=None, hi=None, n=None)
+    row |= dict(way=c.way, label=c.label, seeds='', means='', gap=None, lo=None, hi=None, n=None, p=None)
     try:
         m = c.measure.read(Path(root))
     except FileNotFoundError as e:
@@ -1112,10 +1190,12 @@ def judge(c: Claim, root) -> dict:
         return row | dict(verdict=verdict(None, None, None, seeds=None), note=note)
     sign = (-1 if c.measure.unit == 'nats' else 1) * (-1 if c.way == 'worse' else 1)
     base = sign * m.base if isinstance(m.base, (int, float)) else [sign * x for x in m.base]
-    gap, lo, hi = gap_interval([sign * x for x in m.ours], base)
+    ours = [sign * x for x in m.ours]
+    gap, lo, hi = gap_interval(ours, base)
     margin = MARGIN[c.measure.unit] if c.way == 'equal' else None
     n = (len(m.ours), None if isinstance(m.base, (int, float)) else len(m.base))
     v = verdict(gap, lo, hi, seeds=n, margin=margin, treated=m.treated, effect=c.effect)
+    called = can_call(lo, hi, seeds=n, treated=m.treated, effect=c.effect)
     few = f"; {_n(m.ours)} vs {_n(m.base)} seeds: fewer than {MIN_SEEDS} a side"
     note = m.note + (few if too_few(n) and m.treated else '')
     return row | dict(
@@ -1126,6 +1206,7 @@ def judge(c: Claim, root) -> dict:
         hi=hi,
         n=n,
         verdict=v,
+        p=p_value(*welch(ours, base), margin) if called else None,
         note=note,
     )
 
@@ -1138,7 +1219,8 @@ def _means(m: Measured, unit: str) -> str:
 
 
 def claims(root='results') -> list[dict]:
-    "`judge` of every row of `CLAIMS` on the results folder `root` (a missing result: 'not measured yet')."
+    """`judge` of every row of `CLAIMS` on the results folder `root` (a missing result: 'not measured yet'),
+    with `familywise`'s `holm`: whether a called row survives Holm's correction across the family."""
     check_root(root)
     rows = []
     for c in CLAIMS:
@@ -1149,7 +1231,7 @@ def claims(root='results') -> list[dict]:
                 f'claim "{c.claim}" ({c.paper}), {c.ours} against {c.base}: the results under {root} '
                 f'are not as the tools write them: {type(e).__name__}: {e}'
             ) from None
-    return rows
+    return familywise(rows)
 
 # %% ../nbs/41_claims.ipynb #25c92bfc
 def _interval(r: dict) -> str:
@@ -1163,25 +1245,90 @@ def _interval(r: dict) -> str:
     return f"{r['gap']:+.{d}f} {ci} {unit}{half}{eq}"
 
 
+def _p(p: float) -> str:
+    "A p-value to two figures: '0.033', '0.0021', '< 0.001'."
+    return '< 0.001' if p < 0.001 else f'{p:.2g}'
+
+
+def _holm(r: dict) -> str:
+    "A row's Holm cell: '**survives** (p 0.003)', 'does not survive (p 0.031)', 'not called (p 0.41)', '—'."
+    if r['p'] is None:
+        return '—'
+    p = f"p {_p(r['p'])}"
+    if r['verdict'] not in ('holds', 'does not hold'):
+        return f'not called ({p})'
+    return f'**survives** ({p})' if r['holm'] else f'does not survive ({p})'
+
+
 def claims_markdown(rows: list) -> str:
-    "The rows of `claims` as a Markdown table."
+    """The rows of `claims` as a Markdown table; with a Holm column (`_holm`) where the rows carry
+    `familywise`'s `holm`."""
     cell = lambda s: str(s).replace('|', '\\|')
     way = {'better': '', 'worse': ' (worse)', 'equal': ' (≈)'}
-    head = [
-        '| paper | claim | compared → baseline | measure | seeds | means | gap [95 % CI] | verdict | note |'
-    ]
+    fw = any('holm' in r for r in rows)
+    m = sum(r['p'] is not None for r in rows if 'holm' in r)
+    head = '| paper | claim | compared → baseline | measure | seeds | means | gap [95 % CI] | verdict |'
+    head += f' Holm (5 %, m = {m}) | note |' if fw else ' note |'
     return '\n'.join(
-        head
-        + ['|---|---|---|---|---|---|---|---|---|']
+        [head, '|---' * (10 if fw else 9) + '|']
         + [
             f"| {cell(r['paper'])} | {cell(r['claim'])} | "
             f"{cell(r['ours'])} → {cell(r['base'])}{way[r['way']]} | "
             f"{cell(r['what'])} | {r['seeds'] or '—'} | {r['means'] or '—'} | {_interval(r)} | "
             f"**{r['verdict']}** | "
-            f"{cell('; '.join(x for x in (r['label'], r['note']) if x))} |"
+            + (f'{_holm(r)} | ' if fw else '')
+            + f"{cell('; '.join(x for x in (r['label'], r['note']) if x))} |"
             for r in rows
         ]
     )
+
+# %% ../nbs/41_claims.ipynb #03692482
+def _label(r: dict) -> str:
+    "'huang4 vs learned: masked-token loss', with ' ≈' for a claim of equality (the plot's label of a row)."
+    return f"{r['ours']} vs {r['base']}: {r['what']}" + (' ≈' if r['way'] == 'equal' else '')
+
+
+def family_markdown(rows: list, alpha: float = ALPHA) -> str:
+    "The family of `rows` (of `claims`) in words: its size m, the spurious calls the per-row rule risks."
+    fam, n = [r for r in rows if r['p'] is not None], len(rows)
+    m = len(fam)
+    if not m:
+        return f'**The family today** is empty: of the {n} rows, the rule can call none yet.'
+    (e, k), *_ = Counter(e for r in fam for e in {r['ours'], r['base']}).most_common(1)
+    dep = f'they are not: `{e}` is a side of {k} of them' if k > 1 else 'they share no entry'
+    return (
+        f'**The family today.** Of the {n} rows, the rule can call **m = {m}** (`can_call`); it calls none '
+        f'of the other {n - m}. Were every claim of the family false the way its null says, the per-row rule '
+        f'would make on average at most m·α = {m} × {alpha:g} = {m * alpha:.2f} spurious calls (holds or '
+        f'does not hold) among them, whatever the dependence between rows, and at least one with chance at '
+        f'most '
+        f'{min(1, m * alpha):.2f} (Bonferroni), or {1 - (1 - alpha) ** m:.2f} were the rows independent '
+        f"({dep}). Holm's correction brings that chance to {alpha:g} or less."
+    )
+
+# %% ../nbs/41_claims.ipynb #7ef2fa6e
+def holm_markdown(rows: list, alpha: float = ALPHA) -> str:
+    """The counts of `rows` (of `claims`), per row and after Holm's correction at `alpha`, and a table of the
+    correction worked on the family: each row's rank, p, threshold α/(m − i + 1) and outcome."""
+    v, fam = Counter(r['verdict'] for r in rows), sorted(
+        (r for r in rows if r['p'] is not None), key=lambda r: r['p']
+    )
+    m, called = len(fam), ('holds', 'does not hold')
+    kept = {k: sum(r['holm'] for r in fam if r['verdict'] == k) for k in called}
+    text = (
+        f"**The counts.** Per row, at 95 % (the headline verdict), of {len(rows)} rows: "
+        + '; '.join(f'{k} {v[k]}' for k in VERDICTS)
+        + f". Holm's correction at {100 * alpha:g} % across the family (the m = {m} rows the rule can call) "
+        f"keeps {kept['holds']} of the {v['holds']} rows that hold and {kept['does not hold']} of the "
+        f"{v['does not hold']} that do not."
+    )
+    out = lambda r: 'not called' if r['verdict'] not in called else '**yes**' if r['holm'] else 'no'
+    table = ['| rank i | row | verdict (per row) | p | α/(m − i + 1) | survives Holm |', '|---' * 6 + '|']
+    table += [
+        f"| {i} | {_label(r)} | {r['verdict']} | {_p(r['p'])} | {alpha / (m - i + 1):.4f} | {out(r)} |"
+        for i, r in enumerate(fam, 1)
+    ]
+    return text + ('\n\n' + '\n'.join(table) if fam else '')
 
 # %% ../nbs/41_claims.ipynb #b28d8885
 COLOURS = {
@@ -1242,10 +1389,7 @@ def _forest_panel(ax, rows: list, unit: str):
         else:
             ax.plot([r['lo'], r['hi']], [y, y], '-', color=col, lw=2)
             ax.plot(r['gap'], y, 'o', color=col, ms=4)
-    labels = [
-        f"{r['ours']} vs {r['base']}: {r['what']}" + (' ≈' if r['way'] == 'equal' else '') for r in rows
-    ]
-    ax.set_yticks(list(ys), labels, fontsize=6.5)
+    ax.set_yticks(list(ys), [_label(r) for r in rows], fontsize=6.5)
     ax.axvline(0, color='k', lw=0.8)
     ax.set_ylim(0.4, len(rows) + 0.6)
     ax.set_xlim(left, right)

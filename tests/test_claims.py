@@ -353,3 +353,106 @@ def test_a_damaged_file_names_the_claim_and_the_file(tmp_path):
     f.write_text('{"eval_loss": ')
     with pytest.raises(ValueError, match=f'{re.escape(str(f))} is not valid JSON'):
         claims(tmp_path)
+
+
+# --- many rows: the family and Holm's correction ----------------------------------------------------------------------
+
+def test_holm_by_hand_and_between_bonferronis_bounds():
+    "Holm 1979: sort p, reject while p_(i) < α/(m − i + 1), stop at the first failure (worked by hand)."
+    from posenc_lit.claims import holm
+    assert holm([0.001, 0.013, 0.02, 0.3]) == [True, True, True, False]     # thresholds .0125, .0167, .025, .05
+    assert holm([0.04, 0.005, 0.03, 0.01]) == [False, True, False, True]    # 0.03 ≥ 0.025 stops: 0.04 < α stays
+    assert holm([0.05]) == [False] and holm([0.0499]) == [True] and holm([]) == []
+    assert holm([0.02, 0.02]) == [True, True] and holm([0.03, 0.03, 0.03]) == [False] * 3
+    rng = __import__('random').Random(7)
+    for _ in range(3000):
+        p = [rng.random() ** rng.choice([1, 4, 8]) for _ in range(rng.randint(1, 10))]
+        kept, m = holm(p), len(p)
+        assert all(k for q, k in zip(p, kept) if q < 0.05 / m)               # Bonferroni's rejections ⊆ Holm's
+        assert all(q < 0.05 for q, k in zip(p, kept) if k)                   # Holm's ⊆ the per-row rule's
+        assert all(k for q, k in zip(p, kept) if q <= min((x for x, kk in zip(p, kept) if kk), default=-1))
+    with pytest.raises(ValueError, match=r'a p-value must lie in \[0, 1\], got 1.5'):
+        holm([0.01, 1.5])
+    with pytest.raises(ValueError, match=r'alpha must lie in \(0, 1\), got 0'):
+        holm([0.01], alpha=0)
+
+
+def test_a_rows_p_value_is_dual_to_its_interval():
+    "p < 0.05 exactly where the row's 95 % interval calls it; Welch's p; for ≈ twice the TOST p-value."
+    import random
+    from posenc_lit.claims import p_value, welch
+    a, b = [4.434, 4.327, 4.38], [4.247, 4.280, 4.26]
+    gap, se, df = welch(a, b)
+    assert p_value(gap, se, df) == pytest.approx(stats.ttest_ind(a, b, equal_var=False).pvalue, rel=1e-10)
+    lo = stats.ttest_ind([x + 0.2 for x in a], b, equal_var=False, alternative='greater').pvalue   # H0: gap ≤ −0.2
+    hi = stats.ttest_ind([x - 0.2 for x in a], b, equal_var=False, alternative='less').pvalue      # H0: gap ≥ +0.2
+    assert p_value(gap, se, df, margin=0.2) == pytest.approx(2 * max(lo, hi), rel=1e-10)
+    rng = random.Random(3)
+    for _ in range(500):
+        x = [rng.gauss(rng.gauss(0, 0.1), 0.05) for _ in range(rng.randint(3, 5))]
+        y = [rng.gauss(0, 0.05) for _ in range(3)]
+        margin = rng.choice([None, 0.05])
+        g, l, h = gap_interval(x, y)
+        called = verdict(g, l, h, seeds=(len(x), 3), margin=margin) in ('holds', 'does not hold')
+        assert (p_value(*welch(x, y), margin) < 0.05) == called
+
+
+def _callable(r: dict) -> bool:
+    "The family, from the row's own fields: measured, treated, ≥ 3 seeds a side (a fixed baseline has none), an interval."
+    if r['verdict'] in ('not tested', 'not measured yet') or r['lo'] is None:
+        return False
+    return all(n is None or n >= 3 for n in r['n'])
+
+
+def test_the_family_is_the_rows_the_rule_can_call_and_holm_runs_over_it():
+    from posenc_lit.claims import holm
+    rows = claims(ROOT / 'results')
+    family = [r for r in rows if _callable(r)]
+    assert [r['p'] is not None for r in rows] == [_callable(r) for r in rows]
+    assert all(r['holm'] is None for r in rows if not _callable(r))
+    assert [r['holm'] for r in family] == holm([r['p'] for r in family])
+    assert all(r['verdict'] in ('holds', 'does not hold') for r in rows if r['holm'])    # Holm only narrows
+    assert all((r['p'] < 0.05) == (r['verdict'] in ('holds', 'does not hold')) for r in family)
+    assert {r['verdict'] for r in rows if not _callable(r)} <= {'cannot tell at this power', 'not tested',
+                                                                 'not measured yet'}
+    table = claims_markdown(rows)
+    assert f'| Holm (5 %, m = {len(family)}) |' in table.splitlines()[0]
+    assert all(line.count(' | ') == table.splitlines()[0].count(' | ') for line in table.splitlines()[2:])
+
+
+def test_familywise_on_made_up_rows(tmp_path):
+    "Three entries at three seeds each: the family is the callable rows, and Holm decides which calls survive."
+    from posenc_lit.claims import familywise, holm_markdown
+    for k in range(3):
+        write_run(tmp_path, 'huang4', k, 4.10 + k / 100, growth=0.02 + k / 100)
+        write_run(tmp_path, 'sinusoidal', k, 4.30 + k / 50, growth=2.0 + k / 10)
+        write_run(tmp_path, 'learned', k, 4.31 + k / 100, growth=2.5 + k / 10)
+    rows = claims(tmp_path)
+    family = [r for r in rows if r['p'] is not None]
+    assert {(r['ours'], r['base'], r['what']) for r in family} == {
+        ('sinusoidal', 'learned', 'masked-token loss'), ('huang4', 'learned', 'masked-token loss'),
+        ('huang4', 'sinusoidal', 'loss growth, 32 → 256 tokens'), ('huang4', 'learned', 'loss growth, 32 → 256 tokens')}
+    assert all(r['holm'] for r in family if r['p'] < 0.05 / len(family))
+    assert familywise([r | {'p': None} for r in rows]) == [r | {'p': None, 'holm': None} for r in rows]
+    text = holm_markdown(rows)
+    assert f'(the m = {len(family)} rows the rule can call)' in text and text.count('\n| ') == len(family) + 1
+
+
+def test_the_page_states_the_family_and_reads_its_sizes_from_the_runs():
+    "The rule names the family and the correction; the counts and sizes on the page are computed, not typed."
+    from posenc_lit.claims import family_markdown, holm_markdown
+    nb = json.loads((ROOT / 'nbs' / '41_claims.ipynb').read_text())
+    md = lambda c: next((''.join(o['data']['text/markdown']) for o in c.get('outputs', [])
+                         if 'text/markdown' in o.get('data', {})), None)
+    shown = [md(c) for c in nb['cells'] if c['cell_type'] == 'code']
+    rows = claims(ROOT / 'results')
+    assert family_markdown(rows) in shown and holm_markdown(rows) in shown
+    m = sum(r['p'] is not None for r in rows)
+    assert f'the rule can call **m = {m}**' in family_markdown(rows) and f'{m * 0.05:.2f} spurious calls' in family_markdown(rows)
+    rule = ''.join(next(c for c in nb['cells'] if c['cell_type'] == 'markdown' and '## The rule' in ''.join(c['source']))['source'])
+    assert 'Holm' in rule and 'the family' in rule and 'headline verdict is the per-row one' in rule
+    entries = {e for c in CLAIMS for e in (c.ours, c.base) if (ROOT / 'results' / 'study' / e).is_dir()}
+    sizes = [json.loads((ROOT / 'results' / 'study' / e / 'summary.json').read_text())['parameters'] for e in entries]
+    intro = next(s for s in shown if s and s.startswith('The papers compare'))
+    assert f'encoders of {min(sizes) / 1e6:.2f}–{max(sizes) / 1e6:.2f} million parameters' in intro
+    assert not any('2-million' in ''.join(c['source']) + (md(c) or '') for c in nb['cells'])
