@@ -30,7 +30,7 @@ from posenc_lit.probes import (
     ProbeConfig, COUNT, Probe, FIRST, BOS, offset_batch, index_batch, precede_batch, train_probe, score_probe,
     probe_cell, seed_records,
 )  # fmt: skip
-from .claims import Claim, Measure, Measured, judge, vit, claims_markdown
+from .claims import Claim, Measure, Measured, judge, vit, claims_markdown, familywise
 
 # %% auto #0
 __all__ = ['BOS_ID', 'CORPUS', 'LM_PRESETS', 'ROPE_SCALINGS', 'CAUSAL_PROBE_PRESETS', 'SET', 'INC', 'NOISE', 'COUNT0', 'BLANK',
@@ -734,5 +734,6 @@ DECODER_CLAIMS = [
 
 
 def decoder_claims(root='results') -> list[dict]:
-    "`judge` (41_claims) of each row of `DECODER_CLAIMS` on the results folder `root`."
-    return [judge(c, root) for c in DECODER_CLAIMS]
+    """`judge` (41_claims) of each row of `DECODER_CLAIMS` on the results folder `root`, with `familywise`'s
+    `holm`: these rows are a family of their own (the decoder study), corrected apart from 41_claims' rows."""
+    return familywise([judge(c, root) for c in DECODER_CLAIMS])
