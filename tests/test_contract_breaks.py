@@ -79,3 +79,29 @@ def test_F3_a_causal_set_by_hand_is_a_bool():
     pos = torch.arange(3)[None]
     with pytest.raises(ValueError, match='causal'):
         position_attention(pe, q, k, v, Context(pos, pos, pe=pe, causal='no'))
+
+
+def test_F4_the_context_records_what_prepare_ran_with():
+    """F4: a `prepare` whose own default is `causal=True` (a decoder-only encoding) ran causal but its context
+    recorded False, so `position_attention` attended both ways; a `prepare(q_pos, k_pos, causal, key_mask)`
+    called positionally had its `causal` read as the key mask."""
+
+    class Decoder(PositionEncoding):
+        def prepare(self, q_pos, k_pos, *, key_mask=None, causal=True):
+            self.ran_causal = causal
+            return Context(q_pos, k_pos, pe=self)
+
+    class Positional(PositionEncoding):
+        def prepare(self, q_pos, k_pos, causal=False, key_mask=None):
+            return Context(q_pos, k_pos, pe=self)
+
+    pos = torch.arange(3)[None]
+    pe = Decoder()
+    ctx = pe.prepare(pos, pos)
+    assert pe.ran_causal is True and ctx.causal is True
+    q, k, v = _qkv(1, 3)
+    lower = torch.ones(3, 3, dtype=torch.bool).tril()
+    assert position_scores(pe, q, k, ctx)[..., ~lower].isneginf().all()
+    keep = torch.tensor([[True, True, False]])
+    ctx = Positional().prepare(pos, pos, True, keep)
+    assert ctx.causal is True and ctx.key_mask is keep
