@@ -105,3 +105,22 @@ def test_F4_the_context_records_what_prepare_ran_with():
     keep = torch.tensor([[True, True, False]])
     ctx = Positional().prepare(pos, pos, True, keep)
     assert ctx.causal is True and ctx.key_mask is keep
+
+
+def test_F5_a_context_returned_twice_keeps_each_calls_mask():
+    """F5: a `prepare` that returns one context object for every call (cached: the positions do not change)
+    had an earlier context's key_mask and causal overwritten by a later call's, so the earlier batch was
+    masked with the later batch's padding, without a word."""
+
+    class Cached(PositionEncoding):
+        def prepare(self, q_pos, k_pos, *, key_mask=None, causal=False):
+            if not hasattr(self, 'made'):
+                self.made = Context(q_pos, k_pos, pe=self)
+            return self.made
+
+    pe, pos = Cached(), torch.arange(3)[None]
+    first = torch.tensor([[True, True, True]])
+    a = pe.prepare(pos, pos, key_mask=first)
+    b = pe.prepare(pos, pos, key_mask=torch.tensor([[True, False, False]]), causal=True)
+    assert a.key_mask is first and a.causal is False
+    assert b.causal is True and b.key_mask[0, 1].item() is False
