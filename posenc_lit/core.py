@@ -11,6 +11,7 @@ import functools
 import inspect
 import threading
 import weakref
+import copy
 from dataclasses import dataclass, field, fields
 from typing import Callable
 import torch
@@ -500,8 +501,13 @@ def _arguments(prepare):
 
 
 def _recorded(ctx, key_mask, causal):  # the context, with the arguments it was prepared with
-    if isinstance(ctx, Context):  # anything else: position_attention refuses it (check_context)
-        ctx.key_mask, ctx.causal = key_mask, causal
+    if not isinstance(ctx, Context):  # anything else: position_attention refuses it (check_context)
+        return ctx
+    said = ctx.key_mask is not None or ctx.causal is not None  # recorded before, or set by the encoding
+    if said and (ctx.key_mask is not key_mask or ctx.causal != causal):
+        # one object returned again (a cached context): this call's own copy, the earlier one unchanged
+        ctx = copy.copy(ctx)
+    ctx.key_mask, ctx.causal = key_mask, causal
     return ctx
 
 
