@@ -442,11 +442,15 @@ def _check_attend_inputs(q, k, v, score_terms, mask):  # returns (b, h, i, j)
                 f'got {_desc(t)}'
             )
     if mask is not None and not (_fits(mask, full) and mask.dtype == torch.bool):
-        raise ValueError(
-            f'mask must be a bool tensor (True = may attend) broadcastable to (b, h, i, j) = {full}, e.g. '
-            f'(b, 1, 1, j) for key padding; got {_desc(mask)}'
-        )
+        raise _mask_error(mask, full)
     return full
+
+
+def _mask_error(mask, full):
+    return ValueError(
+        f'mask must be a bool tensor (True = may attend) broadcastable to (b, h, i, j) = {full}, e.g. '
+        f'(b, 1, 1, j) for key padding; got {_desc(mask)}'
+    )
 
 
 def _check_mha_inputs(attn, x, kv):  # MultiHeadAttention's hidden states; its ctx: `_check_pe_call`
@@ -493,6 +497,7 @@ def _check_pe_call(pe, q, k, ctx, v=None):
                 f'{tuple(t.shape)} has a batch of {t.shape[0]}: its position terms do not fit {name}; '
                 'prepare ctx from the positions of this call'
             )
+    _check_ctx_fields(ctx, k)
     km = ctx.key_mask  # what the call masks with (and what CoPE's positions count over)
     if isinstance(km, torch.Tensor) and km.shape[0] not in (1, q.shape[0]):
         raise ValueError(
@@ -506,10 +511,27 @@ def _check_pe_call(pe, q, k, ctx, v=None):
         )
 
 
+# the fields the contract records, which a context made by hand (or edited) may hold wrong: `key_mask` None or
+# bool `(b|1, j)` with `j` = k's keys (a `(1, 1)` one would broadcast over them), `causal` None or a bool
+def _check_ctx_fields(ctx, k):
+    km, c = ctx.key_mask, ctx.causal
+    ok = km is None or (isinstance(km, torch.Tensor) and km.dtype == torch.bool and km.ndim == 2)
+    if not (ok and (km is None or is_tracing() or km.shape[1] == k.shape[2])):
+        raise ValueError(
+            f"the context's key_mask must be None or a bool tensor (b, j) with j = {k.shape[2]} keys (k "
+            f'{tuple(k.shape)}), True = real; got {_desc(km)}: set it with pe.prepare(q_pos, k_pos, '
+            'key_mask=...)'
+        )
+    if not (c is None or isinstance(c, bool)):
+        raise ValueError(f"the context's causal must be True, False or None (made by hand); got {c!r:.60}")
+
+
 # the mask and causal flag a call runs with: the context's key_mask `(b|1, 1, 1, j)` and `mask` combined
-# (both say "may attend"), and the context's causal (ValueError for a `causal` that contradicts it); Python
-# bools compared, no tensor read
-def _ctx_mask(ctx, mask, causal, full):
+# (both say "may attend"), and the context's causal (ValueError for a `causal` that contradicts it, and for a
+# `mask` that cannot be combined: as attend's, before the context's key_mask would be dropped); Python bools
+# compared, no tensor read
+def _ctx_mask(ctx, mask, causal, q, k):
+    full = (*q.shape[:3], k.shape[2])  # (b, h, i, j)
     if causal is None:
         causal = bool(ctx.causal)  # None: a context made by hand, not by prepare
     else:
@@ -519,15 +541,14 @@ def _ctx_mask(ctx, mask, causal, full):
                 f'causal={causal} here but ctx was prepared with causal={ctx.causal}: say it once, in '
                 'pe.prepare(q_pos, k_pos, causal=...), and leave it out here (the context carries it)'
             )
+    if isinstance(mask, torch.Tensor) and mask.device != q.device:
+        raise ValueError(f'mask is on device {mask.device} but q is on {q.device}: use one device')
+    if mask is not None and not (_fits(mask, full) and mask.dtype == torch.bool):
+        raise _mask_error(mask, full)
     if ctx.key_mask is None:
         return mask, causal
     km = ctx.key_mask[:, None, None, :]  # (b|1, 1, 1, j)
-    if mask is None:
-        return km, causal
-    if isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and mask.device == km.device:
-        if _fits(mask, full):
-            return mask & km, causal
-    return mask, causal  # a mask that attend refuses: its message names it
+    return (km if mask is None else mask & km), causal
 
 # %% ../nbs/01_attention.ipynb #4e68f14f
 # the contract's names, defined in core, are also this module's (`from posenc_lit.attention import *`)
@@ -728,7 +749,7 @@ def position_attention(
     masked (with `mask`, if given), and attention is causal as `ctx` was prepared; `ValueError` for q, k, v
     that are not 4-D `(b, h, n, d)`, for a `causal` that contradicts `ctx.causal`, and as `attend`."""
     _check_pe_call(pe, q, k, ctx, v)
-    mask, causal = _ctx_mask(ctx, mask, causal, (*q.shape[:3], k.shape[2]))
+    mask, causal = _ctx_mask(ctx, mask, causal, q, k)
     q, k = pe.transform_qk(q, k, ctx, layer)
     scale, values = _content_scale(pe, q), pe.value_terms(ctx, layer)
     try:  # the fused path's terms are checked as they are made (dense_mod)
@@ -788,7 +809,7 @@ def position_scores(
     """The logits `(b, h, i, j)` that `position_attention` feeds its softmax (float32, float64 for float64 q;
     -inf where masked: `mask`, `ctx.key_mask`, causality as `ctx` was prepared)."""
     _check_pe_call(pe, q, k, ctx)
-    mask, causal = _ctx_mask(ctx, mask, causal, (*q.shape[:3], k.shape[2]))
+    mask, causal = _ctx_mask(ctx, mask, causal, q, k)
     q, k = pe.transform_qk(q, k, ctx, layer)
     s = scores(q, k, pe.score_terms(q, k, ctx, layer), mask, _content_scale(pe, q), causal)
     check_context(pe, ctx, _SIGNATURE)  # a context of another instance of the encoding

@@ -11,6 +11,7 @@ import functools
 import inspect
 import threading
 import weakref
+import copy
 from dataclasses import dataclass, field, fields
 from typing import Callable
 import torch
@@ -460,11 +461,14 @@ def _contract_prepare(prepare):
     """`prepare` behind `check_prepare`, which runs once per outermost call (not again in a nested `prepare`);
     the context it returns records `key_mask` and `causal` (every call, nested or not)."""
 
+    at, default = _arguments(prepare)
+
     @functools.wraps(prepare)
     def checked(self, q_pos, k_pos, *args, **kwargs):
-        # `key_mask`, `causal`: by keyword, or positionally after the positions (the contract's order)
-        key_mask = args[0] if len(args) > 0 else kwargs.get('key_mask')
-        causal = args[1] if len(args) > 1 else kwargs.get('causal', False)
+        # `key_mask`, `causal`: by keyword, positionally where `prepare` takes them so, else its defaults
+        m, c = at['key_mask'], at['causal']
+        key_mask = args[m] if m < len(args) else kwargs.get('key_mask', default['key_mask'])
+        causal = args[c] if c < len(args) else kwargs.get('causal', default['causal'])
         if getattr(_PREPARE, 'open', False):
             return _recorded(prepare(self, q_pos, k_pos, *args, **kwargs), key_mask, causal)
         check_prepare(q_pos, k_pos, key_mask, causal)
@@ -478,9 +482,32 @@ def _contract_prepare(prepare):
     return checked
 
 
+def _arguments(prepare):
+    """Where `prepare` takes `key_mask` and `causal` among the arguments after the positions (a large index:
+    by keyword only) and their defaults (the contract's, None and False, where it has none): the context
+    records what `prepare` ran with, e.g. a decoder's `causal=True` default."""
+    try:
+        params = list(inspect.signature(prepare).parameters.values())[3:]  # after self, q_pos, k_pos
+    except (TypeError, ValueError):  # no signature to read: the contract's order and defaults
+        return {'key_mask': 0, 'causal': 1}, {'key_mask': None, 'causal': False}
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    positional = [p.name for p in params if p.kind in kinds]
+    at = {n: positional.index(n) if n in positional else 1 << 30 for n in ('key_mask', 'causal')}
+    default = {'key_mask': None, 'causal': False}
+    for p in params:
+        if p.name in default and p.default is not inspect.Parameter.empty:
+            default[p.name] = p.default
+    return at, default
+
+
 def _recorded(ctx, key_mask, causal):  # the context, with the arguments it was prepared with
-    if isinstance(ctx, Context):  # anything else: position_attention refuses it (check_context)
-        ctx.key_mask, ctx.causal = key_mask, causal
+    if not isinstance(ctx, Context):  # anything else: position_attention refuses it (check_context)
+        return ctx
+    said = ctx.key_mask is not None or ctx.causal is not None  # recorded before, or set by the encoding
+    if said and (ctx.key_mask is not key_mask or ctx.causal != causal):
+        # one object returned again (a cached context): this call's own copy, the earlier one unchanged
+        ctx = copy.copy(ctx)
+    ctx.key_mask, ctx.causal = key_mask, causal
     return ctx
 
 

@@ -8,7 +8,7 @@ import torch
 from .core import *
 from .checks import *
 from .attention import *
-from .attention import _ctx_mask, _with_causal
+from .attention import _check_pe_call, _ctx_mask, _with_causal
 
 # %% auto #0
 __all__ = ['batched_positions', 'offset_mod', 'fused_scores']
@@ -43,7 +43,9 @@ def fused_scores(
     """The logits `(b, h, i, j)` (float32; -inf where masked: `mask`, `ctx.key_mask`, causality as `ctx` was
     prepared, as `position_attention`) that the fused path adds `pe.score_mods` into; `ValueError` for an
     encoding without them."""
-    mask, causal = _ctx_mask(ctx, mask, causal, (*q.shape[:3], k.shape[2]))
+    # as position_scores: the context's positions, batch and key_mask against q, k
+    _check_pe_call(pe, q, k, ctx)
+    mask, causal = _ctx_mask(ctx, mask, causal, q, k)
     q, k = pe.transform_qk(q, k, ctx, layer)
     mods = pe.score_mods(q, k, ctx, layer)
     if mods is None:

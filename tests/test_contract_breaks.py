@@ -1,0 +1,126 @@
+"""Ways to misuse the attention contract (the context records `key_mask` and `causal`; CHANGELOG, "The contract:
+padding and causality said once, at `prepare`") that ran silently or failed with a message naming neither the
+context nor the mask. Each test names its finding.
+
+- F1 `fused.fused_scores` read a context prepared for other positions or another batch without a word (it
+  skipped the checks `position_scores` makes): logits from the wrong positions, or a batch of 2 from q of 1.
+- F2 `position_scores` / `fused_scores` with a mask `attend` refuses (a `(b, j)` key mask, say) dropped
+  `ctx.key_mask` and broadcast the mask as `(i, j)`: padding attended, each query row masked by another
+  sequence's padding.
+- F3 a context whose `key_mask` was set by hand (a `Context(...)` or `ctx.key_mask = ...`) to a shape other
+  than `(b|1, j)` broadcast silently on the manual path (a `(1, 1)` mask allows or forbids every key) and
+  failed in a matrix product on the fast one; a `causal` that is not a bool ('no') made the call causal.
+"""
+import pytest
+import torch
+from posenc_lit.core import Context, PositionEncoding
+from posenc_lit.attention import position_attention, position_scores
+from posenc_lit.alibi import ALiBi
+from posenc_lit.fused import fused_scores
+
+H, D = 2, 8
+
+
+def _qkv(b, n, m=None, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    m = n if m is None else m
+    return tuple(torch.randn(b, H, s, D, generator=g) for s in (n, m, m))
+
+
+def test_F1_fused_scores_checks_the_context():
+    "F1: fused_scores refuses a context of other positions or another batch, as position_scores does."
+    pe = ALiBi(H)
+    q, k, _ = _qkv(1, 2)
+    three = torch.arange(3)[None]
+    with pytest.raises(ValueError, match='ctx was prepared for 3 q_pos positions'):
+        fused_scores(pe, q, k, pe.prepare(three, three))
+    keep = torch.tensor([[True, False], [True, True]])
+    two = torch.arange(2)[None]
+    with pytest.raises(ValueError, match='key_mask of 2 rows but q has a batch of 1'):
+        fused_scores(pe, q, k, pe.prepare(two, two, key_mask=keep))
+
+
+@pytest.mark.parametrize('fn', ['position_scores', 'fused_scores'])
+def test_F2_a_mask_that_does_not_fit_is_refused(fn):
+    "F2: a `(b, j)` mask (b = i here) is named, not broadcast as `(i, j)` with the context's key_mask dropped."
+    pe = ALiBi(H)
+    q, k, _ = _qkv(2, 2)
+    pos = torch.arange(2)[None]
+    ctx = pe.prepare(pos, pos, key_mask=torch.tensor([[True, False], [True, True]]))
+    f = {'position_scores': position_scores, 'fused_scores': fused_scores}[fn]
+    assert f(pe, q, k, ctx)[0, :, :, 1].isneginf().all()  # the context's padding, without a mask
+    with pytest.raises(ValueError, match=r'mask must be a bool tensor .* broadcastable to \(b, h, i, j\)'):
+        f(pe, q, k, ctx, mask=torch.ones(2, 2, dtype=torch.bool))
+
+
+@pytest.mark.parametrize('fast', [False, True])
+@pytest.mark.parametrize('how', ['by hand', 'assigned'])
+def test_F3_a_key_mask_set_by_hand_is_checked(fast, how):
+    "F3: a context's key_mask of another shape than `(b|1, j)` is named, on the manual and the fast path."
+    pe = PositionEncoding()
+    q, k, v = _qkv(2, 4)
+    pos = torch.arange(4)[None]
+    bad = torch.zeros(1, 1, dtype=torch.bool)  # forbids every key if broadcast
+    if how == 'by hand':
+        ctx = Context(pos, pos, pe=pe, key_mask=bad)
+    else:
+        ctx = pe.prepare(pos, pos, key_mask=torch.ones(2, 4, dtype=torch.bool))
+        ctx.key_mask = bad
+    with pytest.raises(ValueError, match=r'key_mask .*\(b, j\) .*j = 4'):
+        position_attention(pe, q, k, v, ctx, fast=fast)
+    with pytest.raises(ValueError, match=r'key_mask .*\(b, j\) .*j = 4'):
+        position_scores(pe, q, k, ctx)
+
+
+def test_F3_a_causal_set_by_hand_is_a_bool():
+    "F3: `Context(..., causal='no')` is refused, not read as causal."
+    pe = PositionEncoding()
+    q, k, v = _qkv(1, 3)
+    pos = torch.arange(3)[None]
+    with pytest.raises(ValueError, match='causal'):
+        position_attention(pe, q, k, v, Context(pos, pos, pe=pe, causal='no'))
+
+
+def test_F4_the_context_records_what_prepare_ran_with():
+    """F4: a `prepare` whose own default is `causal=True` (a decoder-only encoding) ran causal but its context
+    recorded False, so `position_attention` attended both ways; a `prepare(q_pos, k_pos, causal, key_mask)`
+    called positionally had its `causal` read as the key mask."""
+
+    class Decoder(PositionEncoding):
+        def prepare(self, q_pos, k_pos, *, key_mask=None, causal=True):
+            self.ran_causal = causal
+            return Context(q_pos, k_pos, pe=self)
+
+    class Positional(PositionEncoding):
+        def prepare(self, q_pos, k_pos, causal=False, key_mask=None):
+            return Context(q_pos, k_pos, pe=self)
+
+    pos = torch.arange(3)[None]
+    pe = Decoder()
+    ctx = pe.prepare(pos, pos)
+    assert pe.ran_causal is True and ctx.causal is True
+    q, k, v = _qkv(1, 3)
+    lower = torch.ones(3, 3, dtype=torch.bool).tril()
+    assert position_scores(pe, q, k, ctx)[..., ~lower].isneginf().all()
+    keep = torch.tensor([[True, True, False]])
+    ctx = Positional().prepare(pos, pos, True, keep)
+    assert ctx.causal is True and ctx.key_mask is keep
+
+
+def test_F5_a_context_returned_twice_keeps_each_calls_mask():
+    """F5: a `prepare` that returns one context object for every call (cached: the positions do not change)
+    had an earlier context's key_mask and causal overwritten by a later call's, so the earlier batch was
+    masked with the later batch's padding, without a word."""
+
+    class Cached(PositionEncoding):
+        def prepare(self, q_pos, k_pos, *, key_mask=None, causal=False):
+            if not hasattr(self, 'made'):
+                self.made = Context(q_pos, k_pos, pe=self)
+            return self.made
+
+    pe, pos = Cached(), torch.arange(3)[None]
+    first = torch.tensor([[True, True, True]])
+    a = pe.prepare(pos, pos, key_mask=first)
+    b = pe.prepare(pos, pos, key_mask=torch.tensor([[True, False, False]]), causal=True)
+    assert a.key_mask is first and a.causal is False
+    assert b.causal is True and b.key_mask[0, 1].item() is False
