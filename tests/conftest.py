@@ -117,3 +117,20 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(('127.0.0.1', 0))
         return sock.getsockname()[1]
+
+
+@pytest.fixture
+def stand_in(tmp_path):
+    """`(env, called)`: the environment of a lane script (tools/run_*.sh) whose `posenc_lit` is a stand-in that
+    appends its arguments to the file `called` and fails; results go under `tmp_path` (STUDY_ROOT), nothing is
+    committed (COMMIT=0)."""
+    bin_ = tmp_path / 'bin'
+    bin_.mkdir()
+    called = tmp_path / 'called'
+    (bin_ / 'posenc_lit').write_text(f'#!/bin/sh\necho "$@" >> {called}\nexit 1\n')
+    (bin_ / 'posenc_lit').chmod(0o755)
+    path = f'{bin_}:{Path(sys.executable).parent}:{os.environ["PATH"]}'
+    root = str(Path(__file__).resolve().parent.parent)
+    env = {**os.environ, 'PATH': path, 'STUDY_ROOT': str(tmp_path), 'COMMIT': '0', 'PYTHONPATH': root}
+    return env, called
+

@@ -592,16 +592,10 @@ def test_bad_data_file_fails_before_writing(tmp_path):
 RUN_STUDY = Path(__file__).resolve().parent.parent / 'tools' / 'run_study.sh'
 
 
-def test_run_study_checks_every_name_before_the_first_run(tmp_path):
+def test_run_study_checks_every_name_before_the_first_run(tmp_path, stand_in):
     """`tools/run_study.sh learned no-such-entry` stops before it starts `learned` (a run takes most of an
     hour), naming the unknown name and the known entries; `posenc_lit` is a stand-in that records a call."""
-    bin_ = tmp_path / 'bin'
-    bin_.mkdir()
-    called = tmp_path / 'called'
-    (bin_ / 'posenc_lit').write_text(f'#!/bin/sh\necho "$@" >> {called}\nexit 1\n')
-    (bin_ / 'posenc_lit').chmod(0o755)
-    env = {**os.environ, 'PATH': f'{bin_}:{Path(sys.executable).parent}:{os.environ["PATH"]}',
-           'STUDY_ROOT': str(tmp_path), 'COMMIT': '0'}
+    env, called = stand_in
     for names in (['learned', 'no-such-entry'], ['learned', 'learned-s0'], ['tupe-a-s1', 'learned-s01']):
         p = subprocess.run(['bash', str(RUN_STUDY), *names], env=env, capture_output=True, text=True,
                            timeout=60)

@@ -94,25 +94,13 @@ def test_a_vit_seed_that_is_not_its_place_is_an_error_naming_it(tmp_path):
 # --- the runner -------------------------------------------------------------------------------------------------
 
 
-def _stand_in(tmp_path: Path) -> tuple[dict, Path]:
-    "The environment of a run whose `posenc_lit` is a stand-in that records its arguments and fails."
-    bin_ = tmp_path / 'bin'
-    bin_.mkdir()
-    called = tmp_path / 'called'
-    (bin_ / 'posenc_lit').write_text(f'#!/bin/sh\necho "$@" >> {called}\nexit 1\n')
-    (bin_ / 'posenc_lit').chmod(0o755)
-    env = {**os.environ, 'PATH': f'{bin_}:{Path(sys.executable).parent}:{os.environ["PATH"]}',
-           'STUDY_ROOT': str(tmp_path), 'COMMIT': '0', 'PYTHONPATH': str(ROOT)}
-    return env, called
-
-
 def _run(env, *names):
     return subprocess.run(['bash', str(SCRIPT), *names], env=env, capture_output=True, text=True, timeout=60)
 
 
-def test_runner_refuses_a_bad_name_before_the_first_run(tmp_path):
+def test_runner_refuses_a_bad_name_before_the_first_run(tmp_path, stand_in):
     "A bad name (an unknown entry, seed 0 or a leading zero as -sK, whitespace, a seed ≥ 2**32) runs nothing."
-    env, called = _stand_in(tmp_path)
+    env, called = stand_in
     for names in (['learned', 'nope'], ['learned', 'learned-s0'], ['rope-mixed', 'rope-mixed-s01'],
                   ['none', 'tupe-a-s1']):
         p = _run(env, *names)
@@ -127,9 +115,9 @@ def test_runner_refuses_a_bad_name_before_the_first_run(tmp_path):
         assert not called.exists(), called.read_text()
 
 
-def test_runner_passes_the_seed_and_needs_the_full_data(tmp_path):
+def test_runner_passes_the_seed_and_needs_the_full_data(tmp_path, stand_in):
     "NAME-sK reaches the CLI as entry NAME with --seed K, into runs/vit/NAME-sK; no full Fashion-MNIST: no run."
-    env, called = _stand_in(tmp_path)
+    env, called = stand_in
     (tmp_path / 'fmnist').mkdir()  # a folder the data check finds (the stand-in CLI reads nothing)
     p = _run(env | {'POSENC_LIT_FASHION_MNIST': str(tmp_path / 'fmnist')}, 'rope-mixed-s2')
     assert p.returncode != 0 and called.read_text().split() == [
