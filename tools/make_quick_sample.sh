@@ -6,9 +6,10 @@
 # Clones this repository at COMMIT into a temporary folder (a clean tree: the run's results.json records COMMIT and
 # git_dirty false), runs the quick preset there (one command, timed), copies its results.json and what it printed to
 # results/compare/quick/ of this checkout, then makes the README's sample again from that file: the sample cell of
-# nbs/index.ipynb (id 6c829d98; no other cell is touched) is run again and README.md regenerated
-# (tools/make_readme.py), and so are the cells of nbs/30_compare.ipynb that show the quick study (its tables, times
-# and figures). tests/test_readme_sample.py checks the README against the file. Commit the four afterwards.
+# nbs/index.ipynb (id 6c829d98) is run again after the cells above it (no other cell's output is touched) and
+# README.md regenerated (tools/make_readme.py), and so are the cells of nbs/30_compare.ipynb that show the quick
+# study (its tables, times and figures). tests/test_readme_sample.py checks the README against the file.
+# Commit the four afterwards.
 # PYTHON: an interpreter with posenc_lit's dependencies (default: python). Threads: PyTorch's default (one per core)
 # unless OMP_NUM_THREADS is set; the run records which in results.json (`environment`). COMPARE_ARGS: more options
 # of `compare`, only for trying this script out (e.g. COMPARE_ARGS='--encodings none'; the test then fails).
@@ -48,8 +49,11 @@ from execnb.shell import CaptureShell
 os.chdir('nbs')   # the notebook's paths are relative to its folder
 nb = read_nb('index.ipynb')
 sh = CaptureShell(mpl_format='png')
-sh.run(next(c for c in nb.cells if c.get('id') == '995439d0').source)   # the imports
-cell = next(c for c in nb.cells if c.get('id') == '6c829d98')             # the sample
+at = next(k for k, c in enumerate(nb.cells) if c.get('id') == '6c829d98')   # the sample
+for c in nb.cells[:at]:   # the cells above it run (their outputs untouched): the imports and its helpers
+    if c.cell_type == 'code':
+        sh.run(c.source)
+cell = nb.cells[at]
 sh.cell(cell)
 # execnb gives the printed text before the displayed Markdown; the cell displays the sentence first
 cell.outputs = sorted(cell.outputs, key=lambda o: o.get('output_type') == 'stream')
