@@ -497,7 +497,12 @@ def too_few(seeds: tuple) -> bool:
 
 
 def can_call(
-    lo: float | None, hi: float | None, *, seeds: tuple | None, treated: bool = True, effect=None
+    lo: float | None,
+    hi: float | None,
+    *,
+    seeds: tuple | None,
+    treated: bool = True,
+    effect: float | None = None,
 ) -> bool:
     """Whether the rule can call a row holds or does not hold (`verdict`'s arguments): treated, measured
     (`seeds` not None), `MIN_SEEDS` or more a side, an interval, and no paper's `effect` below its
