@@ -10,11 +10,16 @@ context nor the mask. Each test names its finding.
 - F3 a context whose `key_mask` was set by hand (a `Context(...)` or `ctx.key_mask = ...`) to a shape other
   than `(b|1, j)` broadcast silently on the manual path (a `(1, 1)` mask allows or forbids every key) and
   failed in a matrix product on the fast one; a `causal` that is not a bool ('no') made the call causal.
+- F6 `ALiBi(h, bidirectional=False)`, the paper's causal form, prepared with `causal=False` (the default, or a
+  causal `mask` passed instead) gave every key after the query bias 0, the query's own: without the mask it
+  attended the future, with no error.
+- F7 `pe.prepare = f` on an instance (not a subclass) shadowed the contract's wrapper: `f`'s arguments were not
+  checked and its context recorded neither `key_mask` nor `causal`, so the padding it was told of was attended.
 """
 import pytest
 import torch
 from posenc_lit.core import Context, PositionEncoding
-from posenc_lit.attention import position_attention, position_scores
+from posenc_lit.attention import MultiHeadAttention, CombinedEncoding, causal_mask, position_attention, position_scores
 from posenc_lit.alibi import ALiBi
 from posenc_lit.fused import fused_scores
 
@@ -124,3 +129,65 @@ def test_F5_a_context_returned_twice_keeps_each_calls_mask():
     b = pe.prepare(pos, pos, key_mask=torch.tensor([[True, False, False]]), causal=True)
     assert a.key_mask is first and a.causal is False
     assert b.causal is True and b.key_mask[0, 1].item() is False
+
+
+def test_F6_the_causal_form_of_alibi_is_prepared_causal():
+    """F6: the causal form with causal=False is refused, by default, by keyword, inside `checked_inputs()`, as a
+    `CombinedEncoding` member and in `MultiHeadAttention`; the symmetric form, and causal=True, run."""
+    from posenc_lit.core import checked_inputs
+    from posenc_lit.t5 import T5RelativeBias
+
+    pe, pos = ALiBi(H, bidirectional=False), torch.arange(5)[None]
+    msg = r"ALiBi\(bidirectional=False\) is the paper's causal form: prepare it with causal=True.*bidirectional=True"
+    both = CombinedEncoding(pe, T5RelativeBias(H))
+    for call in (
+        lambda: pe.prepare(pos, pos),
+        lambda: pe.prepare(pos, pos, key_mask=torch.ones(1, 5, dtype=torch.bool), causal=False),
+        lambda: both.prepare(pos, pos, causal=False),
+    ):
+        with pytest.raises(ValueError, match=msg):
+            call()
+    with checked_inputs(), pytest.raises(ValueError, match=msg):  # the contract's checks skipped: still refused
+        pe.prepare(pos, pos, causal=False)
+    attn, x = MultiHeadAttention(H * D, H), torch.randn(1, 5, H * D)
+    with pytest.raises(ValueError, match=msg):  # a causal mask instead of causal=True
+        attn(x, causal_mask(5, 5), pe=pe)
+    assert pe.prepare(pos, pos, causal=True).causal is True
+    assert ALiBi(H).prepare(pos, pos).causal is False
+    with torch.no_grad():
+        torch.testing.assert_close(attn(x, pe=pe, causal=True), attn(x, causal_mask(5, 5), pe=ALiBi(H)))
+
+
+def test_F7_prepare_is_not_assigned_on_an_instance():
+    """F7: `pe.prepare = f` (by assignment, `setattr` or `mock.patch.object`) is refused, naming a subclass; the
+    instance keeps its checked `prepare`, and a subclass that wraps `super().prepare` is checked and recorded."""
+    from unittest import mock
+
+    pe, pos = ALiBi(H), torch.arange(4)[None]
+    keep = torch.tensor([[True, True, True, False]])
+    own = lambda q_pos, k_pos, **kw: pe.context_type(q_pos, k_pos, pe=pe)  # records no key_mask
+    msg = r'prepare cannot be assigned on an instance.*subclass'
+    with pytest.raises(AttributeError, match=msg):
+        pe.prepare = own
+    with pytest.raises(AttributeError, match=msg):
+        setattr(pe, 'prepare', own)
+    with pytest.raises(AttributeError, match=msg), mock.patch.object(pe, 'prepare', own):
+        pass
+    assert 'prepare' not in vars(pe) and pe.prepare(pos, pos, key_mask=keep).key_mask is keep
+    with pytest.raises(ValueError, match='key_mask must be a bool'):
+        pe.prepare(pos, pos, key_mask=keep.float())
+
+    class Counted(ALiBi):  # the way to wrap prepare: a subclass
+        calls = 0
+
+        def prepare(self, *a, **kw):
+            type(self).calls += 1
+            return super().prepare(*a, **kw)
+
+    q, k, v = _qkv(1, 4)
+    counted = Counted(H)
+    ctx = counted.prepare(pos, pos, key_mask=keep)
+    assert Counted.calls == 1 and ctx.key_mask is keep
+    assert position_scores(counted, q, k, ctx)[..., 3].isneginf().all()
+    with pytest.raises(ValueError, match='key_mask must be a bool'):
+        counted.prepare(pos, pos, key_mask=keep.float())
