@@ -331,6 +331,23 @@ class PositionEncoding(nn.Module):
         ):
             cls.prepare = _contract_prepare(found)
 
+    def __setattr__(self, name, value):
+        """`AttributeError` for `prepare`: an instance's own would shadow the contract's wrapper (Input checks);
+        so is `del pe.prepare` (what `mock.patch.object(pe, 'prepare')` does on leaving)."""
+        if name == 'prepare':
+            raise AttributeError(
+                f'{type(self).__name__}.prepare cannot be assigned on an instance: it would bypass the '
+                "contract (check_prepare, and the key_mask and causal that its context records). Define prepare "
+                f'in a subclass instead: class Mine({type(self).__name__}): def prepare(self, q_pos, k_pos, *, '
+                'key_mask=None, causal=False): ... (calling super().prepare(...) to wrap it)'
+            )
+        super().__setattr__(name, value)
+
+    def __delattr__(self, name):
+        if name == 'prepare':
+            self.__setattr__(name, None)  # the same AttributeError
+        super().__delattr__(name)
+
     def embed(self, pos: torch.Tensor):  # `(b|1, n)` integer positions
         "Vectors `(b|1, n, D)` to add to the input embeddings, or `None`."
         return None
