@@ -288,7 +288,8 @@ class Grid:
                 tdest = self.work / 'stage' / 'results' / f'{PACKED}_{task}' / name
                 shutil.copytree(ft, tdest, ignore=shutil.ignore_patterns('checkpoint'), dirs_exist_ok=True)
                 rec['packed'].append(f'results/{PACKED}_{task}/{name}')
-        rec['status'] = 'finished' if ok else ('stopped' if self.stop.is_set() else 'failed')
+        stopped = self.stop.is_set() or time.monotonic() >= self.deadline
+        rec['status'] = 'finished' if ok else ('stopped' if stopped else 'failed')
         rec['pretrain_step'] = _last_step(
             run / 'metrics.jsonl'
         )  # where a stopped run stands (--resume goes on)
