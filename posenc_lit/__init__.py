@@ -10,7 +10,9 @@ __version__ = "0.1.0"
 # module the first time it is used. So importing the package loads neither torch nor matplotlib, and importing a
 # module of it (`import posenc_lit.cli`) runs no other module first: no import cycle through this file.
 # `tests/test_api.py` checks these names.
+import difflib as _difflib
 import importlib as _importlib
+import importlib.util as _importlib_util
 
 TYPE_CHECKING = False  # True for type checkers (mypy, pyright); not `typing`'s, to import nothing more
 
@@ -47,10 +49,16 @@ __all__ = list(_HOME)
 
 
 def __getattr__(name):
-    "A name of `__all__` from its home module, imported on first use (PEP 562); AttributeError for another."
+    """A name of `__all__` from its home module, imported on first use (PEP 562); a module of the package
+    (`posenc_lit.hf`) imported on first use; AttributeError for another, with the nearest name of `__all__`."""
     module = _HOME.get(name)
+    if module is None and _importlib_util.find_spec(f'{__name__}.{name}') is not None:
+        return _importlib.import_module(f'{__name__}.{name}')  # a module: `posenc_lit.hf.from_hf` as written
     if module is None:
-        raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+        lower = {n.lower(): n for n in __all__}  # 'Rope' -> 'RoPE'
+        near = _difflib.get_close_matches(name.lower(), lower, n=1, cutoff=0.75)
+        hint = f'; did you mean {lower[near[0]]!r}?' if near else ''
+        raise AttributeError(f'module {__name__!r} has no attribute {name!r}{hint}')
     value = getattr(_importlib.import_module(f'{__name__}.{module}'), name)
     globals()[name] = value  # later uses read it directly
     return value

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse, builtins, importlib, json, os, pathlib, signal, sys, threading
 from dataclasses import fields
 from .core import *
+from . import __version__
 from .files import dumps, run_entries
 from .loop import ListOf, NonEmpty, OneOf, Range, path_text
 
@@ -816,6 +817,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog='posenc_lit', description='Position encodings of Transformers: derive, test, compare.'
     )
+    p.add_argument('--version', action='version', version=f'%(prog)s {__version__}')
     sub = p.add_subparsers(dest='command', required=True)
     e = sub.add_parser('encodings', help='list the registered position encodings')
     e.add_argument('--verbose', '-v', action='store_true', help='also print each source (paper, equation)')

@@ -105,3 +105,15 @@ def test_import_loads_nothing_heavy():
                        cwd=INIT.parent.parent)
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads(r.stdout) == [], r.stdout
+
+
+def test_modules_on_first_use_and_near_names():
+    "`posenc_lit.hf.from_hf` as the README writes it, in a fresh interpreter; a misspelt name gets the near one."
+    code = 'import posenc_lit; print(posenc_lit.hf.from_hf is posenc_lit.from_hf)'
+    r = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=120,
+                       cwd=INIT.parent.parent)
+    assert r.returncode == 0 and r.stdout.strip() == 'True', r.stderr[-2000:]
+    with pytest.raises(AttributeError, match="no attribute 'Rope'; did you mean 'RoPE'"):
+        posenc_lit.Rope
+    with pytest.raises(AttributeError, match="no attribute 'zzz'$"):
+        posenc_lit.zzz
