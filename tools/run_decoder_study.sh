@@ -64,6 +64,8 @@ r(sys.argv[1], cfg=c(sys.argv[3]), out=sys.argv[2])' "$entry" "$dest" "${PRESET:
   posenc_lit lm --pe "$entry" --preset "${PRESET:-study}" --seed "$seed" --out "$run" --resume --quiet
   mkdir -p "$dest"
   cp "$run/config.json" "$run/metrics.jsonl" "$run/summary.json" "$run/lengths.json" "$dest/"
+  # FIRE's learned threshold L (42_decoder_study: does its normalization by max(L, i) act at the lengths read?)
+  if [ "$entry" = fire ]; then python "$HERE/fire_threshold.py" "$run" "$dest"; fi
   commit_result "$dest" "decoder study: $name finished (tools/run_decoder_study.sh)"
   echo "finished $name: $(tr -d '\n ' < "$dest/summary.json")"
 done
