@@ -610,11 +610,11 @@ def test_run_study_checks_every_name_before_the_first_run(tmp_path, stand_in):
         (['learned', 'learned-s4294967296'], "the seed of 'learned-s4294967296' is past the largest seed"),
     ):
         p = subprocess.run(['bash', str(RUN_STUDY), *names], env=env, capture_output=True, text=True,
-                           timeout=60)
+                           timeout=300)
         assert p.returncode == 2 and why in p.stderr, (names, p.returncode, p.stderr)
         assert not called.exists(), called.read_text()
     p = subprocess.run(['bash', str(RUN_STUDY), 'learned-s4294967295'], env=env, capture_output=True, text=True,
-                       timeout=60)  # no sweep under STUDY_ROOT/results: no learning rate, nothing run
+                       timeout=300)  # no sweep under STUDY_ROOT/results: no learning rate, nothing run
     assert p.returncode == 2 and 'no learning rate for learned-s4294967295 yet' in p.stderr, p.stderr
     assert not called.exists(), called.read_text()
     for lr, loss in (('1e-3', 6.2), ('2e-3', 6.1), ('4e-3', 6.3)):  # a made-up sweep in which 2e-3 wins
@@ -623,9 +623,9 @@ def test_run_study_checks_every_name_before_the_first_run(tmp_path, stand_in):
         (run / 'config.json').write_text(json.dumps({'pe': 'learned', 'lr': float(lr), 'steps': 3000}))
         (run / 'summary.json').write_text(json.dumps({'pe': 'learned', 'eval_loss': loss}))
     p = subprocess.run(['bash', str(RUN_STUDY), 'learned-s4294967295'], env=env, capture_output=True, text=True,
-                       timeout=60)  # the largest seed passes the checks and reaches the (stand-in) CLI
+                       timeout=300)  # the largest seed passes the checks and reaches the (stand-in) CLI
     assert ' --seed 4294967295 ' in called.read_text(), called.read_text()
     assert ' --lr 0.002 ' in called.read_text(), called.read_text()  # the sweep's rate
     called.unlink()
-    p = subprocess.run(['bash', str(RUN_STUDY)], env=env, capture_output=True, text=True, timeout=60)
+    p = subprocess.run(['bash', str(RUN_STUDY)], env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 2 and p.stderr.startswith('usage: bash tools/run_study.sh NAME'), p.stderr
