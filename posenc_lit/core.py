@@ -497,9 +497,9 @@ def _causal_order_message(q_pos, k_pos, row, a) -> str:  # query `a` of batch ro
         f'0 … a + j - i), so q_pos must equal k_pos[..., -i:]; in row {row}, query {a} has position '
         f'{int(q[a])} but key {j - i + a} in its place has position {int(k[j - i + a])}: it would attend keys '
         f'0 … {j - i + a}, whatever their positions. Pass only the keys up to the last query (slice a static '
-        'KV buffer: k[:, :, :n], k_pos[:, :n]), or, for a static buffer, prepare with causal=False and pass '
-        'the mask k_pos <= q_pos to attention (for (b, n) positions: mask=k_pos[:, None, None, :] <= '
-        'q_pos[:, None, :, None])'
+        'KV buffer: k[:, :, :n], k_pos[:, :n]), or prepare the buffer with causal=False and pass the mask '
+        'k_pos <= q_pos to attention (for (b, n) positions: mask=k_pos[:, None, None, :] <= q_pos[:, None, '
+        ':, None]), where the encoding allows causal=False (a causal form, e.g. ALiBi\'s or T5\'s, does not)'
     )
 
 
