@@ -21,7 +21,7 @@ from .checks import check_flags, check_position_pair
 # %% auto #0
 __all__ = ['CONVENTIONS', 'KINDS', 'MODALITIES', 'ENCODING_MODULES', 'NAME_PATTERN', 'rel_pos', 'to_convention', 'EncodingSpec',
            'register_encoding', 'list_encodings', 'get_encoding', 'list_ablations', 'encoding_families', 'Context',
-           'LayerRef', 'PositionEncoding', 'check_context', 'check_prepare', 'checked_inputs']
+           'LayerRef', 'PositionEncoding', 'check_context', 'check_prepare', 'check_causal_order', 'checked_inputs']
 
 # %% ../nbs/00_core.ipynb #2283af21
 def rel_pos(
@@ -448,9 +448,13 @@ def check_prepare(
     """The contract's checks of `prepare`'s arguments, run before every encoding's own `prepare`:
     `TypeError` for positions that are not signed integer tensors `(n,)` / `(b, n)`; `ValueError` for a
     `causal` that is not a bool, a `key_mask` that is not a bool `(b, j)` tensor with `j` = the number of keys,
-    and batch sizes that do not broadcast. Reads no values (no device sync)."""
+    and batch sizes that do not broadcast; with `causal=True`, `ValueError` for query positions that are not
+    the last `i` key positions of their row (`check_causal_order`: one device sync, none when traced). Reads
+    no other values."""
     check_position_pair(q_pos, k_pos)
     check_flags(causal=causal)
+    if causal:
+        check_causal_order(q_pos, k_pos)
     if key_mask is None:
         return
     n_k = k_pos.shape[-1]
@@ -464,6 +468,39 @@ def check_prepare(
             f'key_mask has {len(key_mask)} rows but the positions a batch of {rows.pop()}: they must match, '
             'or one be 1'
         )
+
+
+def check_causal_order(
+    q_pos: torch.Tensor,  # `(b|1, i)` or `(i,)` integer query positions, checked by `check_position_pair`
+    k_pos: torch.Tensor,  # `(b|1, j)` or `(j,)` integer key positions
+):
+    """`ValueError` unless each row's `q_pos` equals the last `i` entries of its `k_pos` (the rows broadcast):
+    the causal mask goes by order, query `a` seeing keys `0 … a + j - i`, so a query placed elsewhere among
+    the keys would attend later positions. One device sync; none for `i = 0`, `i > j` (attention refuses
+    it), meta tensors, and under `torch.jit.trace` / `torch.compile` / `torch.export` (data-dependent)."""
+    i, j = q_pos.shape[-1], k_pos.shape[-1]
+    traced = torch.jit.is_tracing() or torch.compiler.is_compiling()
+    if traced or i == 0 or i > j or 'meta' in (q_pos.device.type, k_pos.device.type):
+        return
+    last = k_pos[..., j - i :].to(q_pos.device)  # the keys in the queries' places, (b|1, i) or (i,)
+    bad = (q_pos != last).reshape(-1, i)  # (b|1, i)
+    hit, row = torch.stack((bad.any(), bad.any(-1).long().argmax())).tolist()
+    if hit:
+        raise ValueError(_causal_order_message(q_pos, k_pos, row, int(bad[row].long().argmax())))
+
+
+def _causal_order_message(q_pos, k_pos, row, a) -> str:  # query `a` of batch row `row` is out of place
+    i, j = q_pos.shape[-1], k_pos.shape[-1]
+    q, k = (p if p.ndim == 1 else p[min(row, len(p) - 1)] for p in (q_pos, k_pos))
+    return (
+        f'causal=True masks by order: the i={i} queries are the last i of the j={j} keys (query a sees keys '
+        f'0 … a + j - i), so q_pos must equal k_pos[..., -i:]; in row {row}, query {a} has position '
+        f'{int(q[a])} but key {j - i + a} in its place has position {int(k[j - i + a])}: it would attend keys '
+        f'0 … {j - i + a}, whatever their positions. Pass only the keys up to the last query (slice a static '
+        'KV buffer: k[:, :, :n], k_pos[:, :n]), or prepare the buffer with causal=False and pass the mask '
+        'k_pos <= q_pos to attention (for (b, n) positions: mask=k_pos[:, None, None, :] <= q_pos[:, None, '
+        ':, None]), where the encoding allows causal=False (a causal form, e.g. ALiBi\'s or T5\'s, does not)'
+    )
 
 
 def _desc(t) -> str:  # what a message says was passed

@@ -15,6 +15,10 @@ context nor the mask. Each test names its finding.
   attended the future, with no error.
 - F7 `pe.prepare = f` on an instance (not a subclass) shadowed the contract's wrapper: `f`'s arguments were not
   checked and its context recorded neither `key_mask` nor `causal`, so the padding it was told of was attended.
+- F8 `prepare(q_pos, k_pos, causal=True)` with queries that are not the last `i` of the keys (a query at position 5
+  against a static buffer of 10 keys) ran: the causal mask goes by order, so the query attended keys 6-9.
+- F9 `T5RelativeBias(h, bidirectional=False)`, T5's causal buckets, prepared with `causal=False` (as F6) gave every
+  key after the query the query's own bucket: an `Encoder` with `pe_kwargs={'bidirectional': False}` ran.
 """
 import pytest
 import torch
@@ -191,3 +195,86 @@ def test_F7_prepare_is_not_assigned_on_an_instance():
     assert position_scores(counted, q, k, ctx)[..., 3].isneginf().all()
     with pytest.raises(ValueError, match='key_mask must be a bool'):
         counted.prepare(pos, pos, key_mask=keep.float())
+
+
+def _order_encodings():
+    "Encodings with a causal form or a direction, each prepared causal=True, and one of a user's own."
+    from posenc_lit.cope import CoPE
+    from posenc_lit.fire import FIRE
+    from posenc_lit.rope import RoPE
+    from posenc_lit.t5 import T5RelativeBias
+
+    class Mine(PositionEncoding):  # its own prepare: the contract checks it all the same
+        def prepare(self, q_pos, k_pos, *, key_mask=None, causal=False):
+            return Context(q_pos, k_pos, pe=self)
+
+    return {
+        'rope': RoPE(D), 'alibi-causal': ALiBi(H, bidirectional=False), 'fire': FIRE(H),
+        't5-causal': T5RelativeBias(H, num_buckets=8, max_distance=16, bidirectional=False),
+        'cope-causal': CoPE(D, 1, bidirectional=False), 'mine': Mine(),
+    }
+
+
+@pytest.mark.parametrize('name', ['rope', 'alibi-causal', 'fire', 't5-causal', 'cope-causal', 'mine'])
+def test_F8_causal_queries_are_the_last_keys(name):
+    """F8: a query at position 5 against all 10 keys of a static buffer is refused at prepare, with the order
+    rule and the ways out; the keys up to the query (a sliced buffer) run: the query sees its first 6 keys."""
+    from posenc_lit.core import checked_inputs
+
+    pe = _order_encodings()[name]
+    q, k, v = _qkv(1, 10)
+    q5, k10 = torch.tensor([[5]]), torch.arange(10)[None]
+    with pytest.raises(ValueError, match=r'causal=True masks by order: the i=1 queries are the last i'):
+        pe.prepare(q5, k10, causal=True)
+    with pytest.raises(ValueError, match=r'query 0 has position 5 but key 9 .*slice a static KV buffer'):
+        pe.prepare(q5.expand(2, 1), k10.expand(2, 10), causal=True)  # every row is checked
+    with torch.no_grad():
+        ctx = pe.prepare(q5, k10[:, :6], causal=True)
+        sliced = position_attention(pe, q[:, :, 5:6], k[:, :, :6], v[:, :, :6], ctx, 0)
+        full = position_attention(pe, q, k, v, pe.prepare(k10, k10, causal=True), 0)
+    torch.testing.assert_close(sliced, full[:, :, 5:6])  # the query at 5 sees keys 0-5, as in the whole text
+    with checked_inputs():  # a caller that checked its inputs itself: not read
+        pe.prepare(q5, k10, causal=True)
+
+
+def test_F8_legit_causal_positions_run():
+    "F8: left padding (repeated 0s), packed documents (restarts) and a KV cache (new positions last) pass."
+    pe = _order_encodings()['rope']
+    left = torch.tensor([[0, 0, 0, 1, 2], [0, 1, 2, 0, 1]])
+    for q_pos, k_pos in ((left, left), (left[:, 3:], left), (torch.tensor([8, 9]), torch.arange(10)[None])):
+        assert pe.prepare(q_pos, k_pos, causal=True).causal is True
+    late = left[:, 3:].clone()
+    late[1, 1] = 7
+    with pytest.raises(ValueError, match='in row 1, query 1 has position 7 but key 4 in its place'):
+        pe.prepare(late, left, causal=True)
+    assert pe.prepare(torch.tensor([[5]]), torch.arange(10)[None]).causal is False  # a static buffer
+
+
+def test_F9_the_causal_buckets_of_t5_are_prepared_causal():
+    """F9: as F6, for T5's causal buckets: refused by default, by keyword, inside `checked_inputs()`, as a
+    `CombinedEncoding` member, in `MultiHeadAttention` with a causal mask, and in an `Encoder`; causal=True
+    runs."""
+    from posenc_lit.core import checked_inputs
+    from posenc_lit.model import EncoderForMLM, ModelConfig
+    from posenc_lit.t5 import T5RelativeBias
+
+    pe, pos = T5RelativeBias(H, num_buckets=8, max_distance=16, bidirectional=False), torch.arange(5)[None]
+    msg = r"T5RelativeBias\(bidirectional=False\) has T5's causal \(decoder\) buckets: prepare it with"
+    both = CombinedEncoding(ALiBi(H), pe)
+    for call in (
+        lambda: pe.prepare(pos, pos),
+        lambda: pe.prepare(pos, pos, key_mask=torch.ones(1, 5, dtype=torch.bool), causal=False),
+        lambda: both.prepare(pos, pos, causal=False),
+    ):
+        with pytest.raises(ValueError, match=msg + '.*bidirectional=True'):
+            call()
+    with checked_inputs(), pytest.raises(ValueError, match=msg):  # the contract's checks skipped: refused
+        pe.prepare(pos, pos, causal=False)
+    attn, x = MultiHeadAttention(H * D, H), torch.randn(1, 5, H * D)
+    with pytest.raises(ValueError, match=msg):  # a causal mask instead of causal=True
+        attn(x, causal_mask(5, 5), pe=pe)
+    assert pe.prepare(pos, pos, causal=True).causal is True
+    cfg = ModelConfig(vocab_size=50, d_model=16, n_heads=2, d_ff=32, pe='t5',
+                      pe_kwargs={'bidirectional': False})
+    with pytest.raises(ValueError, match=msg):  # an encoder attends both ways
+        EncoderForMLM(cfg)(torch.randint(5, 50, (2, 6)))

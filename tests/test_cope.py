@@ -64,7 +64,7 @@ def test_the_hooks_match_a_naive_loop_in_float32(bidirectional, causal, n_q):
     pe = CoPE(D, 2, npos_max=4, bidirectional=bidirectional, init_std=0.5).eval()  # npos_max 4: counts clamp
     q, k, keep = _inputs()
     q = q[:, :, 7 - n_q:]  # the last n_q keys are the queries (a cache)
-    ctx = pe.prepare(torch.arange(n_q), torch.arange(7), key_mask=keep, causal=causal)
+    ctx = pe.prepare(torch.arange(7 - n_q, 7), torch.arange(7), key_mask=keep, causal=causal)  # their positions
     with torch.no_grad():
         got = pe.score_terms(q, k, ctx, 1)[0]
         want = naive_term(pe, q, k, keep, causal, 1)
