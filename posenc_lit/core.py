@@ -291,6 +291,13 @@ class Context:
     key_mask: torch.Tensor | None = field(default=None, kw_only=True, repr=False)
     # the `causal` of `prepare`; None: a context made by hand, not by a `prepare` (then nothing to hold to)
     causal: bool | None = field(default=None, kw_only=True, repr=False)
+    # the versions of `pe`'s parameters when it was prepared (`_param_versions`): a context is valid for the
+    # weights it was made with, refused after an optimizer step or `load_state_dict` changed them
+    versions: tuple | None = field(default=None, kw_only=True, repr=False)
+
+    def __post_init__(self):
+        if self.versions is None:
+            self.versions = _param_versions(self.pe)
 
 
 @dataclass(eq=False)
@@ -410,12 +417,21 @@ def check_context(
     owned: bool = True,  # also check that `pe` itself prepared it (False: its type only)
 ) -> Context:
     """`ctx` if `pe.prepare` made it; `TypeError` for anything but `pe.context_type`, `ValueError` for a
-    context another encoding instance prepared (even one of the same class)."""
+    context another encoding instance prepared (even one of the same class), for one prepared before the
+    parameters of its encoding changed (stale terms), and for one prepared without gradients used with them.
+    """
     want = pe.context_type
     if not isinstance(ctx, want):
         raise TypeError(
             f'ctx must be a {want.__name__}: ctx comes from pe.prepare(q_pos, k_pos) of this encoding '
             f'({type(pe).__name__}), the fifth argument of {signature}; got {type(ctx).__name__}'
+        )
+    if ctx.versions is not None and ctx.versions != _param_versions(ctx.pe):
+        raise ValueError(
+            f'ctx was prepared before the parameters of {type(ctx.pe).__name__} changed (an optimizer step, '
+            'load_state_dict or an in-place edit): its position terms are stale. A context is valid for the '
+            'weights it was prepared with: call pe.prepare once per forward (after each optimizer step or '
+            'load_state_dict), not once for the whole run'
         )
     if owned and ctx.pe is not pe:
         raise ValueError(
@@ -436,6 +452,17 @@ def _frozen_terms(pe, ctx) -> bool:
         isinstance(v := getattr(ctx, f.name), torch.Tensor) and v.is_floating_point() for f in fields(ctx)
     )
     return floats and any(p.requires_grad for p in pe.parameters())
+
+
+def _param_versions(pe) -> tuple | None:
+    """The version counters of `pe`'s parameters (Python ints, bumped by every in-place change: an optimizer
+    step, `load_state_dict`; no device sync), or None where they are not read: under `torch.jit.trace`,
+    `torch.export` and `torch.compile` (a graph's own business), for a `pe` that is not a module, and for
+    parameters made under `torch.inference_mode()` (they keep no counter)."""
+    if torch.jit.is_tracing() or torch.compiler.is_compiling() or not isinstance(pe, nn.Module):
+        return None
+    params = list(pe.parameters())
+    return None if any(p.is_inference() for p in params) else tuple(p._version for p in params)
 
 # %% ../nbs/00_core.ipynb #3bff3c69
 #| code-fold: true
