@@ -417,16 +417,16 @@ def check_context(
     owned: bool = True,  # also check that `pe` itself prepared it (False: its type only)
 ) -> Context:
     """`ctx` if `pe.prepare` made it; `TypeError` for anything but `pe.context_type`, `ValueError` for a
-    context another encoding instance prepared (even one of the same class), for one prepared before the
-    parameters of its encoding changed (stale terms), and for one prepared without gradients used with them.
-    """
+    context another encoding instance prepared (even one of the same class), for one holding terms computed
+    before the parameters of its encoding changed (stale), and for one prepared without gradients used with
+    them."""
     want = pe.context_type
     if not isinstance(ctx, want):
         raise TypeError(
             f'ctx must be a {want.__name__}: ctx comes from pe.prepare(q_pos, k_pos) of this encoding '
             f'({type(pe).__name__}), the fifth argument of {signature}; got {type(ctx).__name__}'
         )
-    if ctx.versions is not None and ctx.versions != _param_versions(ctx.pe):
+    if ctx.versions is not None and ctx.versions != _param_versions(ctx.pe) and _computed_terms(ctx):
         raise ValueError(
             f'ctx was prepared before the parameters of {type(ctx.pe).__name__} changed (an optimizer step, '
             'load_state_dict or an in-place edit): its position terms are stale. A context is valid for the '
@@ -463,6 +463,26 @@ def _param_versions(pe) -> tuple | None:
         return None
     params = list(pe.parameters())
     return None if any(p.is_inference() for p in params) else tuple(p._version for p in params)
+
+
+def _computed_terms(ctx) -> bool:
+    """Whether `ctx` holds terms computed from values (a float tensor in a field, in a tuple, list or dict of
+    them, or in a member context) other than a parameter or a view of one, which sees its in-place edits."""
+
+    def computed(v):
+        if isinstance(v, torch.Tensor):
+            return (
+                v.is_floating_point()
+                and not isinstance(v, nn.Parameter)
+                and not isinstance(v._base, nn.Parameter)
+            )
+        if isinstance(v, Context):
+            return _computed_terms(v)
+        if isinstance(v, (tuple, list, dict)):
+            return any(computed(x) for x in (v.values() if isinstance(v, dict) else v))
+        return False
+
+    return any(computed(getattr(ctx, f.name)) for f in fields(ctx) if f.name != 'pe')
 
 # %% ../nbs/00_core.ipynb #3bff3c69
 #| code-fold: true
