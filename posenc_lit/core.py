@@ -291,8 +291,8 @@ class Context:
     key_mask: torch.Tensor | None = field(default=None, kw_only=True, repr=False)
     # the `causal` of `prepare`; None: a context made by hand, not by a `prepare` (then nothing to hold to)
     causal: bool | None = field(default=None, kw_only=True, repr=False)
-    # the versions of `pe`'s parameters when it was prepared (`_param_versions`): a context is valid for the
-    # weights it was made with, refused after an optimizer step or `load_state_dict` changed them
+    # `(parameter, version)` of each of `pe`'s parameters when it was prepared (`_param_versions`): a context
+    # holding terms computed from them is refused once one changed (an optimizer step, `load_state_dict`)
     versions: tuple | None = field(default=None, kw_only=True, repr=False)
 
     def __post_init__(self):
@@ -426,7 +426,7 @@ def check_context(
             f'ctx must be a {want.__name__}: ctx comes from pe.prepare(q_pos, k_pos) of this encoding '
             f'({type(pe).__name__}), the fifth argument of {signature}; got {type(ctx).__name__}'
         )
-    if ctx.versions is not None and ctx.versions != _param_versions(ctx.pe) and _computed_terms(ctx):
+    if _moved(ctx) and _computed_terms(ctx):
         raise ValueError(
             f'ctx was prepared before the parameters of {type(ctx.pe).__name__} changed (an optimizer step, '
             'load_state_dict or an in-place edit): its position terms are stale. A context is valid for the '
@@ -455,14 +455,23 @@ def _frozen_terms(pe, ctx) -> bool:
 
 
 def _param_versions(pe) -> tuple | None:
-    """The version counters of `pe`'s parameters (Python ints, bumped by every in-place change: an optimizer
-    step, `load_state_dict`; no device sync), or None where they are not read: under `torch.jit.trace`,
-    `torch.export` and `torch.compile` (a graph's own business), for a `pe` that is not a module, and for
-    parameters made under `torch.inference_mode()` (they keep no counter)."""
-    if torch.jit.is_tracing() or torch.compiler.is_compiling() or not isinstance(pe, nn.Module):
+    """`(parameter, version)` of each of `pe`'s parameters: the version counters are Python ints that every
+    in-place change bumps (an optimizer step, `load_state_dict`), read without a device sync. None where they
+    are not kept: under `torch.jit.trace`, `torch.export` and `torch.compile` (a graph's own business), for a
+    `pe` that is not a module, and for parameters made under `torch.inference_mode()` (they keep no counter)."""
+    if _tracing() or not isinstance(pe, nn.Module):
         return None
     params = list(pe.parameters())
-    return None if any(p.is_inference() for p in params) else tuple(p._version for p in params)
+    return None if any(p.is_inference() for p in params) else tuple((p, p._version) for p in params)
+
+
+def _moved(ctx) -> bool:
+    "Whether a parameter that `ctx` recorded has changed since (the parameters kept at `prepare`: no walk)."
+    return ctx.versions is not None and not _tracing() and any(p._version != v for p, v in ctx.versions)
+
+
+def _tracing() -> bool:  # as attention's `is_tracing` (defined there, on top of this module)
+    return torch.jit.is_tracing() or torch.compiler.is_compiling()
 
 
 def _computed_terms(ctx) -> bool:
