@@ -458,7 +458,8 @@ def _param_versions(pe) -> tuple | None:
     """`(parameter, version)` of each of `pe`'s parameters: the version counters are Python ints that every
     in-place change bumps (an optimizer step, `load_state_dict`), read without a device sync. None where they
     are not kept: under `torch.jit.trace`, `torch.export` and `torch.compile` (a graph's own business), for a
-    `pe` that is not a module, and for parameters made under `torch.inference_mode()` (they keep no counter)."""
+    `pe` that is not a module, and for parameters made under `torch.inference_mode()` (no counter kept).
+    """
     if _tracing() or not isinstance(pe, nn.Module):
         return None
     params = list(pe.parameters())

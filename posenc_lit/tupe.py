@@ -153,7 +153,8 @@ def _check_tupe_positions(q_pos, k_pos, max_len):
 def _check_tupe_heads(pe, q):
     if q.shape[1] != pe.n_heads or q.shape[-1] != pe.d_head:
         raise ValueError(
-            f'TUPE was built for {pe.n_heads} heads of d_head={pe.d_head} (d_model={pe.n_heads * pe.d_head}); '
+            f'TUPE was built for {pe.n_heads} heads of d_head={pe.d_head} (d_model='
+            f'{pe.n_heads * pe.d_head}); '
             f'got q of shape {tuple(q.shape)}'
         )
 

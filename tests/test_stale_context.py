@@ -1,7 +1,7 @@
-"""A context is valid for the weights it was prepared with (01_attention, `check_context`): one used after its
-encoding's parameters changed (an optimizer step, `load_state_dict`, an in-place edit) is refused on the manual,
-fast and fused paths, where it would silently give the old position terms; a fresh `prepare` is accepted, and
-the models (which prepare once per forward, and once per step when decoding) are unaffected."""
+"""A context is valid for the weights it was prepared with (00_core, `check_context`): one used after its
+encoding's parameters changed (an optimizer step, `load_state_dict`, an in-place edit) is refused on the
+manual, fast and fused paths, where it would silently give the old position terms; a fresh `prepare` is
+accepted, and the models (which prepare once per forward, and once per step when decoding) are unaffected."""
 import pytest
 import torch
 from posenc_lit.attention import default_positions, position_attention, position_scores
@@ -61,9 +61,9 @@ def test_an_optimizer_step_between_two_uses_is_named_not_a_second_backward():
 
 
 def test_a_context_without_computed_terms_stays_valid():
-    """Shaw's context holds rows and indices, DeBERTa's without LayerNorm a view of its table: an in-place update
-    reaches them, nothing is stale, and they are accepted (the golden tests zero a table and reuse the context);
-    DeBERTa's normalized rows are computed, and refused."""
+    """Shaw's context holds rows and indices, DeBERTa's without LayerNorm a view of its table: an in-place
+    update reaches them, nothing is stale, and they are accepted (the golden tests zero a table and reuse the
+    context); DeBERTa's normalized rows are computed, and refused."""
     pos, (q, k, v) = default_positions(5), _qkv(d=4)
     qd = torch.randn(1, 2, 5, 8)
     for pe, qq in ((Shaw(4, 1), q), (DebertaRelative(16, 2, 1, k=4), qd)):
