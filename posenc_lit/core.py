@@ -291,6 +291,13 @@ class Context:
     key_mask: torch.Tensor | None = field(default=None, kw_only=True, repr=False)
     # the `causal` of `prepare`; None: a context made by hand, not by a `prepare` (then nothing to hold to)
     causal: bool | None = field(default=None, kw_only=True, repr=False)
+    # `(parameter, version)` of each of `pe`'s parameters when it was prepared (`_param_versions`): a context
+    # holding terms computed from them is refused once one changed (an optimizer step, `load_state_dict`)
+    versions: tuple | None = field(default=None, kw_only=True, repr=False)
+
+    def __post_init__(self):
+        if self.versions is None:
+            self.versions = _param_versions(self.pe)
 
 
 @dataclass(eq=False)
@@ -410,12 +417,21 @@ def check_context(
     owned: bool = True,  # also check that `pe` itself prepared it (False: its type only)
 ) -> Context:
     """`ctx` if `pe.prepare` made it; `TypeError` for anything but `pe.context_type`, `ValueError` for a
-    context another encoding instance prepared (even one of the same class)."""
+    context another encoding instance prepared (even one of the same class), for one holding terms computed
+    before the parameters of its encoding changed (stale), and for one prepared without gradients used with
+    them."""
     want = pe.context_type
     if not isinstance(ctx, want):
         raise TypeError(
             f'ctx must be a {want.__name__}: ctx comes from pe.prepare(q_pos, k_pos) of this encoding '
             f'({type(pe).__name__}), the fifth argument of {signature}; got {type(ctx).__name__}'
+        )
+    if _moved(ctx) and _computed_terms(ctx):
+        raise ValueError(
+            f'ctx was prepared before the parameters of {type(ctx.pe).__name__} changed (an optimizer step, '
+            'load_state_dict or an in-place edit): its position terms are stale. A context is valid for the '
+            'weights it was prepared with: call pe.prepare once per forward (after each optimizer step or '
+            'load_state_dict), not once for the whole run'
         )
     if owned and ctx.pe is not pe:
         raise ValueError(
@@ -436,6 +452,47 @@ def _frozen_terms(pe, ctx) -> bool:
         isinstance(v := getattr(ctx, f.name), torch.Tensor) and v.is_floating_point() for f in fields(ctx)
     )
     return floats and any(p.requires_grad for p in pe.parameters())
+
+
+def _param_versions(pe) -> tuple | None:
+    """`(parameter, version)` of each of `pe`'s parameters: the version counters are Python ints that every
+    in-place change bumps (an optimizer step, `load_state_dict`), read without a device sync. None where they
+    are not kept: under `torch.jit.trace`, `torch.export` and `torch.compile` (a graph's own business), for a
+    `pe` that is not a module, and for parameters made under `torch.inference_mode()` (no counter kept).
+    """
+    if _tracing() or not isinstance(pe, nn.Module):
+        return None
+    params = list(pe.parameters())
+    return None if any(p.is_inference() for p in params) else tuple((p, p._version) for p in params)
+
+
+def _moved(ctx) -> bool:
+    "Whether a parameter that `ctx` recorded has changed since (the parameters kept at `prepare`: no walk)."
+    return ctx.versions is not None and not _tracing() and any(p._version != v for p, v in ctx.versions)
+
+
+def _tracing() -> bool:  # as attention's `is_tracing` (defined there, on top of this module)
+    return torch.jit.is_tracing() or torch.compiler.is_compiling()
+
+
+def _computed_terms(ctx) -> bool:
+    """Whether `ctx` holds terms computed from values (a float tensor in a field, in a tuple, list or dict of
+    them, or in a member context) other than a parameter or a view of one, which sees its in-place edits."""
+
+    def computed(v):
+        if isinstance(v, torch.Tensor):
+            return (
+                v.is_floating_point()
+                and not isinstance(v, nn.Parameter)
+                and not isinstance(v._base, nn.Parameter)
+            )
+        if isinstance(v, Context):
+            return _computed_terms(v)
+        if isinstance(v, (tuple, list, dict)):
+            return any(computed(x) for x in (v.values() if isinstance(v, dict) else v))
+        return False
+
+    return any(computed(getattr(ctx, f.name)) for f in fields(ctx) if f.name != 'pe')
 
 # %% ../nbs/00_core.ipynb #3bff3c69
 #| code-fold: true

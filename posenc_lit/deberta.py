@@ -123,7 +123,7 @@ class DebertaRelative(PositionEncoding):
         check_flags(share_att_key=share_att_key, norm_rel_ebd=norm_rel_ebd)
         self.pos_att_type = _pos_att_type(pos_att_type)
         self.k, self.position_buckets = k, position_buckets
-        self.n_heads, self.n_layers = n_heads, n_layers
+        self.n_heads, self.n_layers, self.d_head = n_heads, n_layers, d_model // n_heads
         self.share_att_key, self.pos_dropout = share_att_key, pos_dropout
         self.span = position_buckets or k  # δ's k: 2·span rows
         P = torch.randn(2 * self.span, d_model) * init_std
@@ -186,6 +186,7 @@ class DebertaRelative(PositionEncoding):
     def score_terms(self, q, k, ctx: DebertaContext, layer: int | LayerRef | None = None):
         """c2p $Q^c_i{K^r_{\\delta(i,j)}}^\\top$ and p2c $K^c_j{Q^r_{\\delta(i,j)}}^\\top$
         times the content scale, `(b, h, i, j)`."""
+        _check_deberta_heads(self, q)
         K_r, Q_r = self.rel_projections(ctx, layer)
         s, idx = self.content_scale(q.shape[-1]), ctx.idx
         # scale the (h, r, d) tables, not the (b, h, i, j) terms
@@ -197,6 +198,7 @@ class DebertaRelative(PositionEncoding):
 
     def score_mods(self, q, k, ctx: DebertaContext, layer: int | LayerRef | None = None):
         "c2p and p2c as index functions: `(b, h, n, r)` tables read at row δ(i, j) − lo in the fused kernel."
+        _check_deberta_heads(self, q)
         K_r, Q_r = self.rel_projections(ctx, layer)  # (h, r, d) each, or None
         s, M = self.content_scale(q.shape[-1]), self.k + 1  # |i - j| ≥ k: δ is the first or last row
         qp, kp = batched_positions(ctx, q.shape[0])  # (b, i), (b, j)
@@ -264,3 +266,12 @@ def _no_shared_proj(l):
         f'layer {l} lent none: lend them once where the layer is built, pe.lend_projections(idx, q_proj, '
         'k_proj) (Encoder and CausalLM do)'
     )
+
+
+# a reader's own attention module: name the heads P is projected for, not the batched matmul (as CoPE, RoPE)
+def _check_deberta_heads(pe, q):
+    if q.shape[1] != pe.n_heads or q.shape[-1] != pe.d_head:
+        raise ValueError(
+            f'DebertaRelative was built for {pe.n_heads} heads of d_head={pe.d_head} (d_model='
+            f'{pe.n_heads * pe.d_head}); got q of shape {tuple(q.shape)}'
+        )

@@ -143,7 +143,7 @@ class RelativeVectors(PositionEncoding):
         _check_relative_vectors(d_head, n_layers, k, flags, init_std)
         self.k, self.clip, self.share_layers = k, clip, share_layers
         self.query_term, self.key_term = query_term, key_term
-        self.n_layers, self.what = n_layers, what
+        self.n_layers, self.what, self.d_head = n_layers, what, d_head
 
         def tables():  # w: (2k+1, d) per layer
             n = 1 if share_layers else n_layers
@@ -177,6 +177,7 @@ class RelativeVectors(PositionEncoding):
         with layer `layer`'s table (`as_layer`)."""
         if self.key_tables is None:
             return []
+        _check_width(self, q)
         a, idx, rows = self._table(self.key_tables, layer), ctx.rel_idx, ctx.rows
         # scale the (2k+1, d) table, not the (b, h, i, j) terms: two full passes fewer
         a = a * self.content_scale(q.shape[-1])
@@ -196,6 +197,7 @@ class RelativeVectors(PositionEncoding):
         read at row `clip(j - i, k) + k - lo` (03_fused); no `(b, h, i, j)` tensor."""
         if self.key_tables is None:
             return []
+        _check_width(self, q)
         lo, hi = ctx.rows if ctx.rows is not None else row_range(ctx.rel_idx, 2 * self.k + 1)
         a = self._table(self.key_tables, layer) * self.content_scale(q.shape[-1])
         E = a[lo : hi + 1].to(q.dtype)  # (r, d): the distances that occur
@@ -287,6 +289,12 @@ def _check_within(rel, k):
             f'clip=False: use query and key positions at most {k} apart (sequences of at most {k + 1} '
             f'tokens), a larger table (k ≥ {rel}), or clip=True'
         )
+
+
+# a reader's own attention module: name the width the tables were built for, not the matmul (as CoPE, RoPE)
+def _check_width(pe, q):
+    if q.shape[-1] != pe.d_head:
+        raise ValueError(f'{pe.what} was built for d_head={pe.d_head}; got q of shape {tuple(q.shape)}')
 
 # %% ../nbs/05_relative.ipynb #a279b035
 @register_encoding(
