@@ -528,10 +528,11 @@ def check_prepare(
 
 
 def check_causal_order(
-    q_pos: torch.Tensor,  # `(b|1, i)` or `(i,)` integer query positions, checked by `check_position_pair`
+    q_pos: torch.Tensor,  # `(b|1, i)` or `(i,)` integer query positions (checked already)
     k_pos: torch.Tensor,  # `(b|1, j)` or `(j,)` integer key positions
 ):
-    """`ValueError` unless each row's `q_pos` equals the last `i` entries of its `k_pos` (the rows broadcast):
+    """`ValueError` unless each row's `q_pos` equals the last `i` entries of its `k_pos` (the rows broadcast;
+    both checked by `check_position_pair` first):
     the causal mask goes by order, query `a` seeing keys `0 … a + j - i`, so a query placed elsewhere among
     the keys would attend later positions. One device sync; none for `i = 0`, `i > j` (attention refuses
     it), meta tensors, and under `torch.jit.trace` / `torch.compile` / `torch.export` (data-dependent)."""
