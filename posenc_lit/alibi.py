@@ -65,8 +65,9 @@ class ALiBiContext(Context):
 class ALiBi(PositionEncoding):
     """ALiBi (Press et al. 2022): a fixed bias $-m_h|j-i|$ per head (slopes $m_h$ from `alibi_slopes`, or the
     paper's causal form) added to the logits of every layer. The causal form (`bidirectional=False`) gives keys
-    after the query bias 0, so its `prepare` refuses `causal=False` (`ValueError`: prepare with `causal=True`,
-    or use `bidirectional=True`); `ValueError` for bad arguments (see Input checks)."""
+    after the query bias 0, so it is `causal_only`: the contract refuses `prepare` with `causal=False`
+    (`ValueError`: prepare with `causal=True`, or use `bidirectional=True`); `ValueError` for bad arguments
+    (see Input checks)."""
 
     kind = 'score'
     context_type = ALiBiContext  # what its `prepare` returns
@@ -82,6 +83,11 @@ class ALiBi(PositionEncoding):
         check_flags(bidirectional=bidirectional)
         self.n_heads, self.bidirectional = n_heads, bidirectional
 
+    @property
+    def causal_only(self) -> bool:
+        "The causal form (`bidirectional=False`): the contract refuses it under `causal=False`."
+        return not self.bidirectional
+
     def prepare(
         self,
         q_pos,
@@ -91,8 +97,7 @@ class ALiBi(PositionEncoding):
         causal: bool = False,
     ) -> ALiBiContext:  # integer positions `(b|1, i)`, `(b|1, j)` (or 1-D)
         """Per-forward context with `alibi_bias` `(b|1, h, i, j)`, float32, shared by all layers (made when
-        read); `ValueError` for `causal=False` with the causal form."""
-        _check_alibi_prepare(self, causal)
+        read); `ValueError` for `causal=False` with the causal form (the contract's, by `causal_only`)."""
         return ALiBiContext(q_pos, k_pos, pe=self)
 
     def score_terms(
@@ -119,17 +124,6 @@ class ALiBi(PositionEncoding):
             return slopes[h] * (-dist).to(slopes.dtype)  # as alibi_bias: negated as integers
 
         return [mod]
-
-# %% ../nbs/10_alibi.ipynb #a11bca05
-#| code-fold: true
-def _check_alibi_prepare(pe, causal):
-    "`prepare`'s own check, after the contract's (`check_prepare`): the causal form is prepared `causal=True`."
-    if not pe.bidirectional and causal is not True:  # keys after the query would get bias 0, the query's own
-        raise ValueError(
-            "ALiBi(bidirectional=False) is the paper's causal form: prepare it with causal=True (each query "
-            'sees the keys up to itself), or use ALiBi(n_heads, bidirectional=True) for attention both ways; '
-            f'got causal={causal!r}, under which the keys after the query would get bias 0'
-        )
 
 # %% ../nbs/10_alibi.ipynb #6f2d3208
 @register_encoding(

@@ -77,8 +77,8 @@ class CoPE(PositionEncoding):
     """CoPE (Golovneva et al. 2024, eq. 3-6): gated counts of the keys between query and key as positions,
     and the logit $q_i\\cdot e[p_{ij}]$ interpolated between learned rows, one table per layer shared by the
     heads. `bidirectional=True`: signed counts (our encoder form; with `causal=True` the paper's values);
-    `False`: the paper's causal form, whose `prepare` refuses `causal=False`. `ValueError` for bad
-    arguments (see Input checks)."""
+    `False`: the paper's causal form, `causal_only` (the contract refuses `prepare` with `causal=False`).
+    `ValueError` for bad arguments (see Input checks)."""
 
     kind, context_type = 'score', CoPEContext
 
@@ -101,11 +101,16 @@ class CoPE(PositionEncoding):
         rows = 2 * npos_max - 1 if bidirectional else npos_max
         self.e = nn.ParameterList(nn.Parameter(torch.randn(rows, d_head) * init_std) for _ in range(n_layers))
 
+    @property
+    def causal_only(self) -> bool:
+        "The causal form (`bidirectional=False`): the contract refuses it under `causal=False`."
+        return not self.bidirectional
+
     def prepare(
         self, q_pos, k_pos, *, key_mask: torch.Tensor | None = None, causal: bool = False
     ) -> CoPEContext:  # integer positions `(b|1, i)`, `(b|1, j)` (or 1-D); their values are not read
         "Per-forward context: the key mask and the direction; the positions themselves are each layer's own."
-        _check_cope_prepare(self, q_pos, k_pos, causal)
+        _check_cope_prepare(q_pos, k_pos)
         return CoPEContext(q_pos, k_pos, key_mask, causal, pe=self)
 
     def score_terms(self, q, k, ctx: CoPEContext, layer: int | LayerRef | None = None):
@@ -122,10 +127,8 @@ class CoPE(PositionEncoding):
 
 # %% ../nbs/12_cope.ipynb #0bf2101f
 #| code-fold: true
-def _check_cope_prepare(pe, q_pos, k_pos, causal):
-    "`prepare`'s own checks, after the contract's (`check_prepare`): the direction; no more queries than keys."
-    if not (pe.bidirectional or causal):
-        raise ValueError("CoPE(bidirectional=False) is the paper's causal form: prepare it with causal=True")
+def _check_cope_prepare(q_pos, k_pos):
+    "`prepare`'s own check, after the contract's (`check_prepare`, and `causal_only`): no more queries than keys."
     if is_tracing():
         return
     n_q, n_k = q_pos.shape[-1], k_pos.shape[-1]

@@ -324,6 +324,7 @@ class PositionEncoding(nn.Module):
     word_scale = 1.0  # multiplies the word embeddings before `embed(pos)` is added
     max_len: int | None = None  # rows of an absolute position table (positions < max_len); None: any length
     context_type: type = Context  # the type `prepare` returns
+    causal_only: bool = False  # a causal form: `prepare` refuses `causal=False` (Input checks)
 
     def __init_subclass__(cls, **kwargs):
         """Puts the subclass's `prepare` (its own, or a mixin's found through the MRO) behind the contract's
@@ -581,9 +582,13 @@ def _contract_prepare(prepare):
         m, c = at['key_mask'], at['causal']
         key_mask = args[m] if m < len(args) else kwargs.get('key_mask', default['key_mask'])
         causal = args[c] if c < len(args) else kwargs.get('causal', default['causal'])
-        if getattr(_PREPARE, 'open', False):
+        outermost = not getattr(_PREPARE, 'open', False)
+        if outermost:
+            check_prepare(q_pos, k_pos, key_mask, causal)
+        if self.causal_only and causal is not True:  # every call, inside `checked_inputs()` too
+            raise ValueError(_causal_only_message(self, causal))
+        if not outermost:
             return _recorded(prepare(self, q_pos, k_pos, *args, **kwargs), key_mask, causal)
-        check_prepare(q_pos, k_pos, key_mask, causal)
         _PREPARE.open = True
         try:
             return _recorded(prepare(self, q_pos, k_pos, *args, **kwargs), key_mask, causal)
@@ -592,6 +597,17 @@ def _contract_prepare(prepare):
 
     _CHECKED.add(checked)
     return checked
+
+
+def _causal_only_message(pe, causal) -> str:  # `pe.causal_only`, prepared with `causal` other than True
+    flag = hasattr(pe, 'bidirectional')  # the package's causal forms are their bidirectional=False
+    both = ', or build it with bidirectional=True for attention both ways' if flag else ''
+    return (
+        f'{type(pe).__name__} is a causal form here (causal_only): its position terms are defined for the keys '
+        'up to each query, so under causal=False the keys after a query would be attended with a position '
+        "they do not have (ALiBi's bias 0, T5's bucket 0: the query's own). Prepare it with causal=True (each "
+        f'query sees the keys up to itself){both}; got causal={causal!r}'
+    )
 
 
 def _arguments(prepare):

@@ -54,8 +54,9 @@ class T5Context(Context):
 class T5RelativeBias(PositionEncoding):
     """T5's learned per-head scalar bias $b_h(\\mathrm{bucket}(j-i))$ added to the logits, shared by all
     layers (Raffel et al. 2020, §2.1). The causal buckets (`bidirectional=False`) give every key after the query
-    bucket 0, the query's own, so their `prepare` refuses `causal=False` (`ValueError`: prepare with
-    `causal=True`, or use `bidirectional=True`); `ValueError` for bad options (see Input checks)."""
+    bucket 0, the query's own, so they are `causal_only`: the contract refuses `prepare` with `causal=False`
+    (`ValueError`: prepare with `causal=True`, or use `bidirectional=True`); `ValueError` for bad options (see
+    Input checks)."""
 
     kind = 'score'
     context_type = T5Context
@@ -80,6 +81,11 @@ class T5RelativeBias(PositionEncoding):
         # (num_buckets, h)
         self.weight = nn.Parameter(torch.randn(num_buckets, n_heads) * init_std)
 
+    @property
+    def causal_only(self) -> bool:
+        "The causal buckets (`bidirectional=False`): the contract refuses it under `causal=False`."
+        return not self.bidirectional
+
     def bias(self, q_pos, k_pos) -> torch.Tensor:  # integer positions `(b|1, i)`, `(b|1, j)`
         "The bias `(b|1, h, i, j)` in logit units."
         # (b|1, i, j)
@@ -95,7 +101,6 @@ class T5RelativeBias(PositionEncoding):
     ) -> T5Context:  # integer positions `(b|1, i)`, `(b|1, j)` (or 1-D)
         """Per-forward context; its bias `(b|1, h, i, j)` is made when first read and shared by all layers.
         `ValueError` for `causal=False` with the causal buckets."""
-        _check_t5_prepare(self, causal)
         return T5Context(q_pos, k_pos, pe=self)
 
     def score_terms(self, q, k, ctx, layer: int | LayerRef | None = None):
@@ -114,20 +119,6 @@ class T5RelativeBias(PositionEncoding):
         rel = torch.arange(-M, M + 1, device=q.device)  # (2M+1,): j - i
         w = self.weight[t5_bucket(rel, self.bidirectional, self.num_buckets, self.max_distance)]  # (2M+1, h)
         return [lambda b, h, q_idx, kv_idx: w[(kp[b, kv_idx] - qp[b, q_idx]).clamp(-M, M) + M, h]]
-
-# %% ../nbs/06_t5.ipynb #b7e2c915
-#| code-fold: true
-def _check_t5_prepare(pe, causal):
-    "`prepare`'s own check, after the contract's (`check_prepare`): causal buckets want `causal=True`."
-    # causal=False: the keys after the query would share bucket 0, the query's own
-    if not pe.bidirectional and causal is not True:
-        raise ValueError(
-            "T5RelativeBias(bidirectional=False) has T5's causal (decoder) buckets: prepare it with "
-            'causal=True (each query sees the keys up to itself), or use T5RelativeBias(n_heads, '
-            f'bidirectional=True) for attention both ways; got causal={causal!r}, under which the keys after '
-            "the query would get the query's own bias (bucket 0)"
-        )
-
 
 # %% ../nbs/06_t5.ipynb #7c343612
 #| code-fold: true

@@ -540,7 +540,7 @@ def test_forgetting_mask_attends_no_padding(name, causal):
     pe = _said_once_encodings()[name]
     if name == 'alibi-causal' and not causal:  # keys after the query would get bias 0: refused, not attended
         pos = default_positions(6)
-        with pytest.raises(ValueError, match=r"causal form: prepare it with causal=True.*bidirectional=True"):
+        with pytest.raises(ValueError, match=r"ALiBi is a causal form here.*Prepare it with causal=True.*bidirectional=True"):
             pe.prepare(pos, pos, key_mask=torch.ones(B, 6, dtype=torch.bool), causal=causal)
         return
     g = torch.Generator().manual_seed(1)

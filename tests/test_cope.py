@@ -242,7 +242,7 @@ def test_the_constructor_refuses_bad_input(kw, msg):
 
 def test_prepare_and_the_hooks_refuse_bad_input():
     pos = torch.arange(5)
-    with pytest.raises(ValueError, match="the paper's causal form"):
+    with pytest.raises(ValueError, match=r"CoPE is a causal form here \(causal_only\).*got causal=False"):
         CoPE(8, 1, bidirectional=False).prepare(pos, pos)
     with pytest.raises(ValueError, match='got 5 queries for 3 keys'):
         CoPE(8, 1).prepare(pos, pos[:3])

@@ -110,7 +110,7 @@ def test_fused_equals_manual(modality, name):
     for label, q_pos, k_pos, keep, causal in _settings('image' if extra else 'text', extra):
         # keys ahead at bias 0, or in the query's own bucket: refused (test_contract_breaks F6, F9)
         if name in ('alibi(causal form)', 't5(causal buckets)') and not causal:
-            with pytest.raises(ValueError, match="ALiBi's causal form|the paper's causal form|T5's causal"):
+            with pytest.raises(ValueError, match=r"(ALiBi|T5RelativeBias) is a causal form here \(causal_only\)"):
                 pe.prepare(q_pos, k_pos, key_mask=keep, causal=causal)
             continue
         q, k, v = _inputs(q_pos, k_pos)
