@@ -618,7 +618,9 @@ class MultiHeadAttention(nn.Module):
         """Attend from `x` to `kv` (default `x`) with the position signal of `pe`; returns `(b, i, D)` (and
         probs `(b, h, i, j)`). With a `cache` and `causal=False` the call's tokens see each other both ways
         and all cached tokens (a bidirectional prefix: a prefix LM); `ValueError` for a cache without `causal`
-        or `ctx` (which of the two is meant), and as `position_attention`."""
+        or `ctx` (which of the two is meant), and as `position_attention`. Without `ctx` the keys are at
+        positions 0 … j-1 and the queries after the cached keys, or, with `causal=True`, at the last `i` key
+        positions (a `kv` holding earlier tokens and then `x`'s)."""
         pe = PositionEncoding() if pe is None else pe
         if cache is not None and causal is None and ctx is None:
             raise ValueError(
@@ -672,11 +674,14 @@ class MultiHeadAttention(nn.Module):
         kv = x if kv is None else kv
         n_cached = 0 if cache is None else len(cache)
         _check_mha_inputs(self, x, kv)
-        # positions 0 … (cached keys first): the queries are the last of the keys
+        # keys at 0 … j-1 (cached first); queries after the cache, or under causal=True the last i keys (the
+        # order the causal mask assumes, also for a kv longer than x)
         if ctx is None:
+            n_k = kv.shape[1] + n_cached
+            first = n_k - x.shape[1] if causal else n_cached
             ctx = pe.prepare(
-                default_positions(x.shape[1], x.device) + n_cached,
-                default_positions(kv.shape[1] + n_cached, x.device),
+                default_positions(x.shape[1], x.device) + first,
+                default_positions(n_k, x.device),
                 causal=False if causal is None else causal,
             )
         # (b, h, n, d)

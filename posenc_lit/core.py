@@ -468,8 +468,14 @@ def _param_versions(pe) -> tuple | None:
 
 
 def _moved(ctx) -> bool:
-    "Whether a parameter that `ctx` recorded has changed since (the parameters kept at `prepare`: no walk)."
-    return ctx.versions is not None and not _tracing() and any(p._version != v for p, v in ctx.versions)
+    """Whether a parameter that `ctx` recorded has changed since, or is no longer its encoding's (replaced, as
+    by `load_state_dict(..., assign=True)`): version counters and identities, no device sync."""
+    if ctx.versions is None or _tracing():
+        return False
+    now = list(ctx.pe.parameters())
+    if len(now) != len(ctx.versions):
+        return True
+    return any(p is not q or p._version != v for (p, v), q in zip(ctx.versions, now))
 
 
 def _tracing() -> bool:  # as attention's `is_tracing` (defined there, on top of this module)

@@ -50,6 +50,18 @@ def test_scores_and_fused_scores_refuse_it_too():
             f(pe, q, k, ctx, 0)
 
 
+def test_parameters_replaced_by_load_state_dict_assign_are_seen():
+    "assign=True swaps in new parameter objects (version 0, like the old ones): the identities tell."
+    pe, pos, (q, k, v) = T5RelativeBias(2), default_positions(5), _qkv()
+    ctx = pe.prepare(pos, pos)
+    position_attention(pe, q, k, v, ctx, 0)
+    pe.load_state_dict({n: p + 1 for n, p in pe.state_dict().items()}, assign=True)
+    assert pe.weight._version == 0  # what the version counters alone would have missed
+    with pytest.raises(ValueError, match=STALE):
+        position_attention(pe, q, k, v, ctx, 0)
+    position_attention(pe, q, k, v, pe.prepare(pos, pos), 0)  # a fresh one is fine
+
+
 def test_an_optimizer_step_between_two_uses_is_named_not_a_second_backward():
     pe, pos, (q, k, v) = T5RelativeBias(2), default_positions(5), _qkv()
     opt = torch.optim.SGD(pe.parameters(), lr=1.0)
