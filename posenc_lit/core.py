@@ -403,6 +403,14 @@ class PositionEncoding(nn.Module):
         "The parameters indexed by position (text: `max_len` rows each), by name within the encoding."
         return {}
 
+    def extra_repr(self) -> str:
+        """The constructor's arguments that the encoding keeps under their own names, as `repr` shows them:
+        `RoPE(d_head=64, base=10000.0, ...)` (values only: numbers, flags, strings, None, tuples of them)."""
+        plain = (bool, int, float, str, type(None), tuple)
+        names = list(inspect.signature(type(self).__init__).parameters)[1:]  # after self
+        kept = [(n, getattr(self, n)) for n in names if n in vars(self) or n in type(self).__dict__]
+        return ', '.join(f'{n}={v!r}' for n, v in kept if isinstance(v, plain))
+
     @property
     def relative_only(self) -> bool:
         """True when positions enter only through distances $j-i$, so adding one offset to all positions

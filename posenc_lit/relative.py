@@ -143,7 +143,11 @@ class RelativeVectors(PositionEncoding):
         _check_relative_vectors(d_head, n_layers, k, flags, init_std)
         self.k, self.clip, self.share_layers = k, clip, share_layers
         self.query_term, self.key_term = query_term, key_term
-        self.n_layers, self.what, self.d_head = n_layers, what, d_head
+        self.n_layers, self._what, self.d_head = (
+            n_layers,
+            what,
+            d_head,
+        )  # `_what`: a label, not an option (repr)
 
         def tables():  # w: (2k+1, d) per layer
             n = 1 if share_layers else n_layers
@@ -156,7 +160,7 @@ class RelativeVectors(PositionEncoding):
     def _table(self, tables, layer):
         # shared: one table for every layer, whose index is still checked against n_layers
         n = 1 if self.share_layers and as_layer(layer).idx is None else self.n_layers
-        l = layer_index(layer, n, self.what)
+        l = layer_index(layer, n, self._what)
         return tables[0 if self.share_layers else l]
 
     def prepare(
@@ -294,7 +298,7 @@ def _check_within(rel, k):
 # a reader's own attention module: name the width the tables were built for, not the matmul (as CoPE, RoPE)
 def _check_width(pe, q):
     if q.shape[-1] != pe.d_head:
-        raise ValueError(f'{pe.what} was built for d_head={pe.d_head}; got q of shape {tuple(q.shape)}')
+        raise ValueError(f'{pe._what} was built for d_head={pe.d_head}; got q of shape {tuple(q.shape)}')
 
 # %% ../nbs/05_relative.ipynb #a279b035
 @register_encoding(

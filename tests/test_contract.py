@@ -13,8 +13,10 @@ own written against it.
   which need the key mask and the causal flag), defined here with no edit to the package, run through the
   `Encoder`, the `CausalLM` and the tutorial's own attention module (01a), each against a naive loop.
 """
+import inspect
 import math
 from dataclasses import dataclass
+
 import pytest
 import torch
 import torch.nn as nn
@@ -227,6 +229,13 @@ def test_every_registered_encoding_keeps_the_contract(modality, name, toys):
         shapes = {n: p.shape for n, p in tables.items()}
         assert tables and all(s[0] == pe.max_len for s in shapes.values()), shapes
     assert isinstance(pe.relative_only, bool) and not (pe.relative_only and pe.kind == 'absolute')
+    assert isinstance(pe.causal_only, bool)  # the registry's defaults: never a causal form (an encoder's)
+    assert not pe.causal_only
+    # repr: the class, then each constructor option the encoding keeps as a plain value, as it holds it
+    kept = [n for n in inspect.signature(type(pe).__init__).parameters if n in vars(pe)]
+    plain = [n for n in kept if isinstance(getattr(pe, n), (bool, int, float, str, tuple, type(None)))]
+    assert repr(pe).startswith(f'{type(pe).__name__}(')
+    assert all(f'{n}={getattr(pe, n)!r}' in repr(pe) for n in plain), (repr(pe), plain)
     gen = torch.Generator().manual_seed(0)
     n = 1 + extra['grid'][0] * extra['grid'][1] if extra else 9
     pos = default_positions(n)
