@@ -647,9 +647,12 @@ def _add_probes(sub):
         help="the cap on optimizer steps per encoding, probe and seed (default: the preset's)",
     )
     p.add_argument(
-        '--seed', type=int, default=None, help='the first seed of the weights and the data (default: 0)'
+        '--seeds',
+        type=int,
+        nargs='+',
+        default=None,
+        help="seeds of the weights and the data, one run each, consecutive (e.g. 0 1 2; default: the preset's)",
     )
-    p.add_argument('--seeds', type=_positive_int, default=None, help="how many seeds (default: the preset's)")
     p.add_argument('--no-bos', action='store_true', help='sequences without [BOS] (the direction test)')
     p.add_argument(
         '--out',
@@ -661,6 +664,15 @@ def _add_probes(sub):
     p.set_defaults(func=cmd_probes, parser=p)
 
 
+def _consecutive(seeds: list) -> tuple:  # probes' --seeds as ProbeConfig's (seed, n_seeds)
+    if sorted(seeds) != list(range(min(seeds), min(seeds) + len(seeds))):
+        raise ValueError(
+            f'--seeds for probes must be consecutive, each once (s, s + 1, …: the probes config keeps the first '
+            f'seed and the count); got {seeds}'
+        )
+    return min(seeds), len(seeds)
+
+
 def cmd_probes(args) -> int:
     "Run `run_probes`; prints the table. Options are checked before anything runs."
     from posenc_lit.probes import make_probe_config, run_probes, format_probe_table, plot_probes, PROBES
@@ -669,7 +681,8 @@ def cmd_probes(args) -> int:
 
     try:
         bos = False if args.no_bos else None
-        cfg = make_probe_config(args.preset, steps=args.steps, seed=args.seed, n_seeds=args.seeds, bos=bos)
+        seed, n_seeds = _consecutive(args.seeds) if args.seeds else (None, None)
+        cfg = make_probe_config(args.preset, steps=args.steps, seed=seed, n_seeds=n_seeds, bos=bos)
         for what, names, valid in (
             ('encoding', args.encodings, list_encodings()),
             ('probe', args.probes, PROBES),

@@ -116,6 +116,19 @@ def test_cli(tmp_path):
     assert "unknown probe(s) ['bogus']" in err.getvalue()
 
 
+def test_cli_seeds_are_a_list_as_in_finetune_and_compare(tmp_path):
+    "`--seeds 1 2` runs seeds 1 and 2 (the other commands' form); seeds with a gap are refused before any run."
+    out = tmp_path / 'p.json'
+    argv = ['probes', '--preset', 'smoke', '--steps', '2', '--encodings', 'none', '--probes', 'index', '--quiet']
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        assert main(argv + ['--seeds', '2', '1', '--out', str(out)]) == 0
+    assert set(json.loads(out.read_text())['runs']['index']['none']['seeds']) == {'1', '2'}
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        assert main(argv + ['--seeds', '0', '2']) == 2
+    assert '--seeds for probes must be consecutive, each once' in err.getvalue()
+
+
 def test_compare_plan():
     "`compare --preset quick` shows the committed probe study (three seeds) first; --no-probes leaves them out."
     plan = compare_plan('quick', encodings=['t5'], vit=False)
