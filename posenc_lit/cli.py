@@ -5,7 +5,7 @@
 # %% ../nbs/23_cli.ipynb #33ae7cc1
 from __future__ import annotations
 import argparse, builtins, importlib, json, os, pathlib, signal, sys, threading
-from dataclasses import fields
+from dataclasses import MISSING, fields
 from .core import *
 from . import __version__
 from .files import dumps, run_entries
@@ -97,17 +97,38 @@ def _flag_type(f) -> dict:
     return {'type': typ}
 
 
-def config_flags(p: argparse.ArgumentParser, cls, names: tuple = (), skip: tuple = (), required=False):
+def config_flags(
+    p: argparse.ArgumentParser,
+    cls,
+    names: tuple = (),
+    skip: tuple = (),
+    required=False,
+    presets: dict | None = None,  # the command's presets, {name: {option: value}}, the default one first
+):
     """A flag on parser `p` for each option of config dataclass `cls` (those in `names`, if given; not those
     in `skip`, nor those with `flag=False`: `loop.option`): `--batch-size` for `batch_size`, with the option's
-    help (and the option it `needs`) and `_flag_type`; `required`, or default None (not given: the preset's
-    value)."""
+    help (and the option it `needs`), what it takes when not given (`_preset_default`, with `presets`) and
+    `_flag_type`; `required`, or default None (not given: the preset's value)."""
     dash = lambda name: '--' + name.replace('_', '-')
     options = {f.name: f for f in fields(cls) if f.metadata.get('flag', True) and f.name not in skip}
     for f in [options[n] for n in names] if names else options.values():
         h, needs = f.metadata.get('help'), f.metadata.get('needs')
         h = f'{h}; only with {dash(needs)}' if needs else h
+        h = f'{h} ({_preset_default(f, presets)})' if presets and not required else h
         p.add_argument(dash(f.name), required=required, default=None, help=h, **_flag_type(f))
+
+
+def _preset_default(f, presets: dict) -> str:
+    """What option `f` takes when its flag is not given: the default preset's value (the first of `presets`),
+    then the other presets' where they differ (`default: 0.002; reference 0.001`)."""
+    base = f.default_factory() if f.default is MISSING and f.default_factory is not MISSING else f.default
+    if base is MISSING:  # a required option: no default to show
+        return 'required'
+    value = {name: preset.get(f.name, base) for name, preset in presets.items()}
+    first, *others = value
+    show = lambda v: str(v).replace('%', '%%')  # argparse formats help with %
+    rest = [f'{name} {show(value[name])}' for name in others if value[name] != value[first]]
+    return '; '.join([f'default: {show(value[first])}', *rest])
 
 
 def config_overrides(args, cls) -> dict:
@@ -116,17 +137,24 @@ def config_overrides(args, cls) -> dict:
     return {f.name: None if v == 'none' and 'None' in str(f.type) else v for f, v in given if v is not None}
 
 
-_CONFIGS = {  # command: (module, config dataclass), imported for the command that runs (`build_parser`)
-    'pretrain': ('training', 'TrainConfig'),
-    'lm': ('decoder_study', 'LMConfig'),
-    'finetune': ('finetune', 'FinetuneConfig'),
-    'vit': ('vit_train', 'VitTrainConfig'),
+# command: (module, config dataclass, its presets), imported for the command that runs (`build_parser`)
+_CONFIGS = {
+    'pretrain': ('training', 'TrainConfig', 'PRESETS'),
+    'lm': ('decoder_study', 'LMConfig', 'LM_PRESETS'),
+    'finetune': ('finetune', 'FinetuneConfig', 'FINETUNE_PRESETS'),
+    'vit': ('vit_train', 'VitTrainConfig', 'VIT_PRESETS'),
 }
 
 
 def _config_class(command: str):
-    module, name = _CONFIGS[command]
+    module, name, _ = _CONFIGS[command]
     return getattr(importlib.import_module(f'posenc_lit.{module}'), name)
+
+
+def _presets(command: str, first: str) -> dict:  # the command's presets, preset `first` (its default) first
+    module, _, name = _CONFIGS[command]
+    presets = getattr(importlib.import_module(f'posenc_lit.{module}'), name)
+    return {first: presets[first], **presets}
 
 # %% ../nbs/23_cli.ipynb #0196a2e0
 _HELD = []  # the run folders whose locks this command holds (`_check_out`), let go when `main` returns
@@ -193,7 +221,7 @@ def _add_training(sub, name, help, description, presets_help, func, preset='quic
     p.add_argument('--preset', default=preset, help=f'{presets_help} (default: {preset})')
     _add_run_dir(p)
     if cls:
-        config_flags(p, cls, skip=('pe',))
+        config_flags(p, cls, skip=('pe',), presets=_presets(name, preset))
     _add_run_flags(p)
     p.set_defaults(func=func, parser=p)
     return p
@@ -369,7 +397,7 @@ def _add_finetune(sub, flags=True):
         'reference: 4 epochs; smoke: 256 examples, 1 epoch (default: quick)',
     )
     if cls:
-        config_flags(p, cls, skip=('checkpoint', 'task'))
+        config_flags(p, cls, skip=('checkpoint', 'task'), presets=_presets('finetune', 'quick'))
     p.add_argument('--seeds', type=int, nargs='+', default=[0], help='seeds, one run each (default: 0)')
     p.add_argument(
         '--data-files',

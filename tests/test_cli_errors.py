@@ -149,3 +149,15 @@ def test_sigint_stops_compare_even_when_inherited_as_ignored(tmp_path):
     o, e = p.communicate(timeout=300)
     assert p.returncode == 128 + signal.SIGINT, (p.returncode, o[-2000:], e[-2000:])
     assert 'SIGINT' in o + e and 'Traceback' not in e, (o[-2000:], e[-2000:])
+
+
+def test_help_shows_what_each_option_takes_when_not_given(capsys):
+    "--help names each flag's value when not given: the default preset's, then the other presets' that differ."
+    from posenc_lit.training import PRESETS
+    from posenc_lit.decoder_study import LM_PRESETS
+    assert main(['pretrain', '--help']) == 0
+    out = ' '.join(capsys.readouterr().out.split())  # argparse wraps the lines
+    assert f"peak learning rate (default: {PRESETS['quick']['lr']}; reference {PRESETS['reference']['lr']})" in out
+    assert 'random seed (default: 0)' in out and 'position encoding (see `posenc_lit encodings`) (' not in out
+    assert main(['lm', '--help']) == 0  # its default preset is study
+    assert f"optimizer steps (default: {LM_PRESETS['study']['steps']}; smoke" in ' '.join(capsys.readouterr().out.split())
