@@ -83,11 +83,6 @@ class ALiBi(PositionEncoding):
         check_flags(bidirectional=bidirectional)
         self.n_heads, self.bidirectional = n_heads, bidirectional
 
-    @property
-    def causal_only(self) -> bool:
-        "The causal form (`bidirectional=False`): the contract refuses it under `causal=False`."
-        return not self.bidirectional
-
     def prepare(
         self,
         q_pos,

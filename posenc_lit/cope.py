@@ -101,11 +101,6 @@ class CoPE(PositionEncoding):
         rows = 2 * npos_max - 1 if bidirectional else npos_max
         self.e = nn.ParameterList(nn.Parameter(torch.randn(rows, d_head) * init_std) for _ in range(n_layers))
 
-    @property
-    def causal_only(self) -> bool:
-        "The causal form (`bidirectional=False`): the contract refuses it under `causal=False`."
-        return not self.bidirectional
-
     def prepare(
         self, q_pos, k_pos, *, key_mask: torch.Tensor | None = None, causal: bool = False
     ) -> CoPEContext:  # integer positions `(b|1, i)`, `(b|1, j)` (or 1-D); their values are not read

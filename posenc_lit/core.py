@@ -324,7 +324,6 @@ class PositionEncoding(nn.Module):
     word_scale = 1.0  # multiplies the word embeddings before `embed(pos)` is added
     max_len: int | None = None  # rows of an absolute position table (positions < max_len); None: any length
     context_type: type = Context  # the type `prepare` returns
-    causal_only: bool = False  # a causal form: `prepare` refuses `causal=False` (Input checks)
 
     def __init_subclass__(cls, **kwargs):
         """Puts the subclass's `prepare` (its own, or a mixin's found through the MRO) behind the contract's
@@ -410,6 +409,13 @@ class PositionEncoding(nn.Module):
         names = list(inspect.signature(type(self).__init__).parameters)[1:]  # after self
         kept = [(n, getattr(self, n)) for n in names if n in vars(self) or n in type(self).__dict__]
         return ', '.join(f'{n}={v!r}' for n, v in kept if isinstance(v, plain))
+
+    @property
+    def causal_only(self) -> bool:
+        """True for a causal form, which the contract refuses to prepare with `causal=False` (Input checks): by
+        default an encoding built with `bidirectional=False` (ALiBi's, T5's and CoPE's causal forms); a subclass
+        may say otherwise (`causal_only = True`)."""
+        return getattr(self, 'bidirectional', True) is False
 
     @property
     def relative_only(self) -> bool:

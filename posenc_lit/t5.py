@@ -81,11 +81,6 @@ class T5RelativeBias(PositionEncoding):
         # (num_buckets, h)
         self.weight = nn.Parameter(torch.randn(num_buckets, n_heads) * init_std)
 
-    @property
-    def causal_only(self) -> bool:
-        "The causal buckets (`bidirectional=False`): the contract refuses it under `causal=False`."
-        return not self.bidirectional
-
     def bias(self, q_pos, k_pos) -> torch.Tensor:  # integer positions `(b|1, i)`, `(b|1, j)`
         "The bias `(b|1, h, i, j)` in logit units."
         # (b|1, i, j)
