@@ -515,6 +515,20 @@ def test_the_contract_is_not_bypassed_by_wraps_a_mixin_or_positional_arguments()
         Positional().prepare(pos, pos, None, 'yes')
 
 
+
+def test_positional_arguments_a_prepare_does_not_take_are_named_not_misread():
+    """`pe.prepare(q, k, None, True)` where prepare takes key_mask and causal by keyword: a TypeError saying so,
+    for the causal forms too (not 'got causal=False' from causal_only, the True passed being read as absent)."""
+    from posenc_lit.alibi import ALiBi
+    from posenc_lit.cope import CoPE
+
+    pos = default_positions(6)
+    causal_forms = [ALiBi(H, False), T5RelativeBias(H, bidirectional=False), CoPE(D_HEAD, 1, bidirectional=False)]
+    for pe in causal_forms + [ALiBi(H), T5RelativeBias(H)]:
+        with pytest.raises(TypeError, match=r'takes key_mask and causal by keyword: prepare\(q_pos, k_pos, \*, '):
+            pe.prepare(pos, pos, None, True)
+        assert pe.prepare(pos, pos, key_mask=None, causal=True).causal is True
+
 def test_checked_inputs_is_reentrant():
     "One checked_inputs() object nested in itself: the checks are back on once both blocks are left."
     from posenc_lit.core import checked_inputs
