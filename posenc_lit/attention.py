@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from dataclasses import dataclass
 from .core import *
 from .core import _desc  # what a message says was passed
+from .core import _causal_only_message  # a causal form attended both ways (`_ctx_mask`)
 from .checks import *
 
 # %% auto #0
@@ -528,9 +529,10 @@ def _check_ctx_fields(ctx, k):
 
 # the mask and causal flag a call runs with: the context's key_mask `(b|1, 1, 1, j)` and `mask` combined
 # (both say "may attend"), and the context's causal (ValueError for a `causal` that contradicts it, and for a
-# `mask` that cannot be combined: as attend's, before the context's key_mask would be dropped); Python bools
-# compared, no tensor read
-def _ctx_mask(ctx, mask, causal, q, k):
+# `mask` that cannot be combined: as attend's, before the context's key_mask would be dropped; and for a causal
+# form of `pe` attended both ways, as its prepare refuses it, through a context made by hand or edited); Python
+# bools compared, no tensor read
+def _ctx_mask(pe, ctx, mask, causal, q, k):
     full = (*q.shape[:3], k.shape[2])  # (b, h, i, j)
     if causal is None:
         causal = bool(ctx.causal)  # None: a context made by hand, not by prepare
@@ -541,6 +543,8 @@ def _ctx_mask(ctx, mask, causal, q, k):
                 f'causal={causal} here but ctx was prepared with causal={ctx.causal}: say it once, in '
                 'pe.prepare(q_pos, k_pos, causal=...), and leave it out here (the context carries it)'
             )
+    if pe.causal_only and not causal:
+        raise ValueError(_causal_only_message(pe, causal))
     if isinstance(mask, torch.Tensor) and mask.device != q.device:
         raise ValueError(f'mask is on device {mask.device} but q is on {q.device}: use one device')
     if mask is not None and not (_fits(mask, full) and mask.dtype == torch.bool):
@@ -754,7 +758,7 @@ def position_attention(
     masked (with `mask`, if given), and attention is causal as `ctx` was prepared; `ValueError` for q, k, v
     that are not 4-D `(b, h, n, d)`, for a `causal` that contradicts `ctx.causal`, and as `attend`."""
     _check_pe_call(pe, q, k, ctx, v)
-    mask, causal = _ctx_mask(ctx, mask, causal, q, k)
+    mask, causal = _ctx_mask(pe, ctx, mask, causal, q, k)
     q, k = pe.transform_qk(q, k, ctx, layer)
     scale, values = _content_scale(pe, q), pe.value_terms(ctx, layer)
     try:  # the fused path's terms are checked as they are made (dense_mod)
@@ -814,7 +818,7 @@ def position_scores(
     """The logits `(b, h, i, j)` that `position_attention` feeds its softmax (float32, float64 for float64 q;
     -inf where masked: `mask`, `ctx.key_mask`, causality as `ctx` was prepared)."""
     _check_pe_call(pe, q, k, ctx)
-    mask, causal = _ctx_mask(ctx, mask, causal, q, k)
+    mask, causal = _ctx_mask(pe, ctx, mask, causal, q, k)
     q, k = pe.transform_qk(q, k, ctx, layer)
     s = scores(q, k, pe.score_terms(q, k, ctx, layer), mask, _content_scale(pe, q), causal)
     check_context(pe, ctx, _SIGNATURE)  # a context of another instance of the encoding

@@ -114,21 +114,37 @@ def config_flags(
     for f in [options[n] for n in names] if names else options.values():
         h, needs = f.metadata.get('help'), f.metadata.get('needs')
         h = f'{h}; only with {dash(needs)}' if needs else h
-        h = f'{h} ({_preset_default(f, presets)})' if presets and not required else h
+        shown = _preset_default(f, presets) if presets and not required else ''
+        h = f'{h} ({shown})' if shown else h
         p.add_argument(dash(f.name), required=required, default=None, help=h, **_flag_type(f))
 
 
 def _preset_default(f, presets: dict) -> str:
     """What option `f` takes when its flag is not given: the default preset's value (the first of `presets`),
-    then the other presets' where they differ (`default: 0.002; reference 0.001`)."""
+    then the other presets' where they differ (`default: 0.002; reference 0.001`), each as the flag is typed
+    (`_as_typed`); only the presets that differ where the option's help says it already (`(default: the
+    seq_len of the checkpoint's run)`: its field value, 0, stands for that); '' for none."""
     base = f.default_factory() if f.default is MISSING and f.default_factory is not MISSING else f.default
     if base is MISSING:  # a required option: no default to show
         return 'required'
     value = {name: preset.get(f.name, base) for name, preset in presets.items()}
     first, *others = value
-    show = lambda v: str(v).replace('%', '%%')  # argparse formats help with %
+    sep = ' ' if _flag_type(f).get('nargs') else ','  # one value per word, or a comma-separated list
+    show = lambda v: _as_typed(v, sep).replace('%', '%%')  # argparse formats help with %
     rest = [f'{name} {show(value[name])}' for name in others if value[name] != value[first]]
-    return '; '.join([f'default: {show(value[first])}', *rest])
+    said = 'default' in (f.metadata.get('help') or '').lower()
+    return '; '.join(rest if said else [f'default: {show(value[first])}', *rest])
+
+
+def _as_typed(v, sep: str = ',') -> str:
+    "Value `v` as its flag takes it: 'none' for nothing, a dict as JSON, sizes as HxW, items joined by `sep`."
+    if v is None or (isinstance(v, (str, list, tuple)) and not v):
+        return 'none'
+    if isinstance(v, dict):
+        return json.dumps(v)
+    if isinstance(v, (list, tuple)):
+        return sep.join('x'.join(map(str, s)) if isinstance(s, (list, tuple)) else str(s) for s in v)
+    return str(v)
 
 
 def config_overrides(args, cls) -> dict:

@@ -594,10 +594,15 @@ def _contract_prepare(prepare):
     """`prepare` behind `check_prepare`, which runs once per outermost call (not again in a nested `prepare`);
     the context it returns records `key_mask` and `causal` (every call, nested or not)."""
 
-    at, default = _arguments(prepare)
+    at, default, n_pos = _arguments(prepare)
 
     @functools.wraps(prepare)
     def checked(self, q_pos, k_pos, *args, **kwargs):
+        if len(args) > n_pos:  # read as absent below: named here, before a check reads the default instead
+            raise TypeError(
+                f'{type(self).__name__}.prepare takes key_mask and causal by keyword: prepare(q_pos, k_pos, *, '
+                f'key_mask=None, causal=False); got {2 + len(args)} positional arguments'
+            )
         # `key_mask`, `causal`: by keyword, positionally where `prepare` takes them so, else its defaults
         m, c = at['key_mask'], at['causal']
         key_mask = args[m] if m < len(args) else kwargs.get('key_mask', default['key_mask'])
@@ -632,20 +637,23 @@ def _causal_only_message(pe, causal) -> str:  # `pe.causal_only`, prepared with 
 
 def _arguments(prepare):
     """Where `prepare` takes `key_mask` and `causal` among the arguments after the positions (a large index:
-    by keyword only) and their defaults (the contract's, None and False, where it has none): the context
-    records what `prepare` ran with, e.g. a decoder's `causal=True` default."""
+    by keyword only), their defaults (the contract's, None and False, where it has none) and how many
+    arguments it takes there positionally (a large number: any): the context records what `prepare` ran with,
+    e.g. a decoder's `causal=True` default."""
+    many = 1 << 30
     try:
         params = list(inspect.signature(prepare).parameters.values())[3:]  # after self, q_pos, k_pos
     except (TypeError, ValueError):  # no signature to read: the contract's order and defaults
-        return {'key_mask': 0, 'causal': 1}, {'key_mask': None, 'causal': False}
+        return {'key_mask': 0, 'causal': 1}, {'key_mask': None, 'causal': False}, many
     kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     positional = [p.name for p in params if p.kind in kinds]
-    at = {n: positional.index(n) if n in positional else 1 << 30 for n in ('key_mask', 'causal')}
+    star = any(p.kind == inspect.Parameter.VAR_POSITIONAL for p in params)
+    at = {n: positional.index(n) if n in positional else many for n in ('key_mask', 'causal')}
     default = {'key_mask': None, 'causal': False}
     for p in params:
         if p.name in default and p.default is not inspect.Parameter.empty:
             default[p.name] = p.default
-    return at, default
+    return at, default, many if star else len(positional)
 
 
 def _recorded(ctx, key_mask, causal):  # the context, with the arguments it was prepared with

@@ -45,7 +45,7 @@ def fused_scores(
     encoding without them."""
     # as position_scores: the context's positions, batch and key_mask against q, k
     _check_pe_call(pe, q, k, ctx)
-    mask, causal = _ctx_mask(ctx, mask, causal, q, k)
+    mask, causal = _ctx_mask(pe, ctx, mask, causal, q, k)
     q, k = pe.transform_qk(q, k, ctx, layer)
     mods = pe.score_mods(q, k, ctx, layer)
     if mods is None:

@@ -161,3 +161,24 @@ def test_help_shows_what_each_option_takes_when_not_given(capsys):
     assert 'random seed (default: 0)' in out and 'position encoding (see `posenc_lit encodings`) (' not in out
     assert main(['lm', '--help']) == 0  # its default preset is study
     assert f"optimizer steps (default: {LM_PRESETS['study']['steps']}; smoke" in ' '.join(capsys.readouterr().out.split())
+
+
+def _helps(command: str) -> dict:  # {flag: its help, as --help prints it before wrapping}
+    from posenc_lit.cli import build_parser
+    sub = build_parser(command)._subparsers._group_actions[0].choices[command]
+    return {a.option_strings[0]: a.help.replace('%%', '%') for a in sub._actions if a.option_strings}
+
+
+def test_help_keeps_what_an_option_says_it_takes_and_shows_values_as_typed():
+    """An option whose help already says what it takes when not given is not contradicted by the raw field
+    value ('(default: 0)' for --trained-len, whose 0 means the checkpoint's seq_len); a value is shown as the
+    flag takes it ('none' for an empty one, sizes as HxW,HxW), not as a Python list."""
+    ft, vit = _helps('finetune'), _helps('vit')
+    for h in (ft['--trained-len'], ft['--add-relative-lr'], ft['--max-len'], vit['--finetune-eval-sizes'],
+              vit['--image-size'], vit['--interpolate'], vit['--finetune-init'], vit['--eval-modes']):
+        assert h.lower().count('default') == 1, h
+    assert ft['--add-relative'].endswith('(default: none)') and ft['--eval-lengths'].endswith('(default: none)')
+    assert vit['--finetune-res'].endswith('(default: none)')
+    assert vit['--eval-sizes'].endswith('(default: 28x28,56x56,28x56; smoke 28x28,56x56)'), vit['--eval-sizes']
+    assert _helps('pretrain')['--lr'].endswith('(default: 0.002; reference 0.001)')  # as before
+    assert "'{\"base\": 500}' (default: {})" in _helps('pretrain')['--pe-kwargs']  # JSON, as typed

@@ -515,6 +515,41 @@ def test_the_contract_is_not_bypassed_by_wraps_a_mixin_or_positional_arguments()
         Positional().prepare(pos, pos, None, 'yes')
 
 
+
+def test_positional_arguments_a_prepare_does_not_take_are_named_not_misread():
+    """`pe.prepare(q, k, None, True)` where prepare takes key_mask and causal by keyword: a TypeError saying so,
+    for the causal forms too (not 'got causal=False' from causal_only, the True passed being read as absent)."""
+    from posenc_lit.alibi import ALiBi
+    from posenc_lit.cope import CoPE
+
+    pos = default_positions(6)
+    causal_forms = [ALiBi(H, False), T5RelativeBias(H, bidirectional=False), CoPE(D_HEAD, 1, bidirectional=False)]
+    for pe in causal_forms + [ALiBi(H), T5RelativeBias(H)]:
+        with pytest.raises(TypeError, match=r'takes key_mask and causal by keyword: prepare\(q_pos, k_pos, \*, '):
+            pe.prepare(pos, pos, None, True)
+        assert pe.prepare(pos, pos, key_mask=None, causal=True).causal is True
+
+
+def test_a_causal_form_is_not_attended_both_ways_through_a_context_made_by_hand():
+    """A causal form's context made by hand (causal None) or edited to causal=False, attended without
+    causal=True: refused as its prepare refuses causal=False (keys after the query would get ALiBi's bias 0,
+    T5's bucket 0), on the manual, fast and fused paths; with causal=True it attends."""
+    from posenc_lit.alibi import ALiBi, ALiBiContext
+    from posenc_lit.fused import fused_scores
+    from posenc_lit.t5 import T5Context
+
+    pos, q = default_positions(6), torch.randn(B, H, 6, D_HEAD)
+    for pe, make in ((ALiBi(H, False), ALiBiContext), (T5RelativeBias(H, bidirectional=False), T5Context)):
+        edited = pe.prepare(pos, pos, causal=True)
+        edited.causal = False
+        for ctx in (make(pos, pos, pe=pe), edited):
+            calls = [lambda: position_attention(pe, q, q, q, ctx, fast=fast) for fast in (False, True, 'fused')]
+            calls += [lambda: position_scores(pe, q, q, ctx), lambda: fused_scores(pe, q, q, ctx)]
+            for call in calls:
+                with pytest.raises(ValueError, match=rf'{type(pe).__name__} is a causal form here \(causal_only\)'):
+                    call()
+        assert position_attention(pe, q, q, q, make(pos, pos, pe=pe), causal=True).shape == q.shape
+
 def test_checked_inputs_is_reentrant():
     "One checked_inputs() object nested in itself: the checks are back on once both blocks are left."
     from posenc_lit.core import checked_inputs
