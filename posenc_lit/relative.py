@@ -143,11 +143,8 @@ class RelativeVectors(PositionEncoding):
         _check_relative_vectors(d_head, n_layers, k, flags, init_std)
         self.k, self.clip, self.share_layers = k, clip, share_layers
         self.query_term, self.key_term = query_term, key_term
-        self.n_layers, self._what, self.d_head = (
-            n_layers,
-            what,
-            d_head,
-        )  # `_what`: a label, not an option (repr)
+        # `_what`: a label for messages, not an option (not in repr)
+        self.n_layers, self._what, self.d_head = n_layers, what, d_head
 
         def tables():  # w: (2k+1, d) per layer
             n = 1 if share_layers else n_layers
