@@ -482,6 +482,7 @@ def _check_pe_call(pe, q, k, ctx, v=None):
                 f'q, k, v must be 4-D floating-point tensors (b, h, n, d), split into heads (x.view(b, n, h, '
                 f'd).transpose(1, 2)); got {name}: {_desc(t)}'
             )
+    _check_built_for(pe, q)
     for name, t, key in (('q', q, 'q_pos'), ('k', k, 'k_pos')):
         p = getattr(ctx, key)
         if is_tracing() or not (isinstance(p, torch.Tensor) and isinstance(t, torch.Tensor) and t.ndim == 4):
@@ -510,6 +511,17 @@ def _check_pe_call(pe, q, k, ctx, v=None):
             f'the context was prepared with a key_mask on device {km.device} but q is on {q.device}: '
             'use one device'
         )
+
+
+# the heads and head width an encoding declares it was built for (a combination: its members'), against q's
+def _check_built_for(pe, q):
+    if pe.n_heads in (None, q.shape[1]) and pe.d_head in (None, q.shape[-1]):
+        return
+    said = [f'{pe.n_heads} heads'] if pe.n_heads is not None else []
+    said += [f'd_head={pe.d_head}'] if pe.d_head is not None else []
+    raise ValueError(
+        f'{type(pe).__name__} was built for {" of ".join(said)}; got q of shape {tuple(q.shape)} (b, h, i, d)'
+    )
 
 
 # the fields the contract records, which a context made by hand (or edited) may hold wrong: `key_mask` None or
@@ -875,6 +887,8 @@ class CombinedEncoding(PositionEncoding):
         tables = [e.max_len for e in encodings if e.max_len is not None]
         # the shortest absolute table limits the model
         self.max_len = min(tables) if tables else None
+        # the sizes its members were built for, one each (None: any): the contract holds q to them
+        self.n_heads, self.d_head = (_one_size(encodings, n) for n in ('n_heads', 'd_head'))
 
     def position_tables(self):
         return {
@@ -919,3 +933,12 @@ class CombinedEncoding(PositionEncoding):
                 f'the encodings scale q·k differently at d={d} ({sorted(s)}): they cannot be combined'
             )
         return s.pop()
+
+
+# the one value of `name` (n_heads or d_head) that the encodings declare (None: none does); two: `ValueError`
+def _one_size(encodings, name):
+    said = {getattr(e, name) for e in encodings} - {None}
+    if len(said) > 1:
+        raise ValueError(f'the encodings were built for different {name} ({sorted(said)}): not combined')
+    return said.pop() if said else None
+

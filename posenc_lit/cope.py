@@ -110,8 +110,6 @@ class CoPE(PositionEncoding):
 
     def score_terms(self, q, k, ctx: CoPEContext, layer: int | LayerRef | None = None):
         "CoPE's logit $q_i\\cdot e[p_{ij}]$, `[(b, h, i, j)]`, with layer `layer`'s table (eq. 3-6)."
-        if q.shape[-1] != self.d_head:  # a reader's own attention module: name the width, not the matmul
-            raise ValueError(f'CoPE was built for d_head={self.d_head}; got q of shape {tuple(q.shape)}')
         e = self.e[layer_index(layer, self.n_layers, 'CoPE')].to(q.dtype)  # (R, d)
         g = cope_gates(q, k, int(q.shape[-1]) ** -0.5, ctx.key_mask)  # eq. 3: (b, h, i, j)
         p = cope_positions(g, signed=self.bidirectional and not ctx.causal)  # eq. 4

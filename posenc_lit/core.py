@@ -323,6 +323,9 @@ class PositionEncoding(nn.Module):
     kind = 'none'
     word_scale = 1.0  # multiplies the word embeddings before `embed(pos)` is added
     max_len: int | None = None  # rows of an absolute position table (positions < max_len); None: any length
+    # the heads h and head width d of the q it was built for (None: any); the attention core refuses others
+    n_heads: int | None = None
+    d_head: int | None = None
     context_type: type = Context  # the type `prepare` returns
 
     def __init_subclass__(cls, **kwargs):

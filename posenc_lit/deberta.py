@@ -186,7 +186,6 @@ class DebertaRelative(PositionEncoding):
     def score_terms(self, q, k, ctx: DebertaContext, layer: int | LayerRef | None = None):
         """c2p $Q^c_i{K^r_{\\delta(i,j)}}^\\top$ and p2c $K^c_j{Q^r_{\\delta(i,j)}}^\\top$
         times the content scale, `(b, h, i, j)`."""
-        _check_deberta_heads(self, q)
         K_r, Q_r = self.rel_projections(ctx, layer)
         s, idx = self.content_scale(q.shape[-1]), ctx.idx
         # scale the (h, r, d) tables, not the (b, h, i, j) terms
@@ -198,7 +197,6 @@ class DebertaRelative(PositionEncoding):
 
     def score_mods(self, q, k, ctx: DebertaContext, layer: int | LayerRef | None = None):
         "c2p and p2c as index functions: `(b, h, n, r)` tables read at row δ(i, j) − lo in the fused kernel."
-        _check_deberta_heads(self, q)
         K_r, Q_r = self.rel_projections(ctx, layer)  # (h, r, d) each, or None
         s, M = self.content_scale(q.shape[-1]), self.k + 1  # |i - j| ≥ k: δ is the first or last row
         qp, kp = batched_positions(ctx, q.shape[0])  # (b, i), (b, j)
@@ -244,6 +242,7 @@ def _deberta(cfg):
 from . import deberta_model
 
 # %% ../nbs/08_deberta.ipynb #d6c00002
+#| code-fold: true
 def _check_deberta(d_model, n_heads, n_layers, k, B, pos_dropout, layer_norm_eps, init_std):
     "`ValueError` naming the first of `DebertaRelative`'s options out of range (`B`: `position_buckets`)."
     check_sizes(d_model=d_model, n_heads=n_heads, n_layers=n_layers, k=k)
@@ -266,12 +265,3 @@ def _no_shared_proj(l):
         f'layer {l} lent none: lend them once where the layer is built, pe.lend_projections(idx, q_proj, '
         'k_proj) (Encoder and CausalLM do)'
     )
-
-
-# a reader's own attention module: name the heads P is projected for, not the batched matmul (as CoPE, RoPE)
-def _check_deberta_heads(pe, q):
-    if q.shape[1] != pe.n_heads or q.shape[-1] != pe.d_head:
-        raise ValueError(
-            f'DebertaRelative was built for {pe.n_heads} heads of d_head={pe.d_head} (d_model='
-            f'{pe.n_heads * pe.d_head}); got q of shape {tuple(q.shape)}'
-        )

@@ -108,9 +108,7 @@ class FIRE(PositionEncoding):
         return FireContext(q_pos, k_pos, tuple(fire_bias(f, xt) for f, xt in zip(self.mlps, x)), pe=self)
 
     def score_terms(self, q, k, ctx: FireContext, layer: int | LayerRef | None = None):
-        "This layer's bias, `[(b|1, h, i, j)]`; `ValueError` for another number of heads or no layer index."
-        if q.shape[1] != self.n_heads:  # a reader's own attention module: name the head count
-            raise ValueError(f'FIRE was built for {self.n_heads} heads; got q of shape {tuple(q.shape)}')
+        "This layer's bias, `[(b|1, h, i, j)]`; `ValueError` for no layer index (its heads: the contract's)."
         # shared: one MLP for every layer, whose index is still checked against n_layers
         n = 1 if self.share_layers and as_layer(layer).idx is None else self.n_layers
         l = layer_index(layer, n, 'FIRE', 'MLPs')

@@ -178,7 +178,6 @@ class RelativeVectors(PositionEncoding):
         with layer `layer`'s table (`as_layer`)."""
         if self.key_tables is None:
             return []
-        _check_width(self, q)
         a, idx, rows = self._table(self.key_tables, layer), ctx.rel_idx, ctx.rows
         # scale the (2k+1, d) table, not the (b, h, i, j) terms: two full passes fewer
         a = a * self.content_scale(q.shape[-1])
@@ -198,7 +197,6 @@ class RelativeVectors(PositionEncoding):
         read at row `clip(j - i, k) + k - lo` (03_fused); no `(b, h, i, j)` tensor."""
         if self.key_tables is None:
             return []
-        _check_width(self, q)
         lo, hi = ctx.rows if ctx.rows is not None else row_range(ctx.rel_idx, 2 * self.k + 1)
         a = self._table(self.key_tables, layer) * self.content_scale(q.shape[-1])
         E = a[lo : hi + 1].to(q.dtype)  # (r, d): the distances that occur
@@ -290,12 +288,6 @@ def _check_within(rel, k):
             f'clip=False: use query and key positions at most {k} apart (sequences of at most {k + 1} '
             f'tokens), a larger table (k ≥ {rel}), or clip=True'
         )
-
-
-# a reader's own attention module: name the width the tables were built for, not the matmul (as CoPE, RoPE)
-def _check_width(pe, q):
-    if q.shape[-1] != pe.d_head:
-        raise ValueError(f'{pe._what} was built for d_head={pe.d_head}; got q of shape {tuple(q.shape)}')
 
 # %% ../nbs/05_relative.ipynb #a279b035
 @register_encoding(

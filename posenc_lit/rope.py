@@ -228,9 +228,7 @@ class RoPE(PositionEncoding):
         ctx: RoPEContext,
         layer: int | LayerRef | None = None,
     ):
-        "Rotated `(q, k)`, same shapes and dtype; `ValueError` for a head dimension other than `d_head`."
-        if q.shape[-1] != self.d_head:  # else a silent partial rotation
-            raise ValueError(f'RoPE was built for head dimension d={self.d_head}; got q {tuple(q.shape)}')
+        "Rotated `(q, k)`, same shapes and dtype (the head dimension is `d_head`: the contract checks it)."
         cs_q, cs_k = self.cos_sin(ctx, q.dtype)
         return apply_rope(q, *cs_q, self.pairing), apply_rope(k, *cs_k, self.pairing)
 

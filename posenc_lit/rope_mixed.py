@@ -106,9 +106,7 @@ class RoPEMixed(VisionEncoding):
         ctx: RoPEMixedContext,
         layer: int | LayerRef | None = None,  # the layer whose frequencies turn q and k (required if L > 1)
     ):
-        "Rotated `(q, k)`, same shapes and dtype; `ValueError` for another head dimension, or no layer index."
-        if q.shape[-1] != self.d_head:  # a reader's own attention module: name the width
-            raise ValueError(f'rope-mixed was built for d_head={self.d_head}; got q {tuple(q.shape)}')
+        "Rotated `(q, k)`, same shapes and dtype; `ValueError` for no layer index (q's sizes: the contract's)."
         l = layer_index(layer, self.n_layers, 'RoPEMixed', 'frequencies')
         cos, sin = ctx.cos[l], ctx.sin[l]  # (h, n, d/2): broadcast over the batch
         return apply_rope(q, cos, sin, self.pairing), apply_rope(k, cos, sin, self.pairing)

@@ -117,13 +117,11 @@ class TUPE(PositionEncoding):
         return TUPEContext(q_pos, k_pos, bias, pe=self)
 
     def score_terms(self, q, k, ctx: TUPEContext, layer: int | LayerRef | None = None):
-        _check_tupe_heads(self, q)
         return [ctx.tupe_bias]
 
     def score_mods(self, q, k, ctx: TUPEContext, layer: int | LayerRef | None = None):
         """The fused path reads the shared term `(b|1, h, i, j)` entry by entry (computed once per forward:
         L²)."""
-        _check_tupe_heads(self, q)
         return [dense_mod(ctx.tupe_bias, (*q.shape[:3], k.shape[2]))]
 
 # %% ../nbs/07_tupe.ipynb #a515c1c0
@@ -146,17 +144,6 @@ def _check_tupe_positions(q_pos, k_pos, max_len):
     if not is_tracing():  # traced: no data-dependent check (see `is_tracing`)
         for p in (q_pos,) if k_pos is q_pos else (q_pos, k_pos):  # self-attention: one host read, not two
             check_positions(p, max_len, "TUPE's position table")
-
-
-# a reader's own attention module: the shared term is made from TUPE's own table, so q of another width would
-# run silently with the wrong scale; name the heads it was built for (as CoPE, RoPE)
-def _check_tupe_heads(pe, q):
-    if q.shape[1] != pe.n_heads or q.shape[-1] != pe.d_head:
-        raise ValueError(
-            f'TUPE was built for {pe.n_heads} heads of d_head={pe.d_head} (d_model='
-            f'{pe.n_heads * pe.d_head}); '
-            f'got q of shape {tuple(q.shape)}'
-        )
 
 # %% ../nbs/07_tupe.ipynb #173e9638
 @register_encoding(

@@ -339,8 +339,6 @@ class RoPE2d(VisionEncoding):
     def transform_qk(
         self, q, k, ctx, layer: int | LayerRef | None = None
     ):  # q `(b, h, i, d)`, k `(b, h, j, d)`
-        if q.shape[-1] != self.d_head:  # a reader's own attention module: name the width
-            raise ValueError(f'rope2d was built for d_head={self.d_head}; got q of shape {tuple(q.shape)}')
         # θ checked when built (a check here would read the GPU's result in every layer)
         inv_freq = rope_inv_freq(self.d_head // 2, self.base, q.device).to(
             torch.promote_types(q.dtype, torch.float32)

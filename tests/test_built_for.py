@@ -1,42 +1,95 @@
-"""Encodings built for one head layout and used with another (a reader's own attention module) name the sizes
-they were built for, as RoPE, CoPE and FIRE do ("... was built for ..."), on the manual and the fused path,
-instead of torch's matmul errors or, for TUPE, a silent run at the wrong width."""
+"""Encodings built for one head layout and used with another (a reader's own attention module) are refused by the
+contract, once, with one message naming the sizes they declared (`n_heads`, `d_head`: "... was built for ..."),
+on the manual, fast and fused paths and through `position_scores` and `fused_scores`, instead of torch's matmul
+errors, a term at the wrong scale (TUPE), or a rotation of part of q. The registry walk
+(test_contract) checks every registered encoding's declarations against this rule."""
 import pytest
 import torch
-from posenc_lit.attention import default_positions, position_attention
+from posenc_lit.alibi import ALiBi
+from posenc_lit.attention import CombinedEncoding, default_positions, position_attention, position_scores
+from posenc_lit.cope import CoPE
+from posenc_lit.core import PositionEncoding
 from posenc_lit.deberta import DebertaRelative
+from posenc_lit.fire import FIRE
+from posenc_lit.fused import fused_scores
 from posenc_lit.relative import HuangMethod4, Shaw
+from posenc_lit.rope import RoPE
 from posenc_lit.tupe import TUPE
 
-CASES = {  # the encoding, and what its message names
-    'shaw': (lambda: Shaw(4, 1), r"\(Shaw\) was built for d_head=4"),
-    'huang4': (lambda: HuangMethod4(8, 1, k=4), r"\(HuangMethod4\) was built for d_head=8"),
-    'deberta': (lambda: DebertaRelative(32, 4, 1), r'DebertaRelative was built for 4 heads of d_head=8'),
-    'tupe': (lambda: TUPE(32, 4), r'TUPE was built for 4 heads of d_head=8'),
+CASES = {  # the encoding, the (h, d) it runs at, and what its message names
+    'shaw': (lambda: Shaw(4, 1), (1, 4), r'RelativeVectors was built for d_head=4'),
+    'huang4': (lambda: HuangMethod4(8, 1, k=4), (1, 8), r'RelativeVectors was built for d_head=8'),
+    'deberta': (lambda: DebertaRelative(32, 4, 1), (4, 8), r'DebertaRelative was built for 4 heads of d_head=8'),
+    'tupe': (lambda: TUPE(32, 4), (4, 8), r'TUPE was built for 4 heads of d_head=8'),
+    'rope': (lambda: RoPE(8), (2, 8), r'RoPE was built for d_head=8'),
+    'alibi': (lambda: ALiBi(4), (4, 8), r'ALiBi was built for 4 heads'),
+    'fire': (lambda: FIRE(2, n_layers=1), (2, 8), r'FIRE was built for 2 heads'),
+    'cope': (lambda: CoPE(8, 1), (2, 8), r'CoPE was built for d_head=8'),
 }
 
 
+def _declared(name):  # the shapes this encoding refuses: other heads where it declares them, other widths too
+    h, d = CASES[name][1]
+    pe = CASES[name][0]()
+    shapes = [(1, h, 6, 2 * d)] if pe.d_head is not None else []
+    return shapes + ([(1, 2 * h, 6, d)] if pe.n_heads is not None else [])
+
+
 @pytest.mark.parametrize('name', CASES)
-@pytest.mark.parametrize('shape', [(1, 4, 6, 16), (1, 2, 6, 8)], ids=['width', 'heads'])
-def test_a_mis_sized_q_is_named(name, shape):
-    make, msg = CASES[name]
+def test_a_mis_sized_q_is_named_on_every_path(name):
+    make, _, msg = CASES[name]
     pe, pos = make(), default_positions(6)
-    if name in ('shaw', 'huang4') and shape[1] == 2:
-        shape = (1, 2, 6, 8 if name == 'shaw' else 4)  # shared by the heads: only the width matters
-    q = torch.randn(shape)
     ctx = pe.prepare(pos, pos)
-    for fast in (False, True):
-        with pytest.raises(ValueError, match=msg):
-            position_attention(pe, q, q, q, ctx, 0, fast=fast)
-    with pytest.raises(ValueError, match=msg):
-        pe.score_mods(q, q, ctx, 0)  # the fused path's terms
+    shapes = _declared(name)
+    assert shapes
+    for shape in shapes:
+        q = torch.randn(shape)
+        calls = [lambda f=fast: position_attention(pe, q, q, q, ctx, 0, fast=f) for fast in (False, True, 'fused')]
+        calls += [lambda: position_scores(pe, q, q, ctx, 0), lambda: fused_scores(pe, q, q, ctx, 0)]
+        for call in calls:
+            with pytest.raises(ValueError, match=msg):
+                call()
 
 
 @pytest.mark.parametrize('name', CASES)
 def test_the_built_sizes_still_run(name):
-    pe, pos = CASES[name][0](), default_positions(6)
-    d = {'shaw': 4, 'huang4': 8}.get(name, 8)
-    h = 1 if name in ('shaw', 'huang4') else 4
+    make, (h, d), _ = CASES[name]
+    pe, pos = make(), default_positions(6)
     q = torch.randn(1, h, 6, d)
     out = position_attention(pe, q, q, q, pe.prepare(pos, pos), 0)
     assert out.shape == q.shape and torch.isfinite(out).all()
+
+
+def test_what_is_not_declared_runs_at_any_size():
+    "Shaw's tables are shared by the heads (no n_heads), ALiBi's slopes fit any width (no d_head)."
+    pos = default_positions(6)
+    for pe, q in ((Shaw(4, 1), torch.randn(1, 3, 6, 4)), (ALiBi(4), torch.randn(1, 4, 6, 5))):
+        out = position_attention(pe, q, q, q, pe.prepare(pos, pos), 0)
+        assert out.shape == q.shape and torch.isfinite(out).all()
+
+
+def test_a_combination_is_held_to_what_its_members_declare():
+    pe, pos = CombinedEncoding(RoPE(8), ALiBi(4)), default_positions(6)
+    assert (pe.n_heads, pe.d_head) == (4, 8)
+    ctx = pe.prepare(pos, pos)
+    assert position_attention(pe, *[torch.randn(1, 4, 6, 8)] * 3, ctx).shape == (1, 4, 6, 8)
+    for shape in ((1, 4, 6, 16), (1, 2, 6, 8)):
+        with pytest.raises(ValueError, match='CombinedEncoding was built for 4 heads of d_head=8; got q of shape'):
+            position_attention(pe, *[torch.randn(shape)] * 3, ctx)
+    with pytest.raises(ValueError, match=r'built for different d_head \(\[8, 16\]\): not combined'):
+        CombinedEncoding(RoPE(8), RoPE(16))
+
+
+def test_a_users_own_encoding_declares_with_two_attributes():
+    class Bias(PositionEncoding):  # a (1, 3, i, j) bias: three heads, any width
+        kind, n_heads = 'score', 3
+
+        def score_terms(self, q, k, ctx, layer=None):
+            return [torch.zeros(1, 3, q.shape[2], k.shape[2])]
+
+    pe, pos = Bias(), default_positions(5)
+    assert (pe.n_heads, pe.d_head, PositionEncoding().n_heads, PositionEncoding().d_head) == (3, None, None, None)
+    q = torch.randn(2, 3, 5, 4)
+    assert position_attention(pe, q, q, q, pe.prepare(pos, pos)).shape == q.shape
+    with pytest.raises(ValueError, match=r'Bias was built for 3 heads; got q of shape \(2, 1, 5, 4\)'):
+        position_attention(pe, *[q[:, :1]] * 3, pe.prepare(pos, pos))

@@ -51,7 +51,7 @@ class ToyFire(PositionEncoding):
 
     def __init__(self, n_heads, L=4.0, c=1.0):
         super().__init__()
-        self.L, self.c = L, c
+        self.L, self.c, self.n_heads = L, c, n_heads  # n_heads declared: q with other heads is refused
         self.f = nn.Sequential(nn.Linear(1, 8), nn.ReLU(), nn.Linear(8, n_heads))
 
     def psi(self, x):
@@ -87,7 +87,7 @@ class ToyCoPE(PositionEncoding):
 
     def __init__(self, d_head, P=6):
         super().__init__()
-        self.P = P
+        self.P, self.d_head = P, d_head  # d_head declared: q of another width is refused
         self.e = nn.Parameter(torch.randn(2 * P + 1, d_head) * 0.5)  # row P + p: position p
 
     def prepare(self, q_pos, k_pos, *, key_mask=None, causal=False):
@@ -231,6 +231,9 @@ def test_every_registered_encoding_keeps_the_contract(modality, name, toys):
     assert isinstance(pe.relative_only, bool) and not (pe.relative_only and pe.kind == 'absolute')
     assert isinstance(pe.causal_only, bool)  # the registry's defaults: never a causal form (an encoder's)
     assert not pe.causal_only
+    # the sizes of q it was built for (None: any): the model's, so that the contract can hold every call to them
+    assert pe.n_heads in (None, H) and pe.d_head in (None, D_HEAD), (pe.n_heads, pe.d_head)
+    assert pe.kind != 'qk' or pe.d_head == D_HEAD  # a rotation of part of q would otherwise pass silently
     # repr: the class, then each constructor option the encoding keeps as a plain value, as it holds it
     kept = [n for n in inspect.signature(type(pe).__init__).parameters if n in vars(pe)]
     plain = [n for n in kept if isinstance(getattr(pe, n), (bool, int, float, str, tuple, type(None)))]
@@ -255,6 +258,12 @@ def test_every_registered_encoding_keeps_the_contract(modality, name, toys):
     shifted = [position_scores(pe, q, k, pe.prepare(p, p, **extra), 1) for p in (pos, pos + 7)]
     if pe.relative_only:
         torch.testing.assert_close(shifted[0], shifted[1], atol=1e-4, rtol=1e-4)
+    # what it declares is held, with one message: q with other heads, or of another width, is refused
+    for declared, shape in ((pe.n_heads, (B, 2 * H, n, D_HEAD)), (pe.d_head, (B, H, n, 2 * D_HEAD))):
+        q = torch.randn(shape)
+        if declared is not None:
+            with pytest.raises(ValueError, match=f'{type(pe).__name__} was built for'):
+                position_attention(pe, q, q, q, pe.prepare(pos, pos, **extra), 0)
     # a context of another instance of the same encoding is refused at use
     other = (_text if modality == 'text' else _image)(name)[0]
     q, k, v = (torch.randn(B, H, n, D_HEAD) for _ in range(3))

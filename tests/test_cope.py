@@ -16,7 +16,7 @@ import math
 import pytest
 import torch
 
-from posenc_lit.attention import MultiHeadAttention
+from posenc_lit.attention import MultiHeadAttention, position_attention
 from posenc_lit.causal_lm import CausalLM
 from posenc_lit.cope import CoPE, cope_gates, cope_interpolate, cope_positions
 from posenc_lit.core import list_encodings
@@ -256,8 +256,8 @@ def test_prepare_and_the_hooks_refuse_bad_input():
     q = torch.randn(1, 2, 5, 8)
     with pytest.raises(ValueError, match='pass the layer index'):
         pe.score_terms(q, q, pe.prepare(pos, pos))
-    with pytest.raises(ValueError, match='built for d_head=8'):
-        pe.score_terms(q[..., :4], q[..., :4], pe.prepare(pos, pos), 0)
+    with pytest.raises(ValueError, match='CoPE was built for d_head=8'):  # the contract's check, every path
+        position_attention(pe, *[q[..., :4]] * 3, pe.prepare(pos, pos), 0)
     with pytest.raises(ValueError, match="the paper's causal form"):
         ModelConfig(pe='cope', pe_kwargs={'bidirectional': False})
 

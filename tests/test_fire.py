@@ -108,8 +108,8 @@ def test_layers_have_their_own_mlp_and_fire_s_shares_one():
         per.score_terms(q, q, cp)
     with pytest.raises(ValueError, match='layer 3 but FIRE has MLPs for 3 layers'):
         shared.score_terms(q, q, cs, 3)
-    with pytest.raises(ValueError, match='FIRE was built for 2 heads'):
-        per.score_terms(torch.randn(1, 4, 6, 4), q, cp, 0)
+    with pytest.raises(ValueError, match='FIRE was built for 2 heads'):  # the contract's check, every path
+        position_attention(per, *[torch.randn(1, 4, 6, 4)] * 3, cp, 0)
 
 
 def test_cached_decoding_equals_the_full_forward():
