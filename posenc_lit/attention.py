@@ -482,7 +482,6 @@ def _check_pe_call(pe, q, k, ctx, v=None):
                 f'q, k, v must be 4-D floating-point tensors (b, h, n, d), split into heads (x.view(b, n, h, '
                 f'd).transpose(1, 2)); got {name}: {_desc(t)}'
             )
-    _check_built_for(pe, q)
     for name, t, key in (('q', q, 'q_pos'), ('k', k, 'k_pos')):
         p = getattr(ctx, key)
         if is_tracing() or not (isinstance(p, torch.Tensor) and isinstance(t, torch.Tensor) and t.ndim == 4):
@@ -499,6 +498,7 @@ def _check_pe_call(pe, q, k, ctx, v=None):
                 f'{tuple(t.shape)} has a batch of {t.shape[0]}: its position terms do not fit {name}; '
                 'prepare ctx from the positions of this call'
             )
+    _check_built_for(pe, q)  # after the layout: q (b, n, h, d) is told so, not "built for other heads"
     _check_ctx_fields(ctx, k)
     km = ctx.key_mask  # what the call masks with (and what CoPE's positions count over)
     if isinstance(km, torch.Tensor) and km.shape[0] not in (1, q.shape[0]):

@@ -93,3 +93,11 @@ def test_a_users_own_encoding_declares_with_two_attributes():
     assert position_attention(pe, q, q, q, pe.prepare(pos, pos)).shape == q.shape
     with pytest.raises(ValueError, match=r'Bias was built for 3 heads; got q of shape \(2, 1, 5, 4\)'):
         position_attention(pe, *[q[:, :1]] * 3, pe.prepare(pos, pos))
+
+
+def test_the_layout_is_named_before_the_sizes():
+    "q as (b, n, h, d): the layout message, not 'built for other heads' (the check comes after the positions')."
+    pe, pos = DebertaRelative(32, 4, 1), default_positions(10)
+    q = torch.randn(2, 10, 4, 8)
+    with pytest.raises(ValueError, match=r'has 4 at dim 2: q, k, v must be \(b, h, n, d\)'):
+        position_attention(pe, q, q, q, pe.prepare(pos, pos), 0)
