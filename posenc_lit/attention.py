@@ -768,7 +768,8 @@ def position_attention(
     """`attend` with `pe`'s signal: transformed `q, k`, its score terms, content scale and value terms;
     returns `(b, h, i, d_v)` (and probs). The padding keys of the `key_mask` that `ctx` was prepared with are
     masked (with `mask`, if given), and attention is causal as `ctx` was prepared; `ValueError` for q, k, v
-    that are not 4-D `(b, h, n, d)`, for a `causal` that contradicts `ctx.causal`, and as `attend`."""
+    that are not 4-D `(b, h, n, d)`, for a q with other heads or width than `pe` was built for (`pe.n_heads`,
+    `pe.d_head`), for a `causal` that contradicts `ctx.causal`, and as `attend`."""
     _check_pe_call(pe, q, k, ctx, v)
     mask, causal = _ctx_mask(pe, ctx, mask, causal, q, k)
     q, k = pe.transform_qk(q, k, ctx, layer)
