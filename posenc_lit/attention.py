@@ -498,7 +498,7 @@ def _check_pe_call(pe, q, k, ctx, v=None):
                 f'{tuple(t.shape)} has a batch of {t.shape[0]}: its position terms do not fit {name}; '
                 'prepare ctx from the positions of this call'
             )
-    _check_built_for(pe, q)  # after the layout: q (b, n, h, d) is told so, not "built for other heads"
+    _check_built_for(pe, q, v)  # after the layout: q (b, n, h, d) is told so, not "built for other heads"
     _check_ctx_fields(ctx, k)
     km = ctx.key_mask  # what the call masks with (and what CoPE's positions count over)
     if isinstance(km, torch.Tensor) and km.shape[0] not in (1, q.shape[0]):
@@ -514,14 +514,19 @@ def _check_pe_call(pe, q, k, ctx, v=None):
 
 
 # the heads and head width an encoding declares it was built for (a combination: its members'), against q's
-def _check_built_for(pe, q):
-    if pe.n_heads in (None, q.shape[1]) and pe.d_head in (None, q.shape[-1]):
-        return
-    said = [f'{pe.n_heads} heads'] if pe.n_heads is not None else []
-    said += [f'd_head={pe.d_head}'] if pe.d_head is not None else []
-    raise ValueError(
-        f'{type(pe).__name__} was built for {" of ".join(said)}; got q of shape {tuple(q.shape)} (b, h, i, d)'
-    )
+def _check_built_for(pe, q, v=None):
+    size = pe.built_for()
+    h, d, d_v = size['n_heads'], size['d_head'], size['d_v']
+    if h not in (None, q.shape[1]) or d not in (None, q.shape[-1]):
+        said = [f'{h} heads'] if h is not None else []
+        said += [f'd_head={d}'] if d is not None else []
+        got = f'got q of shape {tuple(q.shape)} (b, h, i, d)'
+        raise ValueError(f'{type(pe).__name__} was built for {" of ".join(said)}; {got}')
+    if v is not None and d_v not in (None, v.shape[-1]):
+        raise ValueError(
+            f'{type(pe).__name__} was built for d_v={d_v} (the width its value terms add to); got v of shape '
+            f'{tuple(v.shape)} (b, h, j, d_v)'
+        )
 
 
 # the fields the contract records, which a context made by hand (or edited) may hold wrong: `key_mask` None or
@@ -768,8 +773,8 @@ def position_attention(
     """`attend` with `pe`'s signal: transformed `q, k`, its score terms, content scale and value terms;
     returns `(b, h, i, d_v)` (and probs). The padding keys of the `key_mask` that `ctx` was prepared with are
     masked (with `mask`, if given), and attention is causal as `ctx` was prepared; `ValueError` for q, k, v
-    that are not 4-D `(b, h, n, d)`, for a q with other heads or width than `pe` was built for (`pe.n_heads`,
-    `pe.d_head`), for a `causal` that contradicts `ctx.causal`, and as `attend`."""
+    that are not 4-D `(b, h, n, d)`, for a q or v of other heads or width than `pe` was built for
+    (`pe.built_for()`), for a `causal` that contradicts `ctx.causal`, and as `attend`."""
     _check_pe_call(pe, q, k, ctx, v)
     mask, causal = _ctx_mask(pe, ctx, mask, causal, q, k)
     q, k = pe.transform_qk(q, k, ctx, layer)
@@ -888,8 +893,8 @@ class CombinedEncoding(PositionEncoding):
         tables = [e.max_len for e in encodings if e.max_len is not None]
         # the shortest absolute table limits the model
         self.max_len = min(tables) if tables else None
-        # the sizes its members were built for, one each (None: any): the contract holds q to them
-        self.n_heads, self.d_head = (_one_size(encodings, n) for n in ('n_heads', 'd_head'))
+        # the sizes its members were built for, one each (None: any): the contract holds q and v to them
+        self.n_heads, self.d_head, self.d_v = (_one_size(encodings, n) for n in ('n_heads', 'd_head', 'd_v'))
 
     def position_tables(self):
         return {
@@ -936,9 +941,9 @@ class CombinedEncoding(PositionEncoding):
         return s.pop()
 
 
-# the one value of `name` (n_heads or d_head) that the encodings declare (None: none does); two: `ValueError`
+# the one value of `name` (n_heads, d_head, d_v) the encodings were built for (None: none says)
 def _one_size(encodings, name):
-    said = {getattr(e, name) for e in encodings} - {None}
+    said = {e.built_for()[name] for e in encodings} - {None}
     if len(said) > 1:
         raise ValueError(f'the encodings were built for different {name} ({sorted(said)}): not combined')
     return said.pop() if said else None

@@ -326,6 +326,7 @@ class PositionEncoding(nn.Module):
     # the heads h and head width d of the q it was built for (None: any); the attention core refuses others
     n_heads: int | None = None
     d_head: int | None = None
+    d_v: int | None = None  # the width of the v its value terms add to (None: any)
     context_type: type = Context  # the type `prepare` returns
 
     def __init_subclass__(cls, **kwargs):
@@ -357,6 +358,12 @@ class PositionEncoding(nn.Module):
         if name == 'prepare':
             self.__setattr__(name, None)  # the same AttributeError
         super().__delattr__(name)
+
+    def built_for(self) -> dict:
+        """The sizes the encoding was built for, to which the attention core holds every call: `n_heads` and
+        `d_head` of `q` `(b, h, i, d)`, `d_v` of `v` `(b, h, j, d_v)`; `None`: any. By default the attributes
+        of these names; an encoding whose sizes depend on its options overrides it."""
+        return {'n_heads': self.n_heads, 'd_head': self.d_head, 'd_v': self.d_v}
 
     def embed(self, pos: torch.Tensor):  # `(b|1, n)` integer positions
         "Vectors `(b|1, n, D)` to add to the input embeddings, or `None`."

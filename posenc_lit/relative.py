@@ -192,6 +192,12 @@ class RelativeVectors(PositionEncoding):
         a_v, idx = self._table(self.value_tables, layer), ctx.rel_idx
         return [lambda probs: rel_values(probs, a_v, idx, ctx.rows)]
 
+    def built_for(self) -> dict:
+        "The vectors' width `d_head` is q's where there are key vectors, v's where there are value vectors."
+        d_qk = self.d_head if self.key_tables is not None else None
+        d_v = self.d_head if self.value_tables is not None else None
+        return {'n_heads': self.n_heads, 'd_head': d_qk, 'd_v': d_v}
+
     def score_mods(self, q, k, ctx: RelativeContext, layer: int | LayerRef | None = None):
         """`score_terms` as index functions for the fused path: $T = qE^\\top$ / $U = kE^\\top$ `(b, h, n, r)`
         read at row `clip(j - i, k) + k - lo` (03_fused); no `(b, h, i, j)` tensor."""

@@ -12,7 +12,7 @@ from posenc_lit.core import PositionEncoding
 from posenc_lit.deberta import DebertaRelative
 from posenc_lit.fire import FIRE
 from posenc_lit.fused import fused_scores
-from posenc_lit.relative import HuangMethod4, Shaw
+from posenc_lit.relative import HuangMethod4, RelativeVectors, Shaw
 from posenc_lit.rope import RoPE
 from posenc_lit.tupe import TUPE
 
@@ -68,9 +68,28 @@ def test_what_is_not_declared_runs_at_any_size():
         assert out.shape == q.shape and torch.isfinite(out).all()
 
 
+def test_value_vectors_are_held_to_the_width_of_v_not_of_q():
+    "Value vectors are added to an output of v's width: a table of them only is held to v, any q runs with it."
+    pos = default_positions(6)
+    q8, v4 = torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 4)
+    values_only = RelativeVectors(4, 1, 3, query_term=False, values=True)
+    assert values_only.built_for() == {'n_heads': None, 'd_head': None, 'd_v': 4}
+    out = position_attention(values_only, q8, q8, v4, values_only.prepare(pos, pos), 0)
+    assert out.shape == (1, 2, 6, 4) and torch.isfinite(out).all()
+    with pytest.raises(ValueError, match=r'RelativeVectors was built for d_v=4 \(the width its value terms add to\); '
+                                         r'got v of shape \(1, 2, 6, 8\)'):
+        position_attention(values_only, q8, q8, q8, values_only.prepare(pos, pos), 0)
+    shaw = Shaw(4, 1)  # keys and values: q's width and v's
+    assert shaw.built_for() == {'n_heads': None, 'd_head': 4, 'd_v': 4}
+    with pytest.raises(ValueError, match=r'RelativeVectors was built for d_v=4'):
+        position_attention(shaw, v4, v4, q8, shaw.prepare(pos, pos), 0)
+    assert HuangMethod4(4, 1, k=2).built_for()['d_v'] is None  # no value vectors
+
+
 def test_a_combination_is_held_to_what_its_members_declare():
     pe, pos = CombinedEncoding(RoPE(8), ALiBi(4)), default_positions(6)
-    assert (pe.n_heads, pe.d_head) == (4, 8)
+    assert (pe.n_heads, pe.d_head, pe.d_v) == (4, 8, None)
+    assert CombinedEncoding(Shaw(8, 1), RoPE(8)).built_for() == {'n_heads': None, 'd_head': 8, 'd_v': 8}
     ctx = pe.prepare(pos, pos)
     assert position_attention(pe, *[torch.randn(1, 4, 6, 8)] * 3, ctx).shape == (1, 4, 6, 8)
     for shape in ((1, 4, 6, 16), (1, 2, 6, 8)):

@@ -231,9 +231,11 @@ def test_every_registered_encoding_keeps_the_contract(modality, name, toys):
     assert isinstance(pe.relative_only, bool) and not (pe.relative_only and pe.kind == 'absolute')
     assert isinstance(pe.causal_only, bool)  # the registry's defaults: never a causal form (an encoder's)
     assert not pe.causal_only
-    # the sizes of q it was built for (None: any): the model's, so that the contract can hold every call to them
-    assert pe.n_heads in (None, H) and pe.d_head in (None, D_HEAD), (pe.n_heads, pe.d_head)
-    assert pe.kind != 'qk' or pe.d_head == D_HEAD  # a rotation of part of q would otherwise pass silently
+    # the sizes of q and v it was built for (None: any): the model's, so that the contract can hold every call
+    size = pe.built_for()
+    assert set(size) == {'n_heads', 'd_head', 'd_v'}, size
+    assert size['n_heads'] in (None, H) and size['d_head'] in (None, D_HEAD) and size['d_v'] in (None, D_HEAD)
+    assert pe.kind != 'qk' or size['d_head'] == D_HEAD  # a rotation of part of q would otherwise pass silently
     # repr: the class, then each constructor option the encoding keeps as a plain value, as it holds it
     kept = [n for n in inspect.signature(type(pe).__init__).parameters if n in vars(pe)]
     plain = [n for n in kept if isinstance(getattr(pe, n), (bool, int, float, str, tuple, type(None)))]
@@ -259,11 +261,15 @@ def test_every_registered_encoding_keeps_the_contract(modality, name, toys):
     if pe.relative_only:
         torch.testing.assert_close(shifted[0], shifted[1], atol=1e-4, rtol=1e-4)
     # what it declares is held, with one message: q with other heads, or of another width, is refused
-    for declared, shape in ((pe.n_heads, (B, 2 * H, n, D_HEAD)), (pe.d_head, (B, H, n, 2 * D_HEAD))):
+    for declared, shape in ((size['n_heads'], (B, 2 * H, n, D_HEAD)), (size['d_head'], (B, H, n, 2 * D_HEAD))):
         q = torch.randn(shape)
         if declared is not None:
             with pytest.raises(ValueError, match=f'{type(pe).__name__} was built for'):
                 position_attention(pe, q, q, q, pe.prepare(pos, pos, **extra), 0)
+    if size['d_v'] is not None:  # v of another width than its value terms add to
+        q, v = torch.randn(B, H, n, D_HEAD), torch.randn(B, H, n, 2 * D_HEAD)
+        with pytest.raises(ValueError, match=f'{type(pe).__name__} was built for d_v={D_HEAD}'):
+            position_attention(pe, q, q, v, pe.prepare(pos, pos, **extra), 0)
     # a context of another instance of the same encoding is refused at use
     other = (_text if modality == 'text' else _image)(name)[0]
     q, k, v = (torch.randn(B, H, n, D_HEAD) for _ in range(3))
