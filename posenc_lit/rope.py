@@ -44,7 +44,7 @@ def _check_rope(rotary_dim, d_head=None, base=10000.0, scaling='none', factor=1.
     if not (is_int(r) and r % 2 == 0 and 2 <= r <= (d_head or r) and (d_head is None or is_int(d_head))):
         raise ValueError(
             f'RoPE rotates pairs of dimensions: rotary_dim must be an even integer from 2 to the head '
-            f'dimension d (d_model / n_heads = {d_head!r}; None: all of d); got {rotary_dim!r}'
+            f'dimension d (d_head = {d_head!r}; None: all of d); got {rotary_dim!r}'
         )
     if not (_is_num(base) and base > 1):
         raise ValueError(f'base must be a finite number > 1 (RoFormer: 10000); got {base!r}')
