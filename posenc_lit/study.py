@@ -610,17 +610,21 @@ def coverage_markdown(rows: list[dict]) -> str:
 # %% ../nbs/35_study.ipynb #65c9b53e
 def calls_markdown(rows: list[dict]) -> str:
     """The rows ranked by loss, each against the next: the gap (nats), its Welch 95 % interval from the two
-    entries' per-seed `values` (`claims.gap_interval`), and whether it is called by the claims page's rule
-    (`claims.verdict`: three seeds a side and an interval that excludes zero)."""
+    entries' per-seed `values` (`claims.gap_interval`), whether it is called by the claims page's rule
+    (`claims.verdict`: three seeds a side and an interval that excludes zero), and both entries' parameters.
+    """
     ranked = sorted(rows, key=lambda r: r['loss'])
-    out = ['| entry | next | seeds | gap (nats) | 95 % interval | called |', '|---|---|---|---:|---|---|']
+    params = lambda r: '?' if r.get('parameters') is None else f"{r['parameters']:,}"
+    head = '| entry | next | seeds | gap (nats) | 95 % interval | called | parameters |'
+    out = [head, '|---|---|---|---:|---|---|---:|']
     for a, b in zip(ranked, ranked[1:]):
         gap, lo, hi = gap_interval(b['values'], a['values'])  # positive: `a` has the lower loss
         called = verdict(gap, lo, hi, seeds=(len(b['values']), len(a['values'])))
         called = 'yes' if called == 'holds' else called
         ci = 'n/a (one seed)' if lo is None else f'[{lo:+.3f}, {hi:+.3f}]'
         seeds = f"{a['seeds']} vs {b['seeds']}"
-        out.append(f"| {a['entry']} | {b['entry']} | {seeds} | {gap:.3f} | {ci} | {called} |")
+        both = f'{params(a)} vs {params(b)}'
+        out.append(f"| {a['entry']} | {b['entry']} | {seeds} | {gap:.3f} | {ci} | {called} | {both} |")
     return '\n'.join(out)
 
 # %% ../nbs/35_study.ipynb #0e3a9190
