@@ -915,20 +915,6 @@ def _minilm_bow(root) -> Measured:
     return Measured([100 * statistics.fmean(p.values())], 100 * bow, note)
 
 
-def _study_bow(root) -> Measured:
-    v, n, m = checkpoint_values(root, 'learned', 'sentiment')
-    bow = _num(root, ('study_sentiment', 'learned', 'summary.json'), 'baselines', 'bow', m)
-    s = _json(seed_runs(root, 'learned')[0], 'summary.json')
-    size = (
-        f"{s.get('parameters', 0):,} parameters, {s.get('steps', 0) * s.get('tokens_per_step', 0):,} tokens"
-    )
-    note = (
-        f'the treatment, large-scale pretraining, cannot take effect at this scale ({size} seen in pretraining, '
-        "against BERT's 110 M parameters and 3.3 G words); bag-of-words is not the paper's task-specific baseline"
-    )
-    note += f'; {x}' if (x := ft_note(root, 'sentiment', 'learned')) else ''
-    return Measured([100 * x for x in v], 100 * bow, note, treated=False)
-
 # %% ../nbs/41_claims.ipynb #30961cda
 def _parts(
     paper: str,
@@ -1147,12 +1133,6 @@ CLAIMS += [
         'real MiniLM, fine-tuned',
         'bag-of-words',
         Measure('sentiment test accuracy', 'points', _minilm_bow),
-    ),
-    Claim(
-        *_DEVLIN,
-        'learned (our study)',
-        'bag-of-words',
-        Measure('sentiment test accuracy', 'points', _study_bow),
     ),
 ]
 
