@@ -150,3 +150,15 @@ def test_a_built_for_of_ones_own_that_omits_a_size_is_named():
         position_attention(pe, q, q, q, pe.prepare(pos, pos))
     with pytest.raises(TypeError, match=msg):
         CombinedEncoding(pe, RoPE(4))
+
+
+def test_the_hint_for_a_0_1_key_mask_is_given_for_a_0_1_mask_only():
+    "A bool mask of another shape (transformers' (b, 1, 1, j)) is not told to call .bool(); a 0/1 tensor is."
+    pe, pos = ALiBi(2), default_positions(6)
+    for mask in (torch.ones(1, 1, 1, 6, dtype=torch.bool), torch.ones(1, 5, dtype=torch.bool), [[True] * 6]):
+        with pytest.raises(ValueError, match='key_mask must be a bool tensor') as e:
+            pe.prepare(pos, pos, key_mask=mask)
+        assert 'key_mask.bool()' not in str(e.value)
+    hint = r'torch.int64 tensor of shape \(1, 6\) \(a 0/1 mask: key_mask.bool\(\)\)'
+    with pytest.raises(ValueError, match=hint):
+        pe.prepare(pos, pos, key_mask=torch.ones(1, 6, dtype=torch.long))
