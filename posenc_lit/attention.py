@@ -79,13 +79,25 @@ def _softmax_rows(logits):
     return logits.masked_fill_(dead, 0.0).softmax(-1), dead
 
 
+# value term `a`'s output, which must fit `out` (b, h, i, d_v), v's width included: one of another width would
+# broadcast with `p @ v` into an output of its width (v of width 1), or add one number to every channel
+def _value_term(t, out, a):
+    fits = isinstance(t, torch.Tensor) and t.ndim == 4 and t.shape[-1] == out.shape[-1]
+    if not (fits and all(s in (1, o) for s, o in zip(t.shape[:3], out.shape[:3]))):
+        raise ValueError(
+            f'value_terms[{a}] gave {_desc(t)}; it must fit the output (b, h, i, d_v) = {tuple(out.shape)}, '
+            "v's width: an encoding whose value terms add to another d_v (declare it: built_for)"
+        )
+    return t
+
+
 def _manual(q, k, v, score_terms, mask, *, scale, dropout_p, value_terms, want_probs):
     probs, dead = _softmax_rows(scores(q, k, score_terms, mask, scale))
     probs = probs.to(q.dtype)  # (b, h, i, j)
     p = F.dropout(probs, dropout_p) if dropout_p > 0 else probs
     out = p @ v  # (b, h, i, d_v)
-    for f in value_terms:
-        out = out + f(p)  # (b, h, i, d_v)
+    for a, f in enumerate(value_terms):
+        out = out + _value_term(f(p), out, a)  # (b, h, i, d_v)
     # a row that -inf terms empty gives 0, as on the fast path
     out = out.masked_fill(dead, 0.0)
     return out, probs.masked_fill(dead, 0.0) if want_probs else None
@@ -360,7 +372,8 @@ def attend(
     # True: `F.scaled_dot_product_attention` when possible; False: manual; 'compiled': attend_compiled;
     # 'fused': attend_fused (FlexAttention, the terms read entry by entry)
     fast: bool | str = True,
-    # callables `probs (b, h, i, j) -> (b, h, i, d_v)` added to the output (Shaw's $a^V$); manual path
+    # callables `probs (b, h, i, j) -> (b, h, i, d_v)` added to the output (Shaw's $a^V$); manual path; one of
+    # another width than v's: ValueError
     value_terms=(),
     # also forbid keys after the query (causal_mask: queries are the last i of the j keys)
     causal: bool = False,
@@ -515,7 +528,7 @@ def _check_pe_call(pe, q, k, ctx, v=None):
 
 # the heads and head width an encoding declares it was built for (a combination: its members'), against q's
 def _check_built_for(pe, q, v=None):
-    size = pe.built_for()
+    size = _sizes(pe)
     h, d, d_v = size['n_heads'], size['d_head'], size['d_v']
     if h not in (None, q.shape[1]) or d not in (None, q.shape[-1]):
         said = [f'{h} heads'] if h is not None else []
@@ -527,6 +540,17 @@ def _check_built_for(pe, q, v=None):
             f'{type(pe).__name__} was built for d_v={d_v} (the width its value terms add to); got v of shape '
             f'{tuple(v.shape)} (b, h, j, d_v)'
         )
+
+
+# `pe.built_for()`, which must be a dict of the three sizes (an override of one's own: `TypeError`)
+def _sizes(pe) -> dict:
+    size = pe.built_for()
+    if not (isinstance(size, dict) and set(size) == {'n_heads', 'd_head', 'd_v'}):
+        raise TypeError(
+            f"{type(pe).__name__}.built_for() must return {{'n_heads': ..., 'd_head': ..., 'd_v': ...}} "
+            f'(None: any; start from super().built_for()); got {size!r:.80}'
+        )
+    return size
 
 
 # the fields the contract records, which a context made by hand (or edited) may hold wrong: `key_mask` None or
@@ -943,7 +967,7 @@ class CombinedEncoding(PositionEncoding):
 
 # the one value of `name` (n_heads, d_head, d_v) the encodings were built for (None: none says)
 def _one_size(encodings, name):
-    said = {e.built_for()[name] for e in encodings} - {None}
+    said = {_sizes(e)[name] for e in encodings} - {None}
     if len(said) > 1:
         raise ValueError(f'the encodings were built for different {name} ({sorted(said)}): not combined')
     return said.pop() if said else None

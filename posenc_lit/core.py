@@ -549,9 +549,11 @@ def check_prepare(
     ok = isinstance(key_mask, torch.Tensor) and key_mask.dtype == torch.bool and key_mask.ndim == 2
     if not (ok and (torch.jit.is_tracing() or key_mask.shape[1] == n_k)):  # traced: sizes are tensors
         got = _desc(key_mask)
+        # a 0/1 tensor: say how to pass it (not a bool mask of another shape, which .bool() leaves as it is)
+        int_mask = torch.is_tensor(key_mask) and key_mask.dtype != torch.bool
         raise ValueError(
-            f'key_mask must be a bool tensor (b, j) with j = {n_k} keys, True = real; got {got} (a 0/1 mask: '
-            'key_mask.bool())'
+            f'key_mask must be a bool tensor (b, j) with j = {n_k} keys, True = real; got {got}'
+            + (' (a 0/1 mask: key_mask.bool())' if int_mask else '')
         )
     rows = {len(p) for p in (q_pos, k_pos) if p.ndim == 2} - {1}
     if len(rows) == 1 and len(key_mask) not in (1, *rows):

@@ -120,3 +120,45 @@ def test_the_layout_is_named_before_the_sizes():
     q = torch.randn(2, 10, 4, 8)
     with pytest.raises(ValueError, match=r'has 4 at dim 2: q, k, v must be \(b, h, n, d\)'):
         position_attention(pe, q, q, q, pe.prepare(pos, pos), 0)
+
+
+def test_a_value_term_of_another_width_than_v_is_refused_not_broadcast():
+    "An encoding of one's own adding value vectors, no d_v declared: a v of width 1 was broadcast into them."
+
+    class Values(PositionEncoding):  # (b, h, i, 4) added to the output: built for v of width 4, not declared
+        def value_terms(self, ctx, layer=None):
+            return [lambda probs: probs.sum(-1, keepdim=True) * torch.ones(4)]
+
+    pe, pos = Values(), default_positions(6)
+    q = torch.randn(1, 2, 6, 8)
+    assert position_attention(pe, q, q, torch.randn(1, 2, 6, 4), pe.prepare(pos, pos)).shape == (1, 2, 6, 4)
+    msg = r'value_terms\[0\] gave .*\(1, 2, 6, 4\).* must fit the output'
+    for v in (torch.randn(1, 2, 6, 1), torch.randn(1, 2, 6, 8)):  # 1: was a (1, 2, 6, 4) output, silently
+        for fast in (False, True):
+            with pytest.raises(ValueError, match=msg):
+                position_attention(pe, q, q, v, pe.prepare(pos, pos), fast=fast)
+
+
+def test_a_built_for_of_ones_own_that_omits_a_size_is_named():
+    class Partial(PositionEncoding):  # returns only what it declares: was a KeyError inside the check
+        def built_for(self):
+            return {'d_v': 4}
+
+    pe, pos, q = Partial(), default_positions(6), torch.randn(1, 2, 6, 4)
+    msg = r"Partial.built_for\(\) must return \{'n_heads': \.\.\., 'd_head': \.\.\., 'd_v': \.\.\.\}"
+    with pytest.raises(TypeError, match=msg):
+        position_attention(pe, q, q, q, pe.prepare(pos, pos))
+    with pytest.raises(TypeError, match=msg):
+        CombinedEncoding(pe, RoPE(4))
+
+
+def test_the_hint_for_a_0_1_key_mask_is_given_for_a_0_1_mask_only():
+    "A bool mask of another shape (transformers' (b, 1, 1, j)) is not told to call .bool(); a 0/1 tensor is."
+    pe, pos = ALiBi(2), default_positions(6)
+    for mask in (torch.ones(1, 1, 1, 6, dtype=torch.bool), torch.ones(1, 5, dtype=torch.bool), [[True] * 6]):
+        with pytest.raises(ValueError, match='key_mask must be a bool tensor') as e:
+            pe.prepare(pos, pos, key_mask=mask)
+        assert 'key_mask.bool()' not in str(e.value)
+    hint = r'torch.int64 tensor of shape \(1, 6\) \(a 0/1 mask: key_mask.bool\(\)\)'
+    with pytest.raises(ValueError, match=hint):
+        pe.prepare(pos, pos, key_mask=torch.ones(1, 6, dtype=torch.long))
