@@ -145,6 +145,7 @@ class RelativeVectors(PositionEncoding):
         self.query_term, self.key_term = query_term, key_term
         # `_what`: a label for messages, not an option (not in repr)
         self.n_layers, self._what, self.d_head = n_layers, what, d_head
+        self.d_v = d_head if values else None  # the width of v its value vectors add to (the contract's d_v)
 
         def tables():  # w: (2k+1, d) per layer
             n = 1 if share_layers else n_layers
@@ -195,8 +196,7 @@ class RelativeVectors(PositionEncoding):
     def built_for(self) -> dict:
         "The vectors' width `d_head` is q's where there are key vectors, v's where there are value vectors."
         d_qk = self.d_head if self.key_tables is not None else None
-        d_v = self.d_head if self.value_tables is not None else None
-        return {'n_heads': self.n_heads, 'd_head': d_qk, 'd_v': d_v}
+        return {'n_heads': self.n_heads, 'd_head': d_qk, 'd_v': self.d_v}
 
     def score_mods(self, q, k, ctx: RelativeContext, layer: int | LayerRef | None = None):
         """`score_terms` as index functions for the fused path: $T = qE^\\top$ / $U = kE^\\top$ `(b, h, n, r)`

@@ -41,6 +41,11 @@ def _check_rope(rotary_dim, d_head=None, base=10000.0, scaling='none', factor=1.
     """d_r: `rotary_dim` (`None`: all of `d_head`), once RoPE's options are checked; `ValueError` names the
     bad one"""
     r = d_head if rotary_dim is None else rotary_dim
+    if rotary_dim is None and not (is_int(d_head) and d_head >= 2 and d_head % 2 == 0):
+        raise ValueError(
+            'RoPE rotates pairs of dimensions: the head dimension d_head (d_model / n_heads in a model) must be '
+            f'an even integer ≥ 2 when rotary_dim is None (all of it rotates); got d_head = {d_head!r}'
+        )
     if not (is_int(r) and r % 2 == 0 and 2 <= r <= (d_head or r) and (d_head is None or is_int(d_head))):
         raise ValueError(
             f'RoPE rotates pairs of dimensions: rotary_dim must be an even integer from 2 to the head '
