@@ -685,7 +685,8 @@ def task_markdown(rows: list[dict], task: str = 'order', left_out: dict | None =
         ) + gone
     m, best = rows[0]['metric'], max(r['score'] for r in rows)
     out = [
-        f'| entry | seeds | parameters (pretrained) | test {m} ↑ | validation {m} ↑ | vs bag-of-words ↑ |',
+        f'| entry | fine-tuning seeds (of pretraining seed 0) | parameters (pretrained) | test {m} ↑ '
+        f'| validation {m} ↑ | vs bag-of-words ↑ |',
         '|---|---:|---:|---:|---:|---:|',
     ]
     for r in rows:
