@@ -25,6 +25,8 @@ from .t5 import T5RelativeBias, t5_bucket
 from .alibi import ALiBi
 from .rope import RoPE
 from .tupe import TUPE
+from .fire import FIRE
+from .cope import CoPE
 
 # %% auto #0
 __all__ = ['PAD', 'BOS', 'FIRST', 'COUNT', 'PROBE_PRESETS', 'PROBES', 'SOLVABLE', 'ProbeConfig', 'make_probe_config',
@@ -373,9 +375,14 @@ def position_signal(m: nn.Module, n: int) -> dict | None:
         c, what = (d.abs() if m.bidirectional else d.clamp(max=0)), 'bias −m·|d|'
     elif _is(m, RoPE) and m.scaling == 'none':
         c, what = d, 'rotation by d·θ'
+    elif _is(m, FIRE):  # ψ odd and strictly monotone while c ≠ 0; one positive normalizer per query
+        c, what = (d if bool((m.c != 0).all()) else 0 * d), 'MLP bias of ψ(i − j)/ψ(max(L, i))'
+    elif _is(m, CoPE):  # every gate open: p = 1 + |d| at or before the query, −(1 + d) after it
+        top = m.npos_max - 1
+        c, what = torch.where(d <= 0, 1 - d, -(1 + d)).clamp(-top, top), f'gated counts, clamp ±{top}'
     else:
         return None
-    scalar = _is(m, T5RelativeBias, ALiBi)
+    scalar = _is(m, T5RelativeBias, ALiBi, FIRE, CoPE)
     return dict(absolute=None, classes=dict(zip(d.tolist(), c.tolist())), scalar=scalar, what=what)
 
 # %% ../nbs/33_probes.ipynb #a7b8c9d0
