@@ -929,6 +929,10 @@ class CombinedEncoding(PositionEncoding):
     def relative_only(self):
         return all(e.relative_only for e in self.members)
 
+    @property
+    def causal_only(self):  # a causal form among them makes the whole one
+        return any(e.causal_only for e in self.members)
+
     def embed(self, pos):
         vs = [v for v in (e.embed(pos) for e in self.members) if v is not None]
         return None if not vs else sum(vs[1:], vs[0])  # (b|1, n, D)

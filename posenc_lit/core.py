@@ -640,6 +640,8 @@ def _contract_prepare(prepare):
 
 
 def _causal_only_message(pe, causal) -> str:  # `pe.causal_only`, prepared with `causal` other than True
+    # a combination: its causal member
+    pe = next((m for m in getattr(pe, 'members', ()) if m.causal_only), pe)
     flag = hasattr(pe, 'bidirectional')  # the package's causal forms are their bidirectional=False
     both = ', or build it with bidirectional=True for attention both ways' if flag else ''
     return (
@@ -699,4 +701,3 @@ class checked_inputs:
 
     def __exit__(self, *exc):
         _PREPARE.open = self.was.pop()
-

@@ -162,6 +162,22 @@ def test_F6_the_causal_form_of_alibi_is_prepared_causal():
         torch.testing.assert_close(attn(x, pe=pe, causal=True), attn(x, causal_mask(5, 5), pe=ALiBi(H)))
 
 
+def test_F6_a_combination_with_a_causal_form_is_one():
+    """A `CombinedEncoding` with a causal member is `causal_only` too: a context made by hand (no causal
+    recorded) is refused at attention with the member's message, as the member alone is."""
+    from posenc_lit.attention import CombinedContext
+    from posenc_lit.rope import RoPE
+
+    pe, pos = CombinedEncoding(ALiBi(H, bidirectional=False), RoPE(D)), torch.arange(5)[None]
+    assert pe.causal_only and not CombinedEncoding(ALiBi(H), RoPE(D)).causal_only
+    ctx = CombinedContext(pos, pos, [m.prepare(pos, pos, causal=True) for m in pe.members], pe=pe)
+    q = torch.randn(1, H, 5, D)
+    with pytest.raises(ValueError, match=r'ALiBi is a causal form here \(causal_only\)'):
+        position_attention(pe, q, q, q, ctx)
+    ok = position_attention(pe, q, q, q, pe.prepare(pos, pos, causal=True))
+    torch.testing.assert_close(ok, position_attention(pe, q, q, q, ctx, causal=True))
+
+
 def test_F7_prepare_is_not_assigned_on_an_instance():
     """F7: `pe.prepare = f` (by assignment, `setattr` or `mock.patch.object`) is refused, naming a subclass; the
     instance keeps its checked `prepare`, and a subclass that wraps `super().prepare` is checked and recorded."""
