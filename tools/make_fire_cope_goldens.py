@@ -97,13 +97,13 @@ def load_module(path, name, placeholders=None):
 
 
 def load_fire(path=None):
-    "The module holding the reference `FIRE` (`path` or $POSENC_FIRE_REF); None without one."
+    "`(module, path)`: the module of the reference `FIRE` from `path` or $POSENC_FIRE_REF (None: no file)."
     path = path or os.environ.get(FIRE_ENV)
     return load_module(path, 'ref_fire_embeddings', placeholders={'einops': ('repeat',)}), path
 
 
 def load_cope(path=None):
-    "The module holding the authors' `ContextPosSelfAttn` (`path` or $POSENC_COPE_REF); None without one."
+    "`(module, path)`: the module of the authors' `ContextPosSelfAttn` from `path` or $POSENC_COPE_REF."
     path = path or os.environ.get(COPE_ENV)
     return load_module(path, 'ref_cope_context_position'), path
 
