@@ -7,14 +7,22 @@
 - Padding keys count nothing: a left-padded text in the `CausalLM` and a right-padded one in the `Encoder` give
   the logits of the same text without padding.
 - Cached decoding in the `CausalLM` (queries fewer than keys) equals the full forward ≤ 1e-5.
+- Parity with the authors' `ContextPosSelfAttn` (facebookresearch/RAM, `projects/cope`; the causal form,
+  both settings of `--cope-nodiv`, outputs and probabilities at the real queries, float32, ≤ 1e-6): against
+  the committed golden file of `tools/make_fire_cope_goldens.py` always, and live when $POSENC_COPE_REF names
+  the authors' file.
 - The fast and manual attention paths agree, gradients match finite differences, the constructor and `prepare`
   refuse bad input. (`tests/test_trace_export.py` and the registry walk of `tests/test_contract.py` cover
   `cope` with every other registered encoding.)
 """
+import importlib.util
 import math
+from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
 
 from posenc_lit.attention import MultiHeadAttention, position_attention
 from posenc_lit.causal_lm import CausalLM
@@ -276,3 +284,74 @@ def test_counts_stay_float32_for_bfloat16_inputs():
     with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16):
         out = Encoder(cfg).eval()(torch.randint(5, 50, (2, 9)))['hidden_states']
     assert out.isfinite().all()
+
+
+# ---------------------------------------------------------------- parity with the authors' code
+ROOT = Path(__file__).resolve().parent.parent
+GOLDEN = ROOT / 'tests' / 'fixtures' / 'cope_reference.safetensors'
+
+
+def _tool():
+    path = ROOT / 'tools' / 'make_fire_cope_goldens.py'
+    spec = importlib.util.spec_from_file_location('make_fire_cope_goldens', path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _ours_from_authors(gold, tool, nodiv):
+    """Our causal CoPE holding the authors' tables: their `pos_emb` `(1, d, npos)` is our `e[l]ᵀ` `(npos, d)`;
+    their position logits q·pos_emb are divided by sqrt(d) with the content logits (ours are added after the
+    scaling), so our e = pos_emb/sqrt(d), or e = pos_emb with `cope_nodiv`. Both sides gate with
+    σ(q·k/sqrt(d))."""
+    pe = CoPE(tool.COPE_D, tool.COPE_LAYERS, npos_max=tool.COPE_NPOS, bidirectional=False)
+    with torch.no_grad():
+        for l in range(tool.COPE_LAYERS):
+            pe.e[l].copy_(gold[f'layer{l}.pos_emb'][0].t() / (1.0 if nodiv else math.sqrt(tool.COPE_D)))
+    return pe
+
+
+def _check_against(gold, tool):
+    "Our outputs and probabilities against the authors' `(b·h, i, ·)` tensors `gold`, at the real queries."
+    assert torch.equal(CoPE(tool.COPE_D, 1, npos_max=tool.COPE_NPOS, bidirectional=False).e[0],
+                       gold['init.pos_emb'][0].t())  # both start from zero tables
+    q, k, v, keep = gold['q'], gold['k'], gold['v'], gold['keep']
+    b, h, n, d = q.shape
+    for nodiv in (False, True):
+        pe = _ours_from_authors(gold, tool, nodiv)
+        for case, n_q in tool.COPE_CASES.items():
+            ctx = pe.prepare(torch.arange(n - n_q, n), torch.arange(n), key_mask=keep, causal=True)
+            real = keep[:, n - n_q:].repeat_interleave(h, 0)  # (b·h, i); a padding query there sees itself
+            g = cope_gates(q[:, :, n - n_q:], k, d ** -0.5, keep)
+            assert cope_positions(g, signed=False).max() > tool.COPE_NPOS - 1  # the clamp is reached
+            for l in range(tool.COPE_LAYERS):
+                name = f"{'nodiv' if nodiv else 'div'}.{case}.layer{l}"
+                with torch.no_grad():
+                    out, probs = position_attention(pe, q[:, :, n - n_q:], k, v, ctx, l, return_probs=True)
+                out, probs = out.reshape(b * h, n_q, d), probs.reshape(b * h, n_q, n)  # (b·h, i, ·), theirs
+                torch.testing.assert_close(out[real], gold[f'{name}.out'][real], rtol=0, atol=1e-6)
+                torch.testing.assert_close(probs[real], gold[f'{name}.attn'][real], rtol=0, atol=1e-6)
+    # the scale of the table matters: the other setting's mapping does not match
+    wrong = _ours_from_authors(gold, tool, nodiv=True)
+    ctx = wrong.prepare(torch.arange(n), torch.arange(n), key_mask=keep, causal=True)
+    with torch.no_grad():
+        out = position_attention(wrong, q, k, v, ctx, 0).reshape(b * h, n, d)
+    assert (out - gold['div.self.layer0.out'])[keep.repeat_interleave(h, 0)].abs().max() > 1e-2
+
+
+def test_parity_with_the_authors_golden_file():
+    "facebookresearch/RAM's ContextPosSelfAttn (see tools/make_fire_cope_goldens.py), fp32, ≤ 1e-6."
+    tool = _tool()
+    with safe_open(str(GOLDEN), 'pt') as f:
+        assert (f.metadata()['repository'], f.metadata()['commit']) == (tool.COPE_REF[0], tool.COPE_REF[2])
+    _check_against(load_file(str(GOLDEN)), tool)
+
+
+def test_parity_with_the_authors_live():
+    tool = _tool()
+    M, path = tool.load_cope()
+    if M is None:
+        repo, file, commit = tool.COPE_REF
+        pytest.skip(f"the authors' CoPE is not here: set ${tool.COPE_ENV} to {repo}@{commit[:8]}:{file} "
+                    f'(got {path!r}; see tools/make_fire_cope_goldens.py); the golden file checks the same')
+    _check_against(tool.cope_goldens(M), tool)

@@ -1,15 +1,22 @@
 """FIRE (Li et al. 2024, nbs/11_fire.ipynb): parity with a naive scalar loop, the closed form at chosen
 points, cached decoding in the `CausalLM`, the `Encoder` with it, and the checks of its constructor.
+Parity with the paper's listing as mcleish7/arithmetic holds it (j ≤ i, float32, ≤ 1e-6): against the
+committed golden file of `tools/make_fire_cope_goldens.py` always, and live when $POSENC_FIRE_REF names the
+reference file.
 
 One formula serves both attentions: for the keys a causal query sees (j ≤ i) it is the paper's
 `f_θ(ψ(i-j)/ψ(max(L, i)))`; keys after the query (the bidirectional encoder) get the odd extension
 ψ(-t) = -ψ(t).
 """
+import importlib.util
 import math
 import re
 from dataclasses import replace
+from pathlib import Path
 import pytest
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
 from posenc_lit.attention import default_positions, position_attention
 from posenc_lit.causal_lm import CausalLM
 from posenc_lit.core import get_encoding
@@ -211,3 +218,71 @@ def test_in_position_attention_with_a_mask_equals_the_written_out_attention():
     logits = q @ k.transpose(-1, -2) / 2 + naive_bias(pe, pos, pos)
     ref = logits.masked_fill(~keep[:, None, None, :], float('-inf')).softmax(-1) @ v
     torch.testing.assert_close(out, ref, atol=1e-9, rtol=1e-9)
+
+
+# ---------------------------------------------------------------- parity with the reference listing
+ROOT = Path(__file__).resolve().parent.parent
+GOLDEN = ROOT / 'tests' / 'fixtures' / 'fire_reference.safetensors'
+
+
+def _tool():
+    path = ROOT / 'tools' / 'make_fire_cope_goldens.py'
+    spec = importlib.util.spec_from_file_location('make_fire_cope_goldens', path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _ours_from_reference(gold, tool):
+    "Our FIRE, one MLP per layer, holding the reference modules' parameters (`layer{l}.` keys of the file)."
+    pe = FIRE(tool.FIRE_H, n_layers=tool.FIRE_LAYERS, mlp_width=tool.FIRE_W, init_L=512.0)
+    with torch.no_grad():
+        for l in range(tool.FIRE_LAYERS):
+            mlp = {k.split('.', 2)[2]: v for k, v in gold.items() if k.startswith(f'layer{l}.mlp.')}
+            pe.mlps[l].load_state_dict(mlp)  # the same nn.Sequential: 0.weight, 0.bias, 2.weight, 2.bias
+            pe.c[l] = gold[f'layer{l}.c']  # c of ψ(x) = log(|c x| + 1)
+            pe.L_scale[l] = gold[f'layer{l}.L_multiplier']  # ℓ: L = |ℓ|·L_0
+            assert torch.equal(pe.init_L, gold[f'layer{l}.init_L'])  # L_0 = 512, a buffer here, frozen there
+    return pe
+
+
+def _check_against(gold, tool):
+    "Our initial MLP and bias against the reference tensors `gold`: keys at or before the query (j ≤ i) only."
+    torch.manual_seed(tool.SEED)
+    init = FIRE(tool.FIRE_H, mlp_width=tool.FIRE_W)  # the same draw as the reference's __init__
+    for k, v in init.mlps[0].state_dict().items():
+        assert torch.equal(v, gold[f'init.mlp.{k}']), k
+    assert torch.equal(init.c[0], gold['init.c']) and torch.equal(init.L_scale[0], gold['init.L_multiplier'])
+    assert torch.equal(init.init_L, gold['init.init_L'])
+    pe = _ours_from_reference(gold, tool)
+    assert (pe.threshold() < min(tool.FIRE_LENGTHS)).all()  # every length crosses L: both normalizers show
+    for n in tool.FIRE_LENGTHS:
+        pos, seen = torch.arange(n), torch.ones(n, n, dtype=torch.bool).tril()
+        with torch.no_grad():
+            full = pe.prepare(pos, pos, causal=True)
+            step = pe.prepare(pos[-3:], pos, causal=True)  # a cache step: the last 3 queries
+        for l in range(tool.FIRE_LAYERS):
+            ref = gold[f'layer{l}.bias.n{n}']  # (1, h, n, n)
+            torch.testing.assert_close(full.fire_bias[l][..., seen], ref[..., seen], rtol=0, atol=1e-6)
+            torch.testing.assert_close(step.fire_bias[l][..., seen[-3:]], ref[..., -3:, :][..., seen[-3:]],
+                                       rtol=0, atol=1e-6)
+            # after the query the reference is even in i - j (masked in its use), ours odd: they differ there
+            assert (full.fire_bias[l] - ref)[..., ~seen].abs().max() > 1e-2
+
+
+def test_parity_with_the_reference_golden_file():
+    "mcleish7/arithmetic's FIRE (the paper's listing; see tools/make_fire_cope_goldens.py), fp32, ≤ 1e-6."
+    tool = _tool()
+    with safe_open(str(GOLDEN), 'pt') as f:
+        assert (f.metadata()['repository'], f.metadata()['commit']) == (tool.FIRE_REF[0], tool.FIRE_REF[2])
+    _check_against(load_file(str(GOLDEN)), tool)
+
+
+def test_parity_with_the_reference_live():
+    tool = _tool()
+    M, path = tool.load_fire()
+    if M is None:
+        repo, file, commit = tool.FIRE_REF
+        pytest.skip(f'the reference FIRE is not here: set ${tool.FIRE_ENV} to {repo}@{commit[:8]}:{file} '
+                    f'(got {path!r}; see tools/make_fire_cope_goldens.py); the golden file checks the same')
+    _check_against(tool.fire_goldens(M), tool)
