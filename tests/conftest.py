@@ -5,7 +5,7 @@ same `_site/` to every later test; a failed build fails each of them with the bu
 POSENC_LIT_SITE=DIR skips the build and tests the site already built in DIR (e.g. `_site`, or a copy of it; for
 working on the tests themselves -- CI never sets it).
 """
-import ast, json, os, re, subprocess, sys
+import ast, importlib.util, json, os, re, subprocess, sys
 from pathlib import Path
 
 import pytest
@@ -134,3 +134,31 @@ def stand_in(tmp_path):
     env = {**os.environ, 'PATH': path, 'STUDY_ROOT': str(tmp_path), 'COMMIT': '0', 'PYTHONPATH': root}
     return env, called
 
+
+def load_tool(name: str):
+    "The module `tools/<name>.py` (a golden-file maker: tools/ is not a package), loaded from its file."
+    spec = importlib.util.spec_from_file_location(name, ROOT / 'tools' / f'{name}.py')
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def check_golden(golden: Path, ref: tuple, check):
+    "`check(tensors)` on the golden file `golden`, after its metadata name `ref`'s repository and commit."
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    with safe_open(str(golden), 'pt') as f:
+        assert (f.metadata()['repository'], f.metadata()['commit']) == (ref[0], ref[2])
+    check(load_file(str(golden)))
+
+
+def check_live(loaded: tuple, ref: tuple, env: str, goldens, check, what: str):
+    """`check(goldens(module))` with the reference module of `loaded` (`(module, path)` from a tool's loader);
+    skipped, saying how to point `env` at `ref` (repository, path, commit), where it is not here."""
+    module, path = loaded
+    if module is None:
+        repo, file, commit = ref
+        pytest.skip(f'{what} is not here: set ${env} to {repo}@{commit[:8]}:{file} (got {path!r}; see '
+                    'tools/make_fire_cope_goldens.py); the golden file checks the same')
+    check(goldens(module))

@@ -15,14 +15,12 @@
   refuse bad input. (`tests/test_trace_export.py` and the registry walk of `tests/test_contract.py` cover
   `cope` with every other registered encoding.)
 """
-import importlib.util
 import math
 from pathlib import Path
 
 import pytest
+from conftest import check_golden, check_live, load_tool
 import torch
-from safetensors import safe_open
-from safetensors.torch import load_file
 
 from posenc_lit.attention import MultiHeadAttention, position_attention
 from posenc_lit.causal_lm import CausalLM
@@ -292,11 +290,7 @@ GOLDEN = ROOT / 'tests' / 'fixtures' / 'cope_reference.safetensors'
 
 
 def _tool():
-    path = ROOT / 'tools' / 'make_fire_cope_goldens.py'
-    spec = importlib.util.spec_from_file_location('make_fire_cope_goldens', path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool('make_fire_cope_goldens')
 
 
 def _ours_from_authors(gold, tool, nodiv):
@@ -342,16 +336,10 @@ def _check_against(gold, tool):
 def test_parity_with_the_authors_golden_file():
     "facebookresearch/RAM's ContextPosSelfAttn (see tools/make_fire_cope_goldens.py), fp32, ≤ 1e-6."
     tool = _tool()
-    with safe_open(str(GOLDEN), 'pt') as f:
-        assert (f.metadata()['repository'], f.metadata()['commit']) == (tool.COPE_REF[0], tool.COPE_REF[2])
-    _check_against(load_file(str(GOLDEN)), tool)
+    check_golden(GOLDEN, tool.COPE_REF, lambda gold: _check_against(gold, tool))
 
 
 def test_parity_with_the_authors_live():
     tool = _tool()
-    M, path = tool.load_cope()
-    if M is None:
-        repo, file, commit = tool.COPE_REF
-        pytest.skip(f"the authors' CoPE is not here: set ${tool.COPE_ENV} to {repo}@{commit[:8]}:{file} "
-                    f'(got {path!r}; see tools/make_fire_cope_goldens.py); the golden file checks the same')
-    _check_against(tool.cope_goldens(M), tool)
+    check = lambda gold: _check_against(gold, tool)
+    check_live(tool.load_cope(), tool.COPE_REF, tool.COPE_ENV, tool.cope_goldens, check, "the authors' CoPE")

@@ -8,15 +8,13 @@ One formula serves both attentions: for the keys a causal query sees (j ≤ i) i
 `f_θ(ψ(i-j)/ψ(max(L, i)))`; keys after the query (the bidirectional encoder) get the odd extension
 ψ(-t) = -ψ(t).
 """
-import importlib.util
 import math
 import re
 from dataclasses import replace
 from pathlib import Path
 import pytest
+from conftest import check_golden, check_live, load_tool
 import torch
-from safetensors import safe_open
-from safetensors.torch import load_file
 from posenc_lit.attention import default_positions, position_attention
 from posenc_lit.causal_lm import CausalLM
 from posenc_lit.core import get_encoding
@@ -226,11 +224,7 @@ GOLDEN = ROOT / 'tests' / 'fixtures' / 'fire_reference.safetensors'
 
 
 def _tool():
-    path = ROOT / 'tools' / 'make_fire_cope_goldens.py'
-    spec = importlib.util.spec_from_file_location('make_fire_cope_goldens', path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool('make_fire_cope_goldens')
 
 
 def _ours_from_reference(gold, tool):
@@ -273,16 +267,10 @@ def _check_against(gold, tool):
 def test_parity_with_the_reference_golden_file():
     "mcleish7/arithmetic's FIRE (the paper's listing; see tools/make_fire_cope_goldens.py), fp32, ≤ 1e-6."
     tool = _tool()
-    with safe_open(str(GOLDEN), 'pt') as f:
-        assert (f.metadata()['repository'], f.metadata()['commit']) == (tool.FIRE_REF[0], tool.FIRE_REF[2])
-    _check_against(load_file(str(GOLDEN)), tool)
+    check_golden(GOLDEN, tool.FIRE_REF, lambda gold: _check_against(gold, tool))
 
 
 def test_parity_with_the_reference_live():
     tool = _tool()
-    M, path = tool.load_fire()
-    if M is None:
-        repo, file, commit = tool.FIRE_REF
-        pytest.skip(f'the reference FIRE is not here: set ${tool.FIRE_ENV} to {repo}@{commit[:8]}:{file} '
-                    f'(got {path!r}; see tools/make_fire_cope_goldens.py); the golden file checks the same')
-    _check_against(tool.fire_goldens(M), tool)
+    check = lambda gold: _check_against(gold, tool)
+    check_live(tool.load_fire(), tool.FIRE_REF, tool.FIRE_ENV, tool.fire_goldens, check, "the reference FIRE")

@@ -10,10 +10,11 @@
 - The ViT at its training grid and at a larger one, `torch.export` and `torch.jit.trace`, save/load, and the
   evaluation at other image sizes of `posenc_lit.vit_train`.
 """
-import importlib.util, math, warnings
+import math, warnings
 from pathlib import Path
 
 import pytest
+from conftest import load_tool
 import torch
 from safetensors.torch import load_file
 
@@ -28,11 +29,7 @@ GOLDEN = ROOT / 'tests' / 'fixtures' / 'timm_rope_mixed.safetensors'
 
 
 def _tool():
-    path = ROOT / 'tools' / 'make_rope_mixed_goldens.py'
-    spec = importlib.util.spec_from_file_location('make_rope_mixed_goldens', path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool('make_rope_mixed_goldens')
 
 
 def _pos(grid, prefix=1):
