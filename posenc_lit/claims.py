@@ -12,12 +12,12 @@ from typing import Callable
 from scipy import stats
 
 # %% auto #0
-__all__ = ['STUDY', 'ABS_MARGIN', 'ENTRY_SETTINGS', 'UNRECORDED', 'VERDICTS', 'LEVEL', 'ALPHA', 'MARGIN', 'MIN_SEEDS', 'LONG',
-           'SPEED', 'TUPE_SPEED', 'DROPIN', 'CLAIMS', 'COLOURS', 'entry_settings', 'check_run', 'seed_folders',
+__all__ = ['STUDY', 'ABS_MARGIN', 'ENTRY_SETTINGS', 'UNRECORDED', 'REFIT', 'VERDICTS', 'LEVEL', 'ALPHA', 'MARGIN', 'MIN_SEEDS',
+           'LONG', 'SPEED', 'TUPE_SPEED', 'DROPIN', 'CLAIMS', 'COLOURS', 'entry_settings', 'check_run', 'seed_folders',
            'seed_runs', 'loss_values', 'study_loss', 'eval_loss', 'seed_noise', 'loss_at', 'eval_curve', 'task_values',
-           'pretraining_check', 'ft_checks', 'downstream', 'minilm_values', 'vit_runs', 'vit_values', 'welch',
-           'gap_interval', 'too_few', 'can_call', 'verdict', 'p_value', 'holm', 'familywise', 'Measured', 'Measure',
-           'Claim', 'setup', 'differences', 'pretrain_loss', 'checkpoint_values', 'ft_note', 'task_metric',
+           'pretraining_check', 'ft_used', 'ft_checks', 'downstream', 'minilm_values', 'vit_runs', 'vit_values',
+           'welch', 'gap_interval', 'too_few', 'can_call', 'verdict', 'p_value', 'holm', 'familywise', 'Measured',
+           'Measure', 'Claim', 'setup', 'differences', 'pretrain_loss', 'checkpoint_values', 'ft_note', 'task_metric',
            'trained_offsets', 'growth_values', 'growth', 'vit', 'check_root', 'judge', 'claims', 'claims_markdown',
            'family_markdown', 'holm_markdown', 'forest_plot']
 
@@ -323,6 +323,7 @@ def task_values(root, entry: str, task: str) -> tuple[list[float], str]:
 UNRECORDED = (
     'pretraining not recorded'  # a fine-tuning summary written before `finetune` kept its `pretraining`
 )
+REFIT = 'pretrained again'  # a fine-tuning of a re-run of the committed pretraining (tools/refit_study.sh)
 _PRETRAINED = (
     'lr',
     'steps',
@@ -338,8 +339,11 @@ def pretraining_check(
 ) -> str:
     """'' if `s` started from the committed pretraining run `run`: its `pretraining` record has the `lr`,
     `steps`, `seed`, `pe` and `pe_kwargs` of `run/config.json` and the `eval_loss` of `run/summary.json`.
-    `UNRECORDED` where `s` has no record (summaries written before it was kept: used, with this note); otherwise
-    why not, e.g. "pretrained with lr 0.002 (committed: 0.004)": the fine-tuning is then left out."""
+    `UNRECORDED` where `s` has no record (summaries written before it was kept: used, with this note);
+    `REFIT`, with both losses, where `s` started from the re-run `tools/refit_study.sh` pretrained with the same
+    settings when the run's checkpoint was gone, and kept as `run/refit_summary.json` (its loss within 0.02 nats
+    of the committed one: used, with this note); otherwise why not, e.g. "pretrained with lr 0.002 (committed:
+    0.004)": the fine-tuning is then left out."""
     rec, run = s.get('pretraining') if isinstance(s, dict) else None, Path(run)
     if rec is None:
         return UNRECORDED
@@ -351,8 +355,19 @@ def pretraining_check(
         )
     cfg, summary = _json(run, 'config.json'), _json(run, 'summary.json')
     want = {k: cfg.get(k) for k in _PRETRAINED} | {'eval_loss': summary.get('eval_loss')}
-    diff = [f'{k} {rec.get(k)!r} (committed: {v!r})' for k, v in want.items() if rec.get(k) != v]
-    return f"pretrained with {', '.join(diff)}" if diff else ''
+    diff = [k for k, v in want.items() if rec.get(k) != v]
+    if diff == ['eval_loss'] and (run / 'refit_summary.json').is_file():
+        again = _json(run, 'refit_summary.json').get('eval_loss')
+        if again is not None and rec['eval_loss'] == again:
+            return f"{REFIT}, {again:.4f} nats (committed: {want['eval_loss']:.4f})"
+    if not diff:
+        return ''
+    return 'pretrained with ' + ', '.join(f'{k} {rec.get(k)!r} (committed: {want[k]!r})' for k in diff)
+
+
+def ft_used(why: str) -> bool:
+    "Whether a fine-tuning with this `pretraining_check` result counts for its pretraining run."
+    return why in ('', UNRECORDED) or why.startswith(REFIT)
 
 
 def ft_checks(root, entry: str, task: str) -> dict:
@@ -745,7 +760,7 @@ def checkpoint_values(root, entry: str, task: str) -> tuple[list[float], list[in
     out, n, left = [], [], []
     for k, why in ft_checks(root, entry, task).items():
         name = entry if k == 0 else f'{entry}-s{k}'
-        if why not in ('', UNRECORDED):
+        if not ft_used(why):
             left.append((str(Path(root, f'study_{task}', name, 'summary.json')), why))
             continue
         v, _ = task_values(root, name, task)
@@ -761,17 +776,19 @@ def checkpoint_values(root, entry: str, task: str) -> tuple[list[float], list[in
 def _ft_seeds(root, entry: str, task: str) -> str:
     """The pretraining seeds of `entry` fine-tuned on `task` ('0, 2') that `checkpoint_values` uses: seed 0 and
     each `<entry>-s<k>` committed, but those left out."""
-    return ', '.join(str(k) for k, why in ft_checks(root, entry, task).items() if why in ('', UNRECORDED))
+    return ', '.join(str(k) for k, why in ft_checks(root, entry, task).items() if ft_used(why))
 
 
 def ft_note(root, task: str, *entries: str) -> str:
     """What a row says of the pretraining behind the fine-tunings of `entries` on `task`: each seed left out and
-    why, and the seeds whose summary has no record ('pretraining not recorded: shaw seed 0, learned seeds 0, 2');
-    '' if neither."""
+    why, each fine-tuned from a re-run ('learned seed 1 pretrained again, 4.3301 nats (committed: 4.3265)'),
+    and the seeds whose summary has no record ('pretraining not recorded: shaw seed 0, learned seeds 0, 2');
+    '' if none."""
     out, bare = [], []
     for e in entries:
         checks = ft_checks(root, e, task)
-        out += [f'{e} seed {k} left out, {why}' for k, why in checks.items() if why not in ('', UNRECORDED)]
+        out += [f'{e} seed {k} left out, {why}' for k, why in checks.items() if not ft_used(why)]
+        out += [f'{e} seed {k} {why}' for k, why in checks.items() if why.startswith(REFIT)]
         if ks := [str(k) for k, why in checks.items() if why == UNRECORDED]:
             bare.append(f"{e} seed{'s' * (len(ks) > 1)} {', '.join(ks)}")
     return '; '.join(out + ([f"{UNRECORDED}: {', '.join(bare)}"] if bare else []))
