@@ -42,8 +42,9 @@ COMPARE_PRESETS = {
         # printed before any table (format_results); {steps}: the pretraining steps
         about=(
             'what this run can and cannot show: the position probes are the committed probe study (3 '
-            'seeds, each run trained until its loss stopped falling), read, not rerun: what each '
-            "encoding can do. The language models are `none` and one encoding of each kind of relative term "
+            'seeds, each run trained until its loss stopped falling or it reached the step cap), read, '
+            "not rerun: what each encoding can do. The language models are `none` and one encoding of "
+            "each kind of relative term "
             "(shaw: vectors; t5: a bias; rope: rotations; deberta: disentangled terms) at the study's "
             'settings and learning rates (results/study, results/sweep), pretrained for {steps:,} steps '
             'instead of 12,000, one seed: enough for relative positions to be learned, so `none`, which '
