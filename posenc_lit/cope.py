@@ -105,7 +105,7 @@ class CoPE(PositionEncoding):
         self, q_pos, k_pos, *, key_mask: torch.Tensor | None = None, causal: bool = False
     ) -> CoPEContext:  # integer positions `(b|1, i)`, `(b|1, j)` (or 1-D); their values are not read
         "Per-forward context: the key mask and the direction; the positions themselves are each layer's own."
-        _check_cope_prepare(q_pos, k_pos)
+        _check_cope_prepare(q_pos, k_pos, key_mask, causal)
         return CoPEContext(q_pos, k_pos, key_mask, causal, pe=self)
 
     def score_terms(self, q, k, ctx: CoPEContext, layer: int | LayerRef | None = None):
@@ -120,13 +120,27 @@ class CoPE(PositionEncoding):
 
 # %% ../nbs/12_cope.ipynb #0bf2101f
 #| code-fold: true
-def _check_cope_prepare(q_pos, k_pos):
-    "`prepare`'s own check, after the contract's (`check_prepare`, and `causal_only`): no more queries than keys."
+def _check_cope_prepare(q_pos, k_pos, key_mask, causal):
+    """`prepare`'s own check, after the contract's (`check_prepare`, and `causal_only`): no more queries than
+    keys, and, without `causal=True` (which the contract checked) or a key mask, queries that are the last keys
+    (one device sync): CoPE counts by order, so a cross-attention or a static buffer's empty slots would be
+    counted silently."""
     if is_tracing():
         return
     n_q, n_k = q_pos.shape[-1], k_pos.shape[-1]
     if n_q > n_k:  # the queries are the last keys (self-attention, or new tokens after a cache)
         raise ValueError(f'CoPE counts keys up to each query: got {n_q} queries for {n_k} keys')
+    if causal or key_mask is not None:
+        return
+    try:
+        check_causal_order(q_pos, k_pos)
+    except ValueError:
+        raise ValueError(
+            'CoPE counts the keys between query and key by their order: the i queries must be the last i '
+            'of the j keys (q_pos == k_pos[..., -i:]: self-attention, or new tokens after a cache); a '
+            'cross-attention has no CoPE positions. In a static KV buffer, pass key_mask with the slots not '
+            'filled yet False, or only the keys up to the last query'
+        ) from None
 
 # %% ../nbs/12_cope.ipynb #f64a35c4
 @register_encoding(

@@ -553,7 +553,11 @@ def check_prepare(
         int_mask = torch.is_tensor(key_mask) and key_mask.dtype != torch.bool
         raise ValueError(
             f'key_mask must be a bool tensor (b, j) with j = {n_k} keys, True = real; got {got}'
-            + (' (a 0/1 mask: key_mask.bool())' if int_mask else '')
+            + (
+                ' (a 0/1 mask: key_mask.bool(); an additive mask of 0 and -inf: key_mask == 0)'
+                if int_mask
+                else ''
+            )
         )
     rows = {len(p) for p in (q_pos, k_pos) if p.ndim == 2} - {1}
     if len(rows) == 1 and len(key_mask) not in (1, *rows):

@@ -153,12 +153,17 @@ def test_a_built_for_of_ones_own_that_omits_a_size_is_named():
 
 
 def test_the_hint_for_a_0_1_key_mask_is_given_for_a_0_1_mask_only():
-    "A bool mask of another shape (transformers' (b, 1, 1, j)) is not told to call .bool(); a 0/1 tensor is."
+    "A bool mask of another shape (transformers' (b, 1, 1, j)) is not told to call .bool(); a 0/1 or additive tensor is."
     pe, pos = ALiBi(2), default_positions(6)
     for mask in (torch.ones(1, 1, 1, 6, dtype=torch.bool), torch.ones(1, 5, dtype=torch.bool), [[True] * 6]):
         with pytest.raises(ValueError, match='key_mask must be a bool tensor') as e:
             pe.prepare(pos, pos, key_mask=mask)
         assert 'key_mask.bool()' not in str(e.value)
-    hint = r'torch.int64 tensor of shape \(1, 6\) \(a 0/1 mask: key_mask.bool\(\)\)'
+    hint = r'torch.int64 tensor of shape \(1, 6\) \(a 0/1 mask: key_mask.bool\(\); an additive mask'
     with pytest.raises(ValueError, match=hint):
         pe.prepare(pos, pos, key_mask=torch.ones(1, 6, dtype=torch.long))
+    # an additive float mask (0 for real keys, -inf for padding): .bool() would invert it, so both are named
+    additive = torch.tensor([[0.0, 0.0, 0.0, 0.0, -float('inf'), -float('inf')]])
+    with pytest.raises(ValueError, match=r'an additive mask of 0 and -inf: key_mask == 0\)'):
+        pe.prepare(pos, pos, key_mask=additive)
+    assert (additive == 0).tolist() == [[True] * 4 + [False] * 2]
