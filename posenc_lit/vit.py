@@ -47,6 +47,17 @@ def _check_grid(grid, name):  # the grid as a tuple
     return tuple(grid)
 
 
+def _check_grid_tokens(pe, q_pos, k_pos, n, grid):  # an encoding that reads the grid: the same n tokens
+    i, j = q_pos.shape[-1], k_pos.shape[-1]
+    if not (i == j == n):
+        raise ValueError(
+            f'{type(pe).__name__} places the tokens on the grid {tuple(grid)} with {pe.num_prefix_tokens} prefix '
+            f'token(s), in order (the position values are not read): queries and keys must be the same {n} '
+            f'tokens (self-attention over the image); got {i} queries and {j} keys. A [CLS]-only or '
+            'cross-attention query has no grid position here'
+        )
+
+
 def _check_mode(mode, name='mode'):
     if mode not in INTERPOLATIONS:
         raise ValueError(f'{name} must be one of {INTERPOLATIONS}; got {mode!r}')
@@ -152,6 +163,8 @@ class VisionEncoding(PositionEncoding):
                 f'{self.needs_grid} needs the token grid: use pe.prepare(pos, pos, grid=(gh, gw))'
             )
         rc = None if grid is None else grid_positions(grid, self.num_prefix_tokens, q_pos.device)
+        if rc is not None and self.kind in ('score', 'qk'):
+            _check_grid_tokens(self, q_pos, k_pos, len(rc), grid)
         return VisionContext(q_pos, k_pos, grid, rc, pe=self)
 
     def resize_(self, grid, mode='bicubic', antialias=False):
