@@ -629,3 +629,26 @@ def test_run_study_checks_every_name_before_the_first_run(tmp_path, stand_in):
     called.unlink()
     p = subprocess.run(['bash', str(RUN_STUDY)], env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 2 and p.stderr.startswith('usage: bash tools/run_study.sh NAME'), p.stderr
+
+
+def test_refit_study_refuses_what_it_cannot_refit(tmp_path, stand_in):
+    """`tools/refit_study.sh` pretrains nothing for a name without a committed run, nor for one whose
+    fine-tunings are committed already (a re-run would replace them), and says so; every name is checked first."""
+    env, called = stand_in
+    refit = RUN_STUDY.with_name('refit_study.sh')
+    run = lambda *names: subprocess.run(['bash', str(refit), *names], env=env, capture_output=True, text=True,
+                                        timeout=300)
+    p = run()
+    assert p.returncode == 2 and p.stderr.startswith('usage: bash tools/refit_study.sh NAME'), p.stderr
+    for d in ('study', 'study_order'):
+        (tmp_path / 'results' / d / 'shaw-s1').mkdir(parents=True)
+        (tmp_path / 'results' / d / 'shaw-s1' / 'summary.json').write_text('{"eval_loss": 4.3}')
+    (tmp_path / 'results' / 'study' / 'learned-s1').mkdir()
+    (tmp_path / 'results' / 'study' / 'learned-s1' / 'summary.json').write_text('{"eval_loss": 4.3}')
+    for names, why in (
+        (['learned-s1', 'none-s1'], 'no committed study run none-s1 (results/study/none-s1/summary.json)'),
+        (['learned-s1', 'shaw-s1'], 'shaw-s1 is fine-tuned already (results/study_order/shaw-s1)'),
+    ):
+        p = run(*names)
+        assert p.returncode == 2 and why in p.stderr and 'nothing was run' in p.stderr, (names, p.stderr)
+        assert not called.exists() and not (tmp_path / 'runs').exists()
