@@ -9,8 +9,8 @@
 # seed, preset and learning rate. Its held-out loss is compared with the committed one. Within TOL nats
 # (default 0.02) the re-run stands for the committed run: its fine-tuning results (order and sentiment, as
 # run_study.sh fine-tunes: three fine-tuning seeds for pretraining seed 0, one otherwise) are copied to
-# results/study_TASK/NAME/, the re-run's summary to results/study/NAME/refit_summary.json, and committed
-# (COMMIT=0 to skip), and the worktree is removed. Past TOL nothing is copied: the re-run is another
+# results/study_TASK/NAME/, the re-run's summary and curve to results/study/NAME/refit_summary.json and
+# refit_metrics.jsonl, all committed (COMMIT=0 to skip), and the worktree is removed. Past TOL nothing is copied: the re-run is another
 # pretraining run, not the committed one (float sums differ between CPUs; the message gives both losses).
 # STUDY_ROOT: the checkout to read and write (the code may be a frozen copy, as in tools/run_study.sh).
 set -euo pipefail
@@ -53,11 +53,13 @@ EOF
     continue
   fi
   cp "$new_summary" "results/study/$name/refit_summary.json"
+  cp "$w/results/study/$name/metrics.jsonl" "results/study/$name/refit_metrics.jsonl"
   for task in order sentiment; do
     mkdir -p "results/study_$task/$name"
     cp -r "$w/results/study_$task/$name/." "results/study_$task/$name/"
   done
-  for dest in results/study/"$name"/refit_summary.json results/study_{order,sentiment}/"$name"; do
+  kept=(results/study/"$name"/refit_{summary.json,metrics.jsonl} results/study_{order,sentiment}/"$name")
+  for dest in "${kept[@]}"; do
     commit_result "$dest" "study: $name pretrained again, $new nats (committed: $old), and fine-tuned"
   done
   git worktree remove --force "$w"
