@@ -10,8 +10,9 @@
 # (default 0.02) the re-run stands for the committed run: its fine-tuning results (order and sentiment, as
 # run_study.sh fine-tunes: three fine-tuning seeds for pretraining seed 0, one otherwise) are copied to
 # results/study_TASK/NAME/, the re-run's summary and curve to results/study/NAME/refit_summary.json and
-# refit_metrics.jsonl, all committed (COMMIT=0 to skip), and the worktree is removed. Past TOL nothing is copied: the re-run is another
-# pretraining run, not the committed one (float sums differ between CPUs; the message gives both losses).
+# refit_metrics.jsonl, all committed (COMMIT=0 to skip), and the worktree is removed. Past TOL nothing is
+# copied: the re-run is another pretraining run, not the committed one (float sums differ between CPUs; the
+# message gives both losses).
 # STUDY_ROOT: the checkout to read and write (the code may be a frozen copy, as in tools/run_study.sh).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
