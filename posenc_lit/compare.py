@@ -42,9 +42,8 @@ COMPARE_PRESETS = {
         # printed before any table (format_results); {steps}: the pretraining steps
         about=(
             'what this run can and cannot show: the position probes are the committed probe study (3 '
-            'seeds, each run trained until its loss stopped falling or it reached the step cap), read, '
-            "not rerun: what each encoding can do. The language models are `none` and one encoding of "
-            "each kind of relative term "
+            'seeds, each run trained until its loss stopped falling), read, not rerun: what each '
+            "encoding can do. The language models are `none` and one encoding of each kind of relative term "
             "(shaw: vectors; t5: a bias; rope: rotations; deberta: disentangled terms) at the study's "
             'settings and learning rates (results/study, results/sweep), pretrained for {steps:,} steps '
             'instead of 12,000, one seed: enough for relative positions to be learned, so `none`, which '
@@ -64,12 +63,15 @@ COMPARE_PRESETS = {
         encodings=QUICK_ENTRIES,
         pretrain=dict(preset='study', steps=QUICK_STEPS, eval_every=QUICK_STEPS, save_every=QUICK_STEPS,
                       log_every=25, eval_blocks=1024),
-        # the study's entries take the registry's defaults for the `study` preset (`register_encoding(...,
-        # defaults=)`: clipped relative tables at Shaw's k = 16, which the 32-token blocks reach on both
-        # sides; DeBERTa at the depth of every other entry, no EMD); each at its family's rate from the
-        # committed sweep (study.study_lr: 4e-3 for DeBERTa, RoPE and ALiBi), written here so that the job
-        # needs no results folder (tests/test_compare.py holds them to study_lr)
-        pe_overrides={'deberta': dict(lr=4e-3), 'rope': dict(lr=4e-3), 'alibi': dict(lr=4e-3)},
+        # the study's entries (tools/study_entries.sh): clipped relative tables at Shaw's k = 16, which the
+        # 32-token blocks reach on both sides; DeBERTa at the depth of every other entry (no EMD); each at
+        # its family's rate from the committed sweep (study.study_lr: 4e-3 for DeBERTa, RoPE and ALiBi)
+        pe_overrides={
+            'huang4': dict(pe_kwargs={'k': 16}),
+            'deberta': dict(pe_kwargs={'k': 16}, lr=4e-3),
+            'rope': dict(lr=4e-3),
+            'alibi': dict(lr=4e-3),
+        },
         # known at this size (printed beside a number worse than its baseline or than `none`)
         known={
             'learned': 'at this size it leaves the bag-of-words plateau after about 5,000 steps '
@@ -90,7 +92,8 @@ COMPARE_PRESETS = {
         study='results',
     ),
     'reference': dict(
-        pretrain=dict(preset='reference'),  # DeBERTa with the EMD: the registry's default for this preset
+        pretrain=dict(preset='reference'),
+        pe_overrides={'deberta': dict(emd_steps=2)},
         # 2 epochs: 4 (the `reference` fine-tuning preset) took twice as long for no gain (29_finetune)
         finetune=dict(preset='quick'),
         # trained cut to the pretraining length, scored longer
