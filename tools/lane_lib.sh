@@ -1,15 +1,18 @@
 # shellcheck shell=bash
-# What the study lanes share: sourced by tools/run_study.sh, run_decoder_study.sh and run_vit_study.sh.
+# What the study lanes share: sourced by tools/run_study.sh, run_order.sh, run_decoder_study.sh,
+# run_vit_study.sh and refit_study.sh.
 
-# commit_result PATH MESSAGE: commit one finished result, retrying while another git command holds the index
-# (COMMIT=0: commit nothing)
+# commit_result MESSAGE PATH...: commit one finished result (its paths in one commit), retrying while another
+# git command holds the index (COMMIT=0: commit nothing)
 commit_result() {
   [ "${COMMIT:-1}" = 1 ] || return 0
+  local message=$1
+  shift
   for _ in 1 2 3 4 5 6 7 8 9 10; do
-    if git add "$1" && git commit -q -m "$2" -- "$1"; then return 0; fi
+    if git add "$@" && git commit -q -m "$message" -- "$@"; then return 0; fi
     sleep 7
   done
-  echo "warning: could not commit $1" >&2
+  echo "warning: could not commit $*" >&2
 }
 
 # check_names SCRIPT KNOWN NAME...: every NAME is an entry of KNOWN (a space-separated list) or ENTRY-sK,

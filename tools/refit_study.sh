@@ -59,10 +59,8 @@ EOF
     mkdir -p "results/study_$task/$name"
     cp -r "$w/results/study_$task/$name/." "results/study_$task/$name/"
   done
-  kept=(results/study/"$name"/refit_{summary.json,metrics.jsonl} results/study_{order,sentiment}/"$name")
-  for dest in "${kept[@]}"; do
-    commit_result "$dest" "study: $name pretrained again, $new nats (committed: $old), and fine-tuned"
-  done
+  commit_result "study: $name pretrained again, $new nats (committed: $old), and fine-tuned" \
+    results/study/"$name"/refit_{summary.json,metrics.jsonl} results/study_{order,sentiment}/"$name"
   git worktree remove --force "$w"
   echo "refit $name: $old -> $new nats; fine-tuned on order and sentiment"
 done

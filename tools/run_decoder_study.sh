@@ -51,7 +51,7 @@ for name in "$@"; do
     python -c 'import sys
 from posenc_lit.decoder_study import run_causal_probes as r, make_causal_probe_config as c
 r(sys.argv[1], cfg=c(sys.argv[3]), out=sys.argv[2])' "$entry" "$dest" "${PRESET:-study}"
-    commit_result "$dest" "decoder study: $name finished (tools/run_decoder_study.sh)"
+    commit_result "decoder study: $name finished (tools/run_decoder_study.sh)" "$dest"
     continue
   fi
   entry=$name seed=0
@@ -66,6 +66,6 @@ r(sys.argv[1], cfg=c(sys.argv[3]), out=sys.argv[2])' "$entry" "$dest" "${PRESET:
   cp "$run/config.json" "$run/metrics.jsonl" "$run/summary.json" "$run/lengths.json" "$dest/"
   # FIRE's learned threshold L (42_decoder_study: does its normalization by max(L, i) act at the lengths read?)
   if [ "$entry" = fire ]; then python "$HERE/fire_threshold.py" "$run" "$dest"; fi
-  commit_result "$dest" "decoder study: $name finished (tools/run_decoder_study.sh)"
+  commit_result "decoder study: $name finished (tools/run_decoder_study.sh)" "$dest"
   echo "finished $name: $(tr -d '\n ' < "$dest/summary.json")"
 done

@@ -10,6 +10,7 @@
 # STUDY_ROOT: the checkout to read and write (the code may be a frozen copy, as in tools/run_study.sh).
 set -euo pipefail
 [ $# -gt 0 ] || { echo "usage: bash tools/run_order.sh NAME [NAME ...]   (study runs, e.g. learned tupe-a shaw-s1)" >&2; exit 2; }
+source "$(dirname "$0")/lane_lib.sh"   # commit_result
 cd "${STUDY_ROOT:-$(dirname "$0")/..}"
 task=${TASK:-order}
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -27,11 +28,6 @@ for name in "$@"; do
     --out "$run" --overwrite --quiet
   mkdir -p "$dest"
   tar -C "$run" --exclude=checkpoint -cf - . | tar -C "$dest" -xf -
-  if [ "${COMMIT:-1}" = 1 ]; then
-    for _ in 1 2 3 4 5 6 7 8 9 10; do
-      git add "$dest" && git commit -q -m "study $task task: $name finished (tools/run_order.sh)" -- "$dest" && break
-      sleep 7
-    done
-  fi
+  commit_result "study $task task: $name finished (tools/run_order.sh)" "$dest"
   echo "finished $name: $(python -c 'import json,sys; print(json.load(open(sys.argv[1]))["test"])' "$dest/summary.json")"
 done

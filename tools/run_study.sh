@@ -53,7 +53,7 @@ for name in "$@"; do
     && cp "$run/locality.json" "$dest/" || echo "warning: locality of $name failed" >&2
   posenc_lit lengths --run "$run" --lengths 32 64 128 256
   cp "$run/lengths.json" "$dest/"
-  commit_result "$dest" "study: $name finished (tools/run_study.sh)"
+  commit_result "study: $name finished (tools/run_study.sh)" "$dest"
   echo "finished $name: $(tr -d '\n ' < "$dest/summary.json")"
   # fine-tuning needs the checkpoint, which does not survive a change of machine: every run is fine-tuned on the
   # order and sentiment tasks in the same lane, right after its pretraining (FINETUNE=0 to skip). The unit of a

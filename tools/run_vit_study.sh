@@ -63,7 +63,7 @@ for name in "${names[@]}"; do
   mkdir -p "$dest"
   cp "$run/config.json" "$run/metrics.jsonl" "$run/summary.json" "$dest/"
   python "$HERE/vit_pos_table.py" "$run" "$dest"
-  commit_result "$dest" "vit study: $name finished (tools/run_vit_study.sh)"
+  commit_result "vit study: $name finished (tools/run_vit_study.sh)" "$dest"
   echo "finished $name: $(python -c 'import json, sys; s = json.load(open(sys.argv[1]))
 print(s["test_accuracy"], s["eval"]["56x56"], s["wall_s"])' "$dest/summary.json")"
 done
