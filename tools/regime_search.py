@@ -3,13 +3,15 @@
 Each entry of SEARCH is a `posenc_lit pretrain` configuration: the `quick` preset with the overrides given, run for
 `learned` and `none` (and `sinusoidal` where listed). A run resumes from its folder, so a search can stop and go on.
 
-    python tools/regime_search.py run NAME [NAME ...] [--pe learned none] [--runs runs/regime]
+    python tools/regime_search.py run NAME [NAME ...] [--pe learned none] [--seed 0] [--runs runs/regime]
     python tools/regime_search.py collect [--runs runs/regime] [--to results/regime/search]
     python tools/regime_search.py diagnose RUN DEST      (one run's diagnostics.json into DEST; tools/run_study.sh)
 
 `collect` copies each run's config.json, metrics.jsonl and summary.json (if it finished) into the results folder and
 adds diagnostics.json: the position sensitivity of its latest checkpoint (held-out masked-token loss with the true
 and with shuffled position ids) and, for a learned table, its geometry (posenc_lit.regime).
+A run of seed 0 is NAME-PE (e.g. len128-12k-learned); `--seed K` (K > 0) runs NAME-PE-sK, the same configuration
+with another seed (the page's block-length pairs read every seed).
 """
 import argparse, json, shutil, sys
 from pathlib import Path
@@ -39,15 +41,19 @@ def overrides(name: str, pe: str) -> dict:
     return {**over, 'pe': pe}
 
 
-def run(names, pes, runs: Path):
+def run_name(name: str, pe: str, seed: int = 0) -> str:
+    return f'{name}-{pe}' + (f'-s{seed}' if seed else '')
+
+
+def run(names, pes, runs: Path, seed: int = 0):
     from posenc_lit.training import make_train_config, pretrain
     for name in names:
         for pe in pes:
             if pe != 'learned' and any(k in SEARCH[name] for k in LEARNED_ONLY):
                 continue   # an option of the learned table: `none` is the same run as without it
-            out = runs / f'{name}-{pe}'
-            print(name, pe, pretrain(make_train_config('quick', **overrides(name, pe)), out, resume=True,
-                                     progress=False), flush=True)
+            cfg = make_train_config('quick', **overrides(name, pe), seed=seed)
+            out = runs / run_name(name, pe, seed)
+            print(name, pe, seed, pretrain(cfg, out, resume=True, progress=False), flush=True)
 
 
 def diagnostics(run: Path) -> dict:
@@ -87,6 +93,7 @@ def main(argv=None):
     r = sub.add_parser('run')
     r.add_argument('names', nargs='+', choices=sorted(SEARCH))
     r.add_argument('--pe', nargs='+', default=['learned', 'none'])
+    r.add_argument('--seed', type=int, default=0, help='0: NAME-PE; K > 0: NAME-PE-sK')
     r.add_argument('--runs', type=Path, default=Path('runs/regime'))
     c = sub.add_parser('collect')
     c.add_argument('--runs', type=Path, default=Path('runs/regime'))
@@ -96,7 +103,9 @@ def main(argv=None):
     d.add_argument('dest', type=Path)
     a = ap.parse_args(argv)
     if a.cmd == 'run':
-        run(a.names, a.pe, a.runs)
+        if a.seed < 0:
+            ap.error(f'--seed must be ≥ 0; got {a.seed}')
+        run(a.names, a.pe, a.runs, a.seed)
     elif a.cmd == 'diagnose':
         a.dest.mkdir(parents=True, exist_ok=True)
         (a.dest / 'diagnostics.json').write_text(json.dumps(diagnostics(a.run), indent=2, allow_nan=False))
