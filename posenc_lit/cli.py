@@ -459,6 +459,12 @@ def cmd_finetune(args) -> int:
         )
         return _status(summary['signal'])
     print(format_summary(summary))
+    pre = summary.get('pretraining') or {}
+    if None not in (pre.get('step'), pre.get('steps')) and pre['step'] < pre['steps']:
+        print(
+            f"note: the pretraining run has not finished; this fine-tuned its checkpoint at step {pre['step']:,} "
+            f"of {pre['steps']:,}"
+        )
     print(f'summary: {args.out}/summary.json')
     return 0
 

@@ -339,6 +339,14 @@ def prepare_run_dir(
         _saved_config(out, asdict(cfg), asdict(type(cfg)()), kind)
     check_checkpoint_files(out, '--resume')
     ck, old = out / 'checkpoint', out / 'checkpoint.old'
+    if not (out / 'config.json').is_file() and (ck.exists() or old.exists()):
+        kept = [f for f in (ck / 'train_config.json', old / 'train_config.json') if f.is_file()][:1]
+        raise RunDirError(
+            f'{out} has a checkpoint but no config.json (written when a run starts): these options cannot be '
+            'checked against the run, and resuming with others would mix two runs; put its config.json back'
+            + (f' (the checkpoint keeps a copy: {kept[0]})' if kept else '')
+            + ', or pass --overwrite to start again'
+        )
     if not ck.exists() and old.exists():
         old.rename(ck)  # interrupted between the two renames of a save
     if not ck.exists():

@@ -322,6 +322,7 @@ def test_cli_finetune_end_to_end(ckpt, tmp_path):
     r = subprocess.run(cmd, capture_output=True, text=True, env=ENV)
     assert r.returncode == 0, r.stderr
     assert 'test accuracy:' in r.stdout and 'majority' in r.stdout and 'bow' in r.stdout
+    assert 'has not finished' not in r.stdout
     s = json.loads((out / 'summary.json').read_text())
     assert s['seeds'] == [0, 1] and len(s['test']['accuracy']['values']) == 2
     r = subprocess.run(cmd, capture_output=True, text=True, env=ENV)                    # the folder is never overwritten silently
@@ -340,6 +341,18 @@ def test_cli_finetune_end_to_end(ckpt, tmp_path):
     assert (out / 'seed0' / 'summary.json').is_file() and (out / 'summary.json').is_file()
 
 
+
+
+def test_cli_finetune_of_an_unfinished_run_says_so(ckpt, tmp_path):
+    run = tmp_path / 'pre'
+    cfg = json.loads((ckpt / 'train_config.json').read_text())
+    pretrain(make_train_config('smoke', data=cfg['data'], save_every=7), run, stop_at=7, progress=False)
+    cmd = [sys.executable, '-c', 'from posenc_lit.cli import main; raise SystemExit(main())', 'finetune', '--checkpoint',
+           str(run), '--task', 'sentiment', '--preset', 'smoke', '--out', str(tmp_path / 'ft'), '--quiet', '--max-train', '64',
+           '--no-baselines']
+    r = subprocess.run(cmd, capture_output=True, text=True, env=ENV)
+    assert r.returncode == 0, r.stderr
+    assert 'note: the pretraining run has not finished; this fine-tuned its checkpoint at step 7 of 20' in r.stdout
 
 def test_cli_finetune_sigterm_stops_with_a_message(ckpt, tmp_path):
     "SIGTERM mid fine-tuning: the step finishes, the command says what stopped and how to start again, status 143."
