@@ -342,7 +342,6 @@ def test_cli_finetune_end_to_end(ckpt, tmp_path):
 
 
 
-
 def test_cli_finetune_of_an_unfinished_run_says_so(ckpt, tmp_path):
     run = tmp_path / 'pre'
     cfg = json.loads((ckpt / 'train_config.json').read_text())
@@ -353,6 +352,7 @@ def test_cli_finetune_of_an_unfinished_run_says_so(ckpt, tmp_path):
     r = subprocess.run(cmd, capture_output=True, text=True, env=ENV)
     assert r.returncode == 0, r.stderr
     assert 'note: the pretraining run has not finished; this fine-tuned its checkpoint at step 7 of 20' in r.stdout
+
 
 def test_cli_finetune_sigterm_stops_with_a_message(ckpt, tmp_path):
     "SIGTERM mid fine-tuning: the step finishes, the command says what stopped and how to start again, status 143."

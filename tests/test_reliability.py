@@ -547,7 +547,6 @@ def test_resume_with_another_process_count_is_refused(corpus, tmp_path):
         pretrain(cfg, out, resume=True, progress=False)
 
 
-
 def test_resume_without_config_json_is_refused(corpus, tmp_path):
     "Without config.json the options cannot be checked: a resume with another encoding would mix two runs."
     out, cfg = tmp_path / 'run', _cfg(corpus, save_every=3)
@@ -557,6 +556,7 @@ def test_resume_without_config_json_is_refused(corpus, tmp_path):
     with pytest.raises(RunDirError, match='has a checkpoint but no config.json .* keeps a copy: .*train_config.json'):
         pretrain(_cfg(corpus, save_every=3, pe='alibi'), out, resume=True, progress=False)
     assert sorted((p.relative_to(out), p.stat().st_mtime_ns) for p in out.rglob('*')) == before   # nothing changed
+
 
 # ============================================================================ 5. data files
 
