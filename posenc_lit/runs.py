@@ -337,14 +337,14 @@ def prepare_run_dir(
         )
     if (out / 'config.json').is_file():
         _saved_config(out, asdict(cfg), asdict(type(cfg)()), kind)
-    check_checkpoint_files(out, '--resume')
+    check_checkpoint_files(out, '--resume')  # first: it names the user's files in a checkpoint
     ck, old = out / 'checkpoint', out / 'checkpoint.old'
     if not (out / 'config.json').is_file() and (ck.exists() or old.exists()):
-        kept = [f for f in (ck / 'train_config.json', old / 'train_config.json') if f.is_file()][:1]
+        kept = next((f for f in (ck / 'train_config.json', old / 'train_config.json') if f.is_file()), None)
         raise RunDirError(
             f'{out} has a checkpoint but no config.json (written when a run starts): these options cannot be '
             'checked against the run, and resuming with others would mix two runs; put its config.json back'
-            + (f' (the checkpoint keeps a copy: {kept[0]})' if kept else '')
+            + (f' (the checkpoint keeps a copy: {kept})' if kept else '')
             + ', or pass --overwrite to start again'
         )
     if not ck.exists() and old.exists():
