@@ -128,7 +128,7 @@ def _check_hf_fields(hf: dict):
 
 
 def _common_config(hf: dict) -> dict:
-    if (hf.get('hidden_act') or 'gelu') != 'gelu':
+    if hf.get('hidden_act', 'gelu') != 'gelu':  # missing: transformers' default; null: not an activation
         _refuse(f"hidden_act={hf['hidden_act']!r} (only 'gelu', the exact erf GELU)")
     if hf.get('is_decoder') or hf.get('add_cross_attention'):
         _refuse('a decoder (is_decoder / add_cross_attention)')
@@ -384,6 +384,10 @@ def _weight_files(folder: Path) -> list[Path]:
                     f'names to shard files ({type(wm).__name__}: {str(wm)[:60]})'
                 )
             shards = sorted(set(wm.values()))
+            # by name: a shard may be a link into a cache (the hub's snapshots link to its blobs)
+            outside = [s for s in shards if Path(s).is_absolute() or '..' in Path(s).parts]
+            if outside:
+                raise CheckpointError(f'{folder / index} lists shard files outside {folder}: {outside}')
             missing = [s for s in shards if not (folder / s).is_file()]
             if missing:
                 raise CheckpointError(f'{folder / index} lists shard files that are not there: {missing}')
@@ -433,7 +437,14 @@ def load_hf_weights(folder) -> dict[str, torch.Tensor]:
 def _strip_prefix(sd: dict, prefix: str) -> dict:  # task models hold the encoder under 'bert.' / 'deberta.'
     if not any(k.startswith(prefix + 'embeddings.') for k in sd):
         return sd
-    return {k[len(prefix) :] if k.startswith(prefix) else k: v for k, v in sd.items()}
+    out = {k[len(prefix) :]: v for k, v in sd.items() if k.startswith(prefix)}
+    twice = sorted(k for k in sd if k in out)
+    if twice:
+        raise CheckpointError(
+            f'the checkpoint holds {twice[0]} twice, as {prefix}{twice[0]} and without the prefix '
+            f'({len(twice)} such tensors): which one is the model is not known'
+        )
+    return out | {k: v for k, v in sd.items() if not k.startswith(prefix)}
 
 
 # saved index buffers must hold what our model assumes: positions 0 … L-1, segment 0

@@ -229,7 +229,19 @@ def _to_array(v, where: str) -> np.ndarray:
         )
     if a.ndim != 2:
         raise VisionDataError(f'{where}: an image has shape {a.shape}; expected (height, width)')
+    if a.dtype != np.uint8 and not _is_8bit(a):
+        vals = f'values {a.min()}..{a.max()}' if a.dtype.kind in 'iuf' else 'values'
+        raise VisionDataError(
+            f"{where}: an image holds {a.dtype} {vals}; posenc_lit's image data are 8-bit greyscale, "
+            'integers 0..255: scale them first (16-bit: x // 257; floats in [0, 1]: round(x * 255))'
+        )
     return a.astype(np.uint8)
+
+
+def _is_8bit(a: np.ndarray) -> bool:  # every value an integer in 0..255 (an empty image: no value)
+    return a.dtype.kind in 'iuf' and (
+        a.size == 0 or (a.min() >= 0 and a.max() <= 255 and (a == a.round()).all())
+    )
 
 # %% ../nbs/25_vision.ipynb #b760d072
 def _images_from_dataset(ds, where: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -247,7 +259,13 @@ def _images_from_dataset(ds, where: str) -> tuple[torch.Tensor, torch.Tensor]:
         raise VisionDataError(f'{where}: images of several sizes {sizes[:4]}; expected one size')
     if not X:
         raise VisionDataError(f'{where}: no images')
-    return torch.from_numpy(np.stack(X)), torch.as_tensor(list(ds[lab]), dtype=torch.int64)
+    y = np.asarray(list(ds[lab]))
+    if not (y.dtype.kind in 'iu' or y.dtype.kind == 'f' and np.isfinite(y).all() and (y == y.round()).all()):
+        raise VisionDataError(
+            f'{where}: the label column {lab!r} holds {y.dtype} values ({y[:3].tolist()}, …); labels must be '
+            'integer class ids 0, 1, … (map names to ids first, e.g. datasets.ClassLabel)'
+        )
+    return torch.from_numpy(np.stack(X)), torch.from_numpy(y.astype(np.int64))
 
 # %% ../nbs/25_vision.ipynb #72e93e32
 def _load_dataset_dict(dd, where: str) -> dict:
@@ -387,6 +405,11 @@ def load_images(
 ) -> dict:  # {'train'|'validation'|'test': (uint8 images (n, H, W), int64 labels (n,))}
     """The images and labels of a source, with a deterministic class-balanced validation split;
     `VisionDataError` if anything is wrong."""
+    if val_every == 1:
+        raise VisionDataError(
+            'val_every=1 would put every training image into validation: use 0 (no validation split) or '
+            'N ≥ 2 (1 in N of each class)'
+        )
     kind, loc = resolve_source(source)
     raw = _read_source(kind, loc)
     for s, (X, y) in raw.items():
@@ -403,8 +426,14 @@ def load_images(
 
 # %% ../nbs/25_vision.ipynb #377a83aa
 def image_stats(images: torch.Tensor) -> tuple[float, float]:
-    "Mean and standard deviation of all pixels of uint8 `images`, scaled to [0, 1]."
+    """Mean and standard deviation of all pixels of uint8 `images`, scaled to [0, 1]; `VisionDataError` if
+    they do not vary (nothing to standardise by)."""
     x = images.double() / 255
+    if x.numel() < 2 or x.min() == x.max():
+        raise VisionDataError(
+            f'the {x.numel()} training pixels do not vary (standard deviation 0): standardising divides by it; '
+            'use images with content'
+        )
     return x.mean().item(), x.std().item()
 
 

@@ -175,6 +175,21 @@ class VisionEncoding(PositionEncoding):
         "A freshly initialised learned table for `grid`; returns `self` (without a table: nothing to do)."
         return self
 
+    def grid_kwargs(self) -> dict:
+        """The options this encoding took from the grid it was built for (its defaults), which a model moved
+        to another grid must keep to rebuild the same encoding (`resize_pos_embed_`); `{}`: none."""
+        return {}
+
+    def embed(self, pos: torch.Tensor):
+        """`None` for an encoding that acts in attention; `TypeError` for one that adds vectors: those
+        depend on the patch grid, not on token positions (`embed_grid`)."""
+        if self.kind == 'absolute':
+            raise TypeError(
+                f'{type(self).__name__} adds vectors per patch of a grid, not per position: '
+                'x = x + pe.embed_grid((gh, gw)) (prefix tokens first), not pe.embed(pos)'
+            )
+        return None
+
 # %% ../nbs/13_vit.ipynb #16f307b9
 class LearnedPosEmbed(VisionEncoding):
     """ViT's learned table $E_{pos}$ `(1, n, D)` (eq. 1): one row per token, prefix tokens first; interpolated
@@ -234,15 +249,24 @@ class Learned2d(VisionEncoding):
             raise ValueError(
                 f'learned2d needs an even d_model (D/2 for the column, D/2 for the row); got {d_model}'
             )
+        check_finite(0, init_std=init_std)
         self.init_std, self.d_model = init_std, d_model
         self.reinit_(grid)
 
     def reinit_(self, grid):
-        "Fresh normal(`init_std`) tables for `grid`, prefix rows included; returns `self`."
+        """Fresh normal(`init_std`) tables for `grid`, prefix rows included, with the dtype, device and
+        `requires_grad` of the tables they replace; returns `self`."""
         self.table_grid, p, std = _check_grid(grid, 'grid'), self.num_prefix_tokens, self.init_std
-        self.prefix = nn.Parameter(torch.randn(p, self.d_model) * std) if p else None  # (p, D)
-        self.rows = nn.Parameter(torch.randn(grid[0], self.d_model // 2) * std)  # (gh, D/2): Y-axis
-        self.cols = nn.Parameter(torch.randn(grid[1], self.d_model // 2) * std)  # (gw, D/2): X-axis
+        old = getattr(self, 'rows', None)  # None: built now (float32, on the CPU, trained)
+        dev, dtype = (None, None) if old is None else (old.device, old.dtype)
+        grad = old is None or old.requires_grad
+
+        def table(n, d):
+            return nn.Parameter((torch.randn(n, d, device=dev) * std).to(dtype=dtype), requires_grad=grad)
+
+        self.prefix = table(p, self.d_model) if p else None  # (p, D)
+        self.rows = table(grid[0], self.d_model // 2)  # (gh, D/2): Y-axis
+        self.cols = table(grid[1], self.d_model // 2)  # (gw, D/2): X-axis
         return self
 
     def position_tables(self):
@@ -383,6 +407,9 @@ class RelBias2d(VisionEncoding):
         self.table = nn.Parameter(torch.zeros(n_heads, 2 * max_distance + 1, 2 * max_distance + 1))
         # [CLS]→patch, patch→[CLS], [CLS]→[CLS]
         self.prefix_bias = nn.Parameter(torch.zeros(3, n_heads)) if num_prefix_tokens else None
+
+    def grid_kwargs(self) -> dict:
+        return {'max_distance': self.k}  # the default k, max(grid) - 1, is the training grid's
 
     def bias(self, grid) -> torch.Tensor:
         "The bias `(1, h, n, n)` for `grid`."
@@ -751,24 +778,30 @@ def resize_pos_embed_(
     model: ViT,
     image_size,  # the new (H, W) (or an int: square), multiples of the patch size
     mode: str = 'bicubic',
-    antialias: bool = False,
+    antialias: bool | None = None,  # None: the model's `cfg.antialias`, as its on-the-fly interpolation
 ) -> ViT:
     """Interpolate `model`'s learned table to the grid of `image_size` in place and set
-    `model.cfg.image_size`; returns `model`."""
+    `model.cfg.image_size` (the options the encoding took from the old grid kept: `grid_kwargs`, so that
+    `save_vit`/`load_vit` rebuild it); returns `model`."""
     _check_mode(mode)
-    cfg = replace(model.cfg, image_size=image_size)  # checked: multiples of the patch size
-    model.pe.resize_(cfg.grid, mode, antialias)
+    cfg = _regridded(model, image_size)  # checked: multiples of the patch size
+    model.pe.resize_(cfg.grid, mode, model.cfg.antialias if antialias is None else antialias)
     model.cfg = cfg
     return model
 
 
 def reinit_pos_embed_(model: ViT, image_size) -> ViT:
     """Replace `model`'s learned table by a freshly initialised one for `image_size` and set
-    `model.cfg.image_size`; returns `model`."""
-    cfg = replace(model.cfg, image_size=image_size)
+    `model.cfg.image_size` (as `resize_pos_embed_`); returns `model`."""
+    cfg = _regridded(model, image_size)
     model.pe.reinit_(cfg.grid)
     model.cfg = cfg
     return model
+
+
+def _regridded(model: ViT, image_size) -> ViTConfig:
+    pe_kwargs = {**model.cfg.pe_kwargs, **model.pe.grid_kwargs()}
+    return replace(model.cfg, image_size=image_size, pe_kwargs=pe_kwargs)
 
 # %% ../nbs/13_vit.ipynb #91269890
 def save_vit(model: ViT, path) -> Path:

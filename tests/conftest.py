@@ -87,7 +87,8 @@ def cut_with_sigterm(cmd, run_dir, env, steps: int) -> int:
     import json, signal, time
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     metrics, t0 = Path(run_dir) / 'metrics.jsonl', time.time()
-    while not (metrics.is_file() and metrics.read_text().count('"train"') >= 3):   # records exist only inside the loop
+    # records exist only inside the loop; a ViT record says "train" twice (split and phase): count the split
+    while not (metrics.is_file() and metrics.read_text().count('"split": "train"') >= 3):
         # a guard against a hang, not a timing: startup alone took over 120 s at a load average of 10
         assert p.poll() is None and time.time() - t0 < 600, p.communicate()
         time.sleep(0.005)
