@@ -582,6 +582,8 @@ def _check_verdict(gap, lo, hi, margin, seeds, effect):
         raise ValueError(
             f'an interval is two bounds around a gap or none, got gap {gap!r}, lo {lo!r}, hi {hi!r}'
         )
+    if gap is not None and lo is None:  # one seed on a side: the gap alone, finite still
+        _finite(gap, 'the gap')
     if lo is not None and not _finite(lo, 'lo') <= _finite(gap, 'the gap') <= _finite(hi, 'hi'):
         raise ValueError(f'the interval [{lo}, {hi}] must contain the gap {gap}')
 

@@ -20,7 +20,7 @@ from .heads import *
 from .heads import _context_mask, _is_hf_folder, _longest_run, _special
 from .loop import *
 from .runs import *
-from .runs import _sha256
+from .runs import _json_object, _sha256
 
 # %% auto #0
 __all__ = ['FINETUNE_PRESETS', 'FinetuneConfig', 'make_finetune_config', 'pretraining_record', 'finetune', 'finetune_seeds',
@@ -119,7 +119,8 @@ def _setup(cfg: FinetuneConfig):
         trained = cfg.trained_len or trained_length(cfg.checkpoint)
         encode = encode_squad if spec.kind == 'span' else encode_texts
         longest = lambda split: _longest_run(encode(dd[split], tok), spec.kind, _special(tok)[1])
-        n = cfg.max_len or max(map(longest, TASK_SPLITS))
+        trains_at = cfg.max_len or max(map(longest, TASK_SPLITS))
+        n = max([trains_at, *cfg.eval_lengths])  # the test is scored at eval_lengths too
         if trained > (rows := encoder.cfg.max_position_embeddings):
             raise ValueError(
                 f'trained_len={trained} is longer than the position table of {cfg.checkpoint} ({rows} rows): '
@@ -152,7 +153,10 @@ def pretraining_record(
         return None
     ck = find_checkpoint(p)
     run = ck.parent if ck.name == 'checkpoint' else None  # a bare model folder has no run around it
-    read = lambda f: json.loads(f.read_text()) if f is not None and f.is_file() else {}
+    damaged = 'the pretraining run is damaged: put the run\'s own file back'
+    read = lambda f: (
+        _json_object(f, CheckpointError, f.name, damaged) if f is not None and f.is_file() else {}
+    )
     cfg = read(ck / 'train_config.json') or read(run and run / 'config.json')
     step, summary = read(ck / STATE_FILE).get('step'), read(run and run / 'summary.json')
     rec = {

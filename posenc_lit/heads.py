@@ -248,15 +248,15 @@ def _check_labels(m: EncoderForTask, labels, b: int, n: int, context_mask: torch
     t, span = labels, m.kind == 'span'
     shape, hi = ((b, 2), n) if span else ((b,), m.n_labels)
     ok = isinstance(t, torch.Tensor) and t.shape == shape and t.dtype != torch.bool
-    if m.kind == 'regression':
-        ok = ok and not t.dtype.is_complex
+    if m.kind == 'regression':  # finite: a NaN or inf target would give a NaN or inf loss
+        ok = ok and not t.dtype.is_complex and bool(t.isfinite().all())
     else:  # integer ids in range, and spans inside the paragraph
         ok = ok and is_int_tensor(t) and (t.numel() == 0 or int(t.min()) >= 0 and int(t.max()) < hi)
         ok = ok and not (span and context_mask is not None and not context_mask.gather(1, t.long()).all())
     if not ok:
         what = {
             'classification': f'integer class ids in [0, {hi})',
-            'regression': 'float targets',
+            'regression': 'finite float targets',
             'span': f'integer (start, end) token indices in [0, {hi}), inside context_mask',
             'paired': f'integer class ids in [0, {hi}) (1: the first text is the better)',
         }[m.kind]
@@ -291,6 +291,18 @@ def _special(tok: Tokenizer) -> tuple[int, int, int]:
     return tuple(ids)
 
 
+def _check_plain(tok: Tokenizer, texts: list, what: str):
+    """`TaskError` if an encoded text holds [CLS], [SEP], [PAD] or [MASK]: the tokenizer reads those strings in
+    the text as the special tokens (a "[SEP]" in a sentence would split a pair in the wrong place)."""
+    special = {tok.token_to_id(t) for t in ('[CLS]', '[SEP]', '[PAD]', '[MASK]')} - {None}
+    for k, ids in enumerate(texts):
+        if hit := special.intersection(ids):
+            raise TaskError(
+                f'{what} {k} holds the string {tok.id_to_token(min(hit))}, which the tokenizer reads as its '
+                'special token, not as text: remove or rewrite it in the data'
+            )
+
+
 def _cut_pair(a: list, b: list, room: int) -> tuple[list, list]:
     "Shorten the longer of `a`, `b` one token at a time until both fit in `room` tokens."
     a, b = list(a), list(b)
@@ -306,6 +318,8 @@ def encode_texts(ds, tok: Tokenizer, max_len: int | None = None) -> dict:
     enc = lambda col: [e.ids for e in tok.encode_batch(list(ds[col]), add_special_tokens=False)]
     a = enc('text')
     b = enc('text_pair') if 'text_pair' in ds.column_names else None
+    for texts in (a, b or []):
+        _check_plain(tok, texts, 'example')
     ids, cut = [], 0
     room = None if max_len is None else max_len - (2 if b is None else 3)  # [CLS] x [SEP] (y [SEP])
     if room is not None and room < 1:  # checked once, not per example
@@ -325,6 +339,8 @@ def encode_squad(ds, tok: Tokenizer, max_len: int | None = None) -> dict:
     cls, sep, _ = _special(tok)
     qs = [e.ids for e in tok.encode_batch(list(ds['question']), add_special_tokens=False)]
     cs = tok.encode_batch(list(ds['context']), add_special_tokens=False)
+    _check_plain(tok, qs, 'question')
+    _check_plain(tok, [c.ids for c in cs], 'paragraph of question')
     out = {'input_ids': [], 'labels': [], 'context': [], 'answers': [], 'truncated': 0}
     for q, c, ans in zip(qs, cs, ds['answers']):
         ids, offs = c.ids, c.offsets

@@ -58,7 +58,9 @@ def uniform_mass(lengths) -> torch.Tensor:  # real-token counts n_b of the block
 
 
 def mass_within(m: torch.Tensor, k: int) -> torch.Tensor:  # `(..., d)` distance mass -> `(...)`
-    "Share of attention at distance ≤ k."
+    "Share of attention at distance ≤ k (`ValueError` for k < 0)."
+    if k < 0:
+        raise ValueError(f'k is a distance ≥ 0; got {k}')
     return m[..., : k + 1].sum(-1)
 
 
@@ -75,8 +77,8 @@ def text_blocks(
     """Consecutive `[CLS] … [SEP]` blocks of length n cut from `stream`
     (full blocks only, at most `max_blocks`)."""
     body = n - 2
-    m = min(max_blocks, len(stream) // body)
-    if n < 3 or m < 1:
+    m = min(max_blocks, len(stream) // body) if n >= 3 else 0
+    if m < 1:
         raise ValueError(
             f'need at least one full block of n = {n} ≥ 3 tokens; the stream holds {len(stream)} tokens'
         )

@@ -50,6 +50,11 @@ def _check_probe_config(cfg):
             f'offset={cfg.offset} and index={cfg.index} must leave content tokens to score in '
             f'length={cfg.length}'
         )
+    if cfg.factors[0] != 1 or list(cfg.factors) != sorted(set(cfg.factors)):
+        raise ValueError(
+            f'factors must start at 1 (the training length, which the tables read first) and increase; got '
+            f'{tuple(cfg.factors)}'
+        )
     longest = cfg.length * max(cfg.factors)
     need = longest + 2 - int(cfg.bos)  # the precede probe's fillers: every content token but A and B
     if cfg.n_values < need:

@@ -23,6 +23,9 @@ def position_sensitivity(
 ) -> dict:  # {'loss', 'shuffled', 'delta'} in nats per masked token
     """Masked-token loss with the true position ids and with each block's ids permuted; `delta` = shuffled −
     true."""
+    tokens = int((labels != -100).sum())
+    if tokens == 0:
+        raise ValueError('no token is scored (labels are all -100): there is no loss to compare')
     was_training = model.training
     model.eval()
     g = torch.Generator().manual_seed(seed)
@@ -35,7 +38,6 @@ def position_sensitivity(
         for k, pos in enumerate((torch.arange(n)[None].expand(len(x), n), perm)):
             sums[k] += model(x, labels=y, position_ids=pos)['loss'].double() * count
     model.train(was_training)
-    tokens = int((labels != -100).sum())
     loss, shuffled = (sums / tokens).tolist()
     return {'loss': loss, 'shuffled': shuffled, 'delta': shuffled - loss}
 
@@ -47,6 +49,8 @@ def table_geometry(
     distances=(1, 2, 5, 20),
 ) -> dict:
     "Mean cosine of rows `r` apart, the norm of the mean row (a shared bias) and the median norm of the rest."
+    if not all(isinstance(r, int) and r > 0 for r in distances):
+        raise ValueError(f'distances must be positive integers (rows r apart); got {tuple(distances)}')
     u = F.normalize(p.float(), dim=-1)
     cos = {r: (u[:-r] * u[r:]).sum(-1).mean().item() for r in distances if r < len(p)}
     mean = p.float().mean(0)

@@ -420,6 +420,14 @@ def _carve(dd: datasets.DatasetDict, test_split: str, key: str, what: str) -> da
     )
 
 
+def _local_splits(dd: datasets.DatasetDict, test_split: str, key: str, what: str) -> datasets.DatasetDict:
+    """The splits of local files: train, validation and test as given when all three are; with a test file and
+    no validation file, validation carved from train; else as from the hub (`_carve` with `test_split`)."""
+    if {'train', 'validation', 'test'} <= set(dd):
+        return datasets.DatasetDict(train=dd['train'], validation=dd['validation'], test=dd['test'])
+    return _carve(dd, 'test' if 'test' in dd else test_split, key, what)
+
+
 def is_class(
     v,
     n: int,
@@ -429,7 +437,7 @@ def is_class(
 
 def load_glue(name: str, data_files: dict | None = None) -> datasets.DatasetDict:
     """GLUE task `name` as `text` (, `text_pair`), `label`: from the hub, or from local `data_files` of the
-    hub's schema."""
+    hub's schema (split as `_local_splits` says: a test file is the test split)."""
     if name not in GLUE:
         raise TaskError(f'unknown GLUE task {name!r}; valid: {", ".join(GLUE)}')
     cols, n_labels, _, test = GLUE[name]
@@ -460,20 +468,29 @@ def load_glue(name: str, data_files: dict | None = None) -> datasets.DatasetDict
     dd = datasets.DatasetDict(
         {s: d.select_columns([*cols, 'label']).rename_columns(rename) for s, d in dd.items()}
     )
-    return _carve(dd, test, 'text', what)
+    return _local_splits(dd, test, 'text', what) if data_files else _carve(dd, test, 'text', what)
 
 # %% ../nbs/27_tasks.ipynb #5b7b03bf
+class _NotNested(TaskError):  # a JSON file that is not nested SQuAD v1.1 (it may hold the hub's flat records)
+    pass
+
+
 def read_squad(path) -> list[dict]:
     "Flat SQuAD records from a SQuAD v1.1 JSON file (nested `data/paragraphs/qas`); `TaskError` if malformed."
     path = Path(path)
     try:
         data = json.loads(path.read_text(encoding='utf-8'))['data']
     except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
-        raise TaskError(f'{path}: not a SQuAD v1.1 JSON file ({type(e).__name__}: {e})') from None
+        raise _NotNested(f'{path}: not a SQuAD v1.1 JSON file ({type(e).__name__}: {e})') from None
     rows = []
     for art in data:
         for para in art['paragraphs']:
             for qa in para['qas']:
+                if not qa['answers']:
+                    raise TaskError(
+                        f'{path}, question {qa["id"]}: no answer (SQuAD v2\'s unanswerable questions are not '
+                        'supported: in SQuAD v1.1 every question has one)'
+                    )
                 ans = {
                     'text': [a['text'] for a in qa['answers']],
                     'answer_start': [a['answer_start'] for a in qa['answers']],
@@ -497,7 +514,7 @@ def read_squad(path) -> list[dict]:
 # %% ../nbs/27_tasks.ipynb #901fc74b
 def load_squad(data_files: dict | None = None) -> datasets.DatasetDict:
     """SQuAD v1.1 (`id`, `title`, `context`, `question`, `answers`): from the hub, or local files (nested v1.1
-    JSON or flat records)."""
+    JSON or flat records; split as `_local_splits` says)."""
     what = 'squad'
     if not data_files:
         dd = _load_hub('rajpurkar/squad', None, what)
@@ -506,11 +523,11 @@ def load_squad(data_files: dict | None = None) -> datasets.DatasetDict:
             dd = datasets.DatasetDict(
                 {s: datasets.Dataset.from_list(read_squad(p)) for s, p in data_files.items()}
             )
-        except TaskError:
+        except _NotNested:
             dd = _load_files(data_files, what)  # a flat JSON file: the hub's records
     else:
         dd = _load_files(data_files, what)
-    return _carve(dd, 'validation', 'question', what)
+    return (_local_splits if data_files else _carve)(dd, 'validation', 'question', what)
 
 # %% ../nbs/27_tasks.ipynb #36729166
 @dataclass
@@ -629,6 +646,11 @@ def load_task(name: str, data_files: dict | None = None) -> datasets.DatasetDict
     for s in TASK_SPLITS:
         if s not in dd or dd[s].num_rows == 0:
             raise TaskError(f'task {name}: the {s} split is missing or empty')
+    if spec.kind in ('classification', 'paired') and len(set(dd['train']['label'])) < 2:
+        raise TaskError(
+            f'task {name}: every training label is {dd["train"]["label"][0]!r}: a classifier needs at least two '
+            'classes to learn from'
+        )
     return dd
 
 # %% ../nbs/27_tasks.ipynb #b00f0bb8

@@ -203,6 +203,57 @@ def test_max_len_without_room_for_the_text():
         with pytest.raises(TaskError, match=f'max_len={n} leaves no room for the text'):
             encode_texts(ds, tok, max_len=n)
 
+def test_local_files_and_labels_that_would_mislead(tmp_path):
+    "Found by a break-it tester: each of these was used silently (or failed late, or with a raw error)."
+    rows = [{'sentence': f'a {"fine" if k % 2 else "dull"} film number {k}', 'label': k % 2, 'idx': k} for k in range(60)]
+    files = {}
+    for s, rs in (('train', rows[:40]), ('validation', rows[40:50]), ('test', rows[50:])):
+        files[s] = tmp_path / f'{s}.jsonl'
+        files[s].write_text(''.join(json.dumps({**r, 'sentence': f'{s} ' + r['sentence']}) + '\n' for r in rs))
+    dd = load_task('glue:sst2', files)                          # three local files: each split as given
+    assert [dd[s]['text'][0].split()[0] for s in TASK_SPLITS] == list(TASK_SPLITS)
+    dd = load_task('glue:sst2', {'train': files['train'], 'test': files['test']})   # validation carved from train
+    assert {t.split()[0] for t in dd['test']['text']} == {'test'} and {t.split()[0] for t in dd['validation']['text']} == {'train'}
+    one = tmp_path / 'one.jsonl'
+    one.write_text(''.join(json.dumps({**r, 'label': 1}) + '\n' for r in rows[:40]))
+    with pytest.raises(TaskError, match='every training label is 1: a classifier needs at least two classes'):
+        load_task('glue:sst2', {'train': one, 'validation': files['validation']})
+    squad = json.loads(Path(SQUAD['train']).read_text())
+    squad['data'][0]['paragraphs'][0]['qas'][0]['answers'] = []          # SQuAD v2's unanswerable question
+    (tmp_path / 'v2.json').write_text(json.dumps(squad))
+    with pytest.raises(TaskError, match="no answer .SQuAD v2's unanswerable questions are not supported"):
+        load_task('squad', {'train': tmp_path / 'v2.json', 'validation': SQUAD['validation']})
+    tok = load_tokenizer()
+    pair = datasets.Dataset.from_dict({'text': ['the film [SEP] was good'], 'text_pair': ['it was'], 'label': [1]})
+    with pytest.raises(TaskError, match=r'example 0 holds the string \[SEP\], which the tokenizer reads as its special'):
+        encode_texts(pair, tok)
+    head = EncoderForTask(Encoder(ModelConfig(vocab_size=40, d_model=16, n_heads=2, n_layers=1, d_ff=32)), 'regression')
+    with pytest.raises(ValueError, match=r'finite float targets; got torch.float32 tensor .* \[1.0, nan\]'):
+        head(torch.randint(5, 40, (2, 4)), torch.ones(2, 4, dtype=torch.bool), labels=torch.tensor([1.0, float('nan')]))
+
+
+def test_damaged_files_of_the_pretraining_run_are_named(ckpt, tmp_path):
+    from posenc_lit.finetune import pretraining_record
+    run = tmp_path / 'run'
+    shutil.copytree(ckpt.parent, run)
+    for name, text in (('summary.json', '{"eval_loss": 4.1, "steps'), ('summary.json', '[1, 2]')):
+        (run / name).write_text(text)
+        with pytest.raises(CheckpointError, match=f'{name}.*the pretraining run is damaged'):
+            pretraining_record(run)
+
+
+def test_extend_positions_reaches_the_scored_lengths(ckpt, tmp_path):
+    "--eval-lengths past the trained length: the table is extended to them too, not left at its untrained rows"
+    from posenc_lit.finetune import extend_positions
+    enc, _ = load_pretrained(ckpt)
+    cfg = make_finetune_config('smoke', task='sentiment', checkpoint=str(ckpt), max_train=32, max_len=16, epochs=1,
+                               extend_positions='copy', eval_lengths=[48], lr=1e-12)
+    finetune(cfg, tmp_path / 'ext', progress=False)
+    m, _, _ = load_task_model(tmp_path / 'ext')
+    torch.testing.assert_close(m.encoder.pe.weight[32:48].detach(), extend_positions(enc, 32, 48, 'copy').pe.weight[32:48].detach(),
+                               rtol=0, atol=1e-6)
+
+
 # ---------------------------------------------------------------- runs
 
 def test_span_finetune_on_squad_fixture(ckpt, tmp_path):
