@@ -675,15 +675,17 @@ def task_left_out(root, task: str = 'order') -> dict:
 
 def task_markdown(rows: list[dict], task: str = 'order', left_out: dict | None = None) -> str:
     """The rows of `task_rows` as a Markdown table: fine-tuning seeds, the pretrained entry's parameters, the test
-    metric (higher is better; the best in bold) with the spread over fine-tuning seeds, its validation mean, and
-    the gap to bag-of-words (⚠ where it is not above by more than one standard deviation); then the entries
+    metric (higher is better; the best of this study's entries in bold: the first study's records,
+    `FIRST_STUDY`, are labelled and not ranked) with the spread over fine-tuning seeds, its validation mean,
+    and the gap to bag-of-words (⚠ where it is not above by more than one standard deviation); then the entries
     `left_out` ({entry: why}, `task_left_out`) and those whose pretraining is not recorded."""
     gone = ''.join(f'\n\n{e} is left out: its fine-tuning {why}.' for e, why in (left_out or {}).items())
     if not rows:
         return (
             f'*No {task} fine-tuning is committed yet* (`TASK={task} bash tools/run_order.sh learned ...`).'
         ) + gone
-    m, best = rows[0]['metric'], max(r['score'] for r in rows)
+    m = rows[0]['metric']
+    best = max((r['score'] for r in rows if r['entry'] not in FIRST_STUDY), default=None)
     out = [
         f'| entry | fine-tuning seeds (of pretraining seed 0) | parameters (pretrained) | test {m} ↑ '
         f'| validation {m} ↑ | vs bag-of-words ↑ |',
@@ -695,7 +697,8 @@ def task_markdown(rows: list[dict], task: str = 'order', left_out: dict | None =
         gap = '' if r['bow'] is None else f"{r['score'] - r['bow']:+.3f}"
         gap += ' ⚠' if r['bow'] is not None and r['score'] - r['bow'] <= r['std'] else ''
         params = '?' if r.get('parameters') is None else f"{r['parameters']:,}"
-        out.append(f"| {r['entry']} | {r['seeds']} | {params} | {score} | {r['val']:.3f} | {gap} |")
+        name = f"{r['entry']} (first study)" if r['entry'] in FIRST_STUDY else r['entry']
+        out.append(f"| {name} | {r['seeds']} | {params} | {score} | {r['val']:.3f} | {gap} |")
     if bare := [r['entry'] for r in rows if r.get('pretraining') == UNRECORDED]:
         gone += f"\n\n{UNRECORDED} (summaries written before fine-tuning kept it): {', '.join(bare)}."
     return '\n'.join(out) + gone

@@ -292,6 +292,8 @@ def test_a_fine_tuning_from_another_pretraining_run_is_left_out_with_its_note(tm
     write_task(tmp_path, 'tupe-a-s1', 'order', [0.95])
     write_task(tmp_path, 'learned', 'order', [0.70, 0.71, 0.69])
     write_task(tmp_path, 'learned-s1', 'order', [0.72])
+    write_run(tmp_path, 'none', 0, 5.9)
+    write_task(tmp_path, 'none', 'order', [0.50, 0.52, 0.51])   # the control: below the baseline, so a test
     s = json.loads((tmp_path / 'study_order' / 'tupe-a-s1' / 'summary.json').read_text())
     run = tmp_path / 'study' / 'tupe-a-s1'
     assert pretraining_check(s, run) == UNRECORDED
@@ -310,13 +312,36 @@ def test_a_fine_tuning_from_another_pretraining_run_is_left_out_with_its_note(tm
     assert r['verdict'] == 'not measured yet' and r['note'] == (
         'no committed result: study_order/tupe-a/summary.json (left out: pretrained with seed 5 (committed: 0)), '
         'study_order/tupe-a-s1/summary.json (left out: pretrained with lr 0.004 (committed: 0.002))'), r['note']
-    from posenc_lit.study import task_left_out, task_markdown, task_rows  # the study page's table too
+    shutil.rmtree(tmp_path / 'study_order' / 'none')           # the study page's table too, of the two sides
+    from posenc_lit.study import task_left_out, task_markdown, task_rows
     f = tmp_path / 'study_order' / 'learned' / 'summary.json'
     f.write_text(json.dumps(json.loads(f.read_text()) | {'validation': {'accuracy': {'mean': 0.7}}}))
     rows, left = task_rows(tmp_path, 'order'), task_left_out(tmp_path, 'order')
     assert left == {'tupe-a': 'pretrained with seed 5 (committed: 0)'}
     assert [(r['entry'], r['pretraining']) for r in rows] == [('learned', UNRECORDED)]
     assert 'tupe-a is left out: its fine-tuning pretrained with seed 5 (committed: 0).' in task_markdown(rows, 'order', left)
+
+
+def test_a_task_row_whose_control_scores_as_well_as_the_baseline_is_not_tested(tmp_path):
+    "A referee's sentiment rows: where `none` (no positions) scores at or above the baseline, no gap tests positions."
+    for k in range(3):
+        write_run(tmp_path, 'shaw', k, 4.1 + k / 100)
+        write_run(tmp_path, 'sinusoidal', k, 4.3 + k / 100)
+        write_task(tmp_path, 'shaw' if k == 0 else f'shaw-s{k}', 'sentiment', [0.80 + k / 1000])
+        write_task(tmp_path, 'sinusoidal' if k == 0 else f'sinusoidal-s{k}', 'sentiment', [0.75 + k / 1000])
+    what = 'sentiment test metric'
+    r = row(tmp_path, 'shaw', 'sinusoidal', what)               # no control committed: the row needs it
+    assert r['verdict'] == 'not measured yet' and 'study_sentiment/none/summary.json' in r['note'], r
+    write_run(tmp_path, 'none', 0, 5.9)
+    write_task(tmp_path, 'none', 'sentiment', [0.76, 0.77, 0.78])   # one checkpoint: its mean 77.00
+    r = row(tmp_path, 'shaw', 'sinusoidal', what)
+    assert r['verdict'] == 'not tested', r
+    assert r['note'].endswith('not a test of positions: on sentiment, none (no positions) scores 77.00, '
+                              'the baseline 75.10'), r['note']
+    write_task(tmp_path, 'none-s1', 'sentiment', [0.70])          # two checkpoints: 77.00 and 70.00, mean 73.50
+    write_run(tmp_path, 'none', 1, 5.91)
+    r = row(tmp_path, 'shaw', 'sinusoidal', what)
+    assert r['verdict'] == 'holds' and 'not a test' not in r['note'], r
 
 
 def test_the_drop_in_is_not_tested_when_no_prediction_moved(tmp_path):
