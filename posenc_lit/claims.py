@@ -784,13 +784,17 @@ def _ft_seeds(root, entry: str, task: str) -> str:
 def ft_note(root, task: str, *entries: str) -> str:
     """What a row says of the pretraining behind the fine-tunings of `entries` on `task`: each seed left out and
     why, each fine-tuned from a re-run ('learned seed 1 pretrained again, 4.3301 nats (committed: 4.3265)'),
-    and the seeds whose summary has no record ('pretraining not recorded: shaw seed 0, learned seeds 0, 2');
-    '' if none."""
+    the seeds whose summary has no record ('pretraining not recorded: shaw seed 0, learned seeds 0, 2'), and
+    the pretraining seeds committed without a fine-tuning on `task` ('t5 seed 1: pretrained, not fine-tuned on
+    order'); '' if none."""
     out, bare = [], []
     for e in entries:
         checks = ft_checks(root, e, task)
         out += [f'{e} seed {k} left out, {why}' for k, why in checks.items() if not ft_used(why)]
         out += [f'{e} seed {k} {why}' for k, why in checks.items() if why.startswith(REFIT)]
+        pre = [int(p.name.rsplit('-s', 1)[1]) for p in seed_folders(Path(root, STUDY), e)]
+        if ks := [str(k) for k in pre if k not in checks]:
+            out.append(f"{e} seed{'s' * (len(ks) > 1)} {', '.join(ks)}: pretrained, not fine-tuned on {task}")
         if ks := [str(k) for k, why in checks.items() if why == UNRECORDED]:
             bare.append(f"{e} seed{'s' * (len(ks) > 1)} {', '.join(ks)}")
     return '; '.join(out + ([f"{UNRECORDED}: {', '.join(bare)}"] if bare else []))

@@ -342,6 +342,9 @@ def test_a_task_row_whose_control_scores_as_well_as_the_baseline_is_not_tested(t
     write_run(tmp_path, 'none', 1, 5.91)
     r = row(tmp_path, 'shaw', 'sinusoidal', what)
     assert r['verdict'] == 'holds' and 'not a test' not in r['note'], r
+    write_run(tmp_path, 'sinusoidal', 3, 4.33)                    # pretrained, its fine-tuning not committed
+    r = row(tmp_path, 'shaw', 'sinusoidal', what)
+    assert r['seeds'] == '3 vs 3' and 'sinusoidal seed 3: pretrained, not fine-tuned on sentiment' in r['note'], r
 
 
 def test_the_drop_in_is_not_tested_when_no_prediction_moved(tmp_path):
