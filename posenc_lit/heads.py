@@ -69,7 +69,7 @@ def load_pretrained(path) -> tuple[Encoder, Tokenizer]:
 
         return from_hf(path).train(), hf_tokenizer(path)
     p = find_checkpoint(path)
-    mlm = load_model(p)  # strict: every weight must match the saved configuration
+    mlm = load_model(p).train()  # strict: every weight must match; in train mode, as the HF branch
     enc = mlm.encoder
     # what is kept: the encoder, which never used the EMD
     enc.cfg = dataclasses.replace(enc.cfg, emd_steps=0)

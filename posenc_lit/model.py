@@ -477,20 +477,41 @@ def load_config(path, config_cls: type | None = None, kind: str = 'model') -> Mo
     try:
         return (config_cls or ModelConfig).from_dict(d)
     except (TypeError, ValueError) as e:
-        raise CheckpointError(f'invalid {f}: {e}{hint}') from None
+        if hint:  # a run's config.json is its training configuration: the way out first
+            raise CheckpointError(
+                f'{path} is a run directory: pass its model folder {ck} ({f}: {e})'
+            ) from None
+        raise CheckpointError(f'invalid {f}: {e}') from None
 
 
 def load_weights(path, model_cls, config_cls, kind: str = 'model'):
-    """`model_cls(config)` from folder `path` with its `model.safetensors` read by `read_weights`;
-    `CheckpointError` naming what is wrong (read_weights names a missing weights file)."""
+    """`model_cls(config)` from folder `path` with its `model.safetensors` read by `read_weights`, in eval
+    mode (dropout off, as `from_hf` returns a model; the training loops call `.train()`); `CheckpointError`
+    naming what is wrong (read_weights names a missing weights file)."""
     model = model_cls(load_config(path, config_cls, kind))
     model.load_state_dict(read_weights(Path(path) / 'model.safetensors', model.state_dict(), kind))
-    return model
+    return model.eval()
 
 
 def load_model(path) -> EncoderForMLM:
-    "Load a model saved by `save_model` (or a training checkpoint folder); strict: every weight must match."
-    return load_weights(path, EncoderForMLM, ModelConfig)
+    """Load a model saved by `save_model` (or a training checkpoint folder: `<run>/checkpoint`), in eval
+    mode (call `.train()` to train it); strict: every weight must match. `CheckpointError` naming what is
+    wrong, and where `path` holds a fine-tuned task model or a run's results instead, what to load."""
+    p = Path(path)
+    if (p / 'task.json').is_file():
+        raise CheckpointError(
+            f'{p} is a fine-tuned task model (task.json): load it with heads.load_task_model'
+        )
+    if (
+        (p / 'summary.json').is_file()
+        and not (p / 'model.safetensors').is_file()
+        and not (p / 'checkpoint').is_dir()
+    ):
+        raise CheckpointError(
+            f"{p} holds a run's results, not its weights (no model.safetensors; committed study results "
+            'keep none): pretrain the entry to get a model (tools/run_study.sh)'
+        )
+    return load_weights(p, EncoderForMLM, ModelConfig)
 
 # %% ../nbs/15_model.ipynb #7f98a820
 def four_term_scores(

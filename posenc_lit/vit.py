@@ -811,8 +811,8 @@ def save_vit(model: ViT, path) -> Path:
 
 
 def load_vit(path) -> ViT:
-    """The `ViT` saved in folder `path` by `save_vit`; `CheckpointError` naming the file that is missing,
-    corrupt or does not match."""
+    """The `ViT` saved in folder `path` by `save_vit`, in eval mode (call `.train()` to train it);
+    `CheckpointError` naming the file that is missing, corrupt or does not match."""
     # the text models' loader, with the ViT's classes
     return load_weights(path, ViT, ViTConfig, 'ViT (save_vit)')
 
