@@ -763,13 +763,16 @@ def layer_index(layer, n_tables: int, what: str, tables: str = 'tables') -> int:
     idx = as_layer(layer).idx
     if idx is None and n_tables > 1:
         raise ValueError(
-            f'{what} has one set of {tables} per layer ({n_tables} layers): pass the layer index to the '
-            'hooks (score_terms(q, k, ctx, layer=l), or LayerRef(l)), or build MultiHeadAttention(..., '
-            'layer_idx=l)'
+            f'{what} has one set of {tables} per layer ({n_tables} layers): pass the layer index, '
+            'position_attention(..., layer=l) or to the hooks (score_terms(q, k, ctx, layer=l), or LayerRef(l)), '
+            'or build MultiHeadAttention(..., layer_idx=l)'
         )
     idx = 0 if idx is None else idx
     if not idx < n_tables:
-        raise ValueError(f'layer {idx} but {what} has {tables} for {n_tables} layers (n_layers)')
+        raise ValueError(
+            f"layer {idx} but {what} has {tables} for {n_tables} layer{'s' * (n_tables != 1)} "
+            f'(n_layers={n_tables}): build it with n_layers set to the model\'s depth (at least {idx + 1})'
+        )
     return idx
 
 # %% ../nbs/01_attention.ipynb #d0dc2bef

@@ -739,6 +739,11 @@ def cmd_probes(args) -> int:
         ):
             if bad := [x for x in names or [] if x not in valid]:
                 raise ValueError(f'unknown {what}(s) {bad}; valid: {", ".join(valid)}')
+        if args.out is not None and (str(args.out).endswith(('/', os.sep)) or Path(args.out).is_dir()):
+            raise ValueError(
+                f'--out {args.out}: a folder, but the probes write one JSON file (the figure beside it); give '
+                f"a file, e.g. {Path(args.out) / 'probes.json'}"
+            )
         if args.out is not None and Path(args.out).suffix.lower() == '.png':
             raise ValueError(
                 f'--out {args.out}: the results are a JSON file and the figure is written beside it with the '

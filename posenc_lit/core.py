@@ -377,8 +377,11 @@ class PositionEncoding(nn.Module):
         key_mask: torch.Tensor | None = None,  # `(b, j)` bool, True = a real key (None: all)
         causal: bool = False,  # each query sees only the keys up to itself
     ) -> Context:
-        """Per-forward context shared by all layers (content-free terms are computed here once); the arguments
-        are checked first, for every encoding (`check_prepare`)."""
+        """Per-forward context shared by all layers (content-free terms are computed here once). `q_pos`
+        `(b|1, i)` and `k_pos` `(b|1, j)` (or `(i,)`, `(j,)`): signed integer positions; `key_mask` `(b, j)`
+        bool, True where the key is a real token; `causal`: each query sees only the keys at or before it. The
+        arguments are checked first, for every encoding (`check_prepare`: a `ValueError` or `TypeError` naming
+        the argument)."""
         return Context(q_pos, k_pos, pe=self)
 
     def lend_projections(
@@ -392,12 +395,20 @@ class PositionEncoding(nn.Module):
         nothing."""
 
     def transform_qk(self, q, k, ctx: Context, layer: int | LayerRef | None = None):
+        """New `(q, k)` of the shapes and dtype of `q` `(b, h, i, d)` and `k` `(b, h, j, d)` (RoPE's rotation);
+        the default returns them unchanged. `ctx`: this encoding's `prepare`; `layer`: the layer address."""
         return q, k
 
     def score_terms(self, q, k, ctx: Context, layer: int | LayerRef | None = None) -> list:
+        """Float logit terms, each `(b|1, h|1, i, j)`, that the attention core adds to the scaled content
+        scores before the softmax (T5's buckets, ALiBi's slopes, Shaw's `q·a_ij`); default none. `q`, `k`:
+        `(b, h, i, d)`, `(b, h, j, d)` after `transform_qk`; `layer`: the layer address (an encoding with a
+        table per layer raises a `ValueError` without it)."""
         return []
 
     def value_terms(self, ctx: Context, layer: int | LayerRef | None = None) -> list:
+        """Callables `probs (b, h, i, j) -> (b, h, i, d_v)` whose outputs the core adds to `probs @ v`
+        (Shaw's value vectors, Eq. 3); default none. `layer`: the layer address."""
         return []
 
     def score_mods(self, q, k, ctx: Context, layer: int | LayerRef | None = None) -> list | None:

@@ -114,6 +114,11 @@ def test_cli(tmp_path):
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
         assert main(['probes', '--probes', 'bogus']) == 2
     assert "unknown probe(s) ['bogus']" in err.getvalue()
+    for folder in (str(tmp_path / 'new') + '/', str(tmp_path)):   # --out is a file: a folder is refused at once
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            assert main(['probes', '--preset', 'smoke', '--out', folder]) == 2
+        assert f"--out {folder}: a folder, but the probes write one JSON file" in err.getvalue()
+    assert not (tmp_path / 'new').exists()
 
 
 def test_cli_seeds_are_a_list_as_in_finetune_and_compare(tmp_path):
