@@ -763,7 +763,7 @@ def layer_index(layer, n_tables: int, what: str, tables: str = 'tables') -> int:
     idx = as_layer(layer).idx
     if idx is None and n_tables > 1:
         raise ValueError(
-            f'{what} has one set of {tables} per layer ({n_tables} layers): pass the layer index, '
+            f'{what} has one set of {tables} per layer ({n_tables} layers): pass the layer index to '
             'position_attention(..., layer=l) or to the hooks (score_terms(q, k, ctx, layer=l), or LayerRef(l)), '
             'or build MultiHeadAttention(..., layer_idx=l)'
         )

@@ -812,9 +812,13 @@ def task_metric(ours: str, base: str, task: str) -> Measure:
         ft = f"{', '.join(map(str, na))} vs {', '.join(map(str, nb))}"
         note = f'{m}; pretraining seeds {seeds}, each the mean of its fine-tuning seeds ({ft})'
         note += f'; {x}' if (x := ft_note(root, task, ours, base)) else ''
-        why = position_control(root, ours, base, task)
-        note = _with(note, differences(root, ours, base)) + (f'; {why}' if why else '')
-        return Measured([100 * x for x in a], [100 * x for x in b], note, treated=not why)
+        note = _with(note, differences(root, ours, base))
+        control = position_control(
+            root, task, {ours: 100 * statistics.fmean(a), base: 100 * statistics.fmean(b)}
+        )
+        return Measured(
+            [100 * x for x in a], [100 * x for x in b], note + (f'; {control}' if control else '')
+        )
 
     return Measure(f'{task} test metric', 'points', read)
 
@@ -822,20 +826,25 @@ def task_metric(ours: str, base: str, task: str) -> Measure:
 CONTROL = 'none'  # the study entry without positions: the control of every fine-tuning row
 
 
-def position_control(root, ours: str, base: str, task: str) -> str:
-    """Why the fine-tuning row `ours` against `base` on `task` is not a test of positions: the control
-    (`CONTROL`, the entry without positions) scores at or above `base` on `task`, means over each side's
-    fine-tuned pretraining runs (`checkpoint_values`), × 100; '' where it scores below `base`, or where
-    `CONTROL` is a side. FileNotFoundError while the control's fine-tuning is not committed (the row is then
-    not measured yet, naming it)."""
-    if CONTROL in (ours, base):
+def position_control(root, task: str, means: dict) -> str:
+    """What a fine-tuning row on `task` says of its control: the mean test metric (× 100) of the entry without
+    positions (`CONTROL`) over its fine-tuned pretraining seeds, and each side of `means` ({entry: its mean})
+    at or below it, of which the gap need not come from how the encodings use positions. '' where `CONTROL`
+    is a side. A note, not a verdict: the rule judges the row as it judges any other."""
+    if CONTROL in means:
         return ''
-    c, b = (100 * statistics.fmean(checkpoint_values(root, e, task)[0]) for e in (CONTROL, base))
-    if c < b:
-        return ''
-    return (
-        f'not a test of positions: on {task}, {CONTROL} (no positions) scores {c:.2f}, the baseline {b:.2f}'
-    )
+    try:
+        c = 100 * statistics.fmean(checkpoint_values(root, CONTROL, task)[0])
+    except FileNotFoundError:
+        return f'no control: {CONTROL} (no positions) is not fine-tuned on {task}'
+    note = f'control: {CONTROL} (no positions) {c:.2f}, pretraining seeds {_ft_seeds(root, CONTROL, task)}'
+    if low := [e for e, m in means.items() if m <= c]:
+        note += (
+            f"; {' and '.join(low)} at or below it: on {task} positions do not lift "
+            f"{'them' if len(low) > 1 else 'it'} above no positions here, and the gap need not come from positions"
+        )
+    return note
+
 
 # %% ../nbs/41_claims.ipynb #9c0dddd3
 LONG = 256  # tokens: the longest length the study measures (`lengths.json`), 8× the training blocks

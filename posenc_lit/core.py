@@ -378,7 +378,7 @@ class PositionEncoding(nn.Module):
         causal: bool = False,  # each query sees only the keys up to itself
     ) -> Context:
         """Per-forward context shared by all layers (content-free terms are computed here once). `q_pos`
-        `(b|1, i)` and `k_pos` `(b|1, j)` (or `(i,)`, `(j,)`): signed integer positions; `key_mask` `(b, j)`
+        `(b|1, i)` and `k_pos` `(b|1, j)` (or `(i,)`, `(j,)`): signed integer positions; `key_mask` `(b|1, j)`
         bool, True where the key is a real token; `causal`: each query sees only the keys at or before it. The
         arguments are checked first, for every encoding (`check_prepare`: a `ValueError` or `TypeError` naming
         the argument)."""

@@ -498,7 +498,7 @@ def load_model(path) -> EncoderForMLM:
     mode (call `.train()` to train it); strict: every weight must match. `CheckpointError` naming what is
     wrong, and where `path` holds a fine-tuned task model or a run's results instead, what to load."""
     p = Path(path)
-    if (p / 'task.json').is_file():
+    if (p / 'task.json').is_file() or (p / 'checkpoint' / 'task.json').is_file():
         raise CheckpointError(
             f'{p} is a fine-tuned task model (task.json): load it with heads.load_task_model'
         )
@@ -508,8 +508,8 @@ def load_model(path) -> EncoderForMLM:
         and not (p / 'checkpoint').is_dir()
     ):
         raise CheckpointError(
-            f"{p} holds a run's results, not its weights (no model.safetensors; committed study results "
-            'keep none): pretrain the entry to get a model (tools/run_study.sh)'
+            f"{p} holds a run's results, not its weights (no model.safetensors: committed results keep none; "
+            'a study entry is pretrained again by tools/run_study.sh)'
         )
     return load_weights(p, EncoderForMLM, ModelConfig)
 

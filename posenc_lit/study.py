@@ -693,7 +693,7 @@ def task_markdown(rows: list[dict], task: str = 'order', left_out: dict | None =
     ]
     for r in rows:
         score = _pm(r['score'], r['std'], r['seeds'])
-        score = f'**{score}**' if r['score'] == best else score
+        score = f'**{score}**' if r['entry'] not in FIRST_STUDY and r['score'] == best else score
         gap = '' if r['bow'] is None else f"{r['score'] - r['bow']:+.3f}"
         gap += ' ⚠' if r['bow'] is not None and r['score'] - r['bow'] <= r['std'] else ''
         params = '?' if r.get('parameters') is None else f"{r['parameters']:,}"
