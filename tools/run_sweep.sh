@@ -7,12 +7,16 @@
 #   One lane per core: OMP_NUM_THREADS=1 bash tools/run_sweep.sh ... &
 # Each run trains in runs/sweep/ENTRY-lrLR and resumes when started again; a finished one is copied to
 # results/sweep/ENTRY-lrLR/ (config.json, metrics.jsonl, summary.json). Commit them yourself (git add results/sweep).
+# SWEEP_STEPS=N (N ≠ 3000) runs the study's schedule cut to N steps instead, in runs/sweep-N/ and results/sweep-N/
+# (kept apart: the rule reads results/sweep only), e.g. SWEEP_STEPS=12000 for a rate check on the full schedule.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 cd "${STUDY_ROOT:-$(dirname "$0")/..}"
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 source "$HERE/study_entries.sh"
 STEPS=${SWEEP_STEPS:-3000}
+SUB=sweep
+if [ "$STEPS" != 3000 ]; then SUB=sweep-$STEPS; fi
 
 if [ $# -eq 0 ]; then echo "usage: bash tools/run_sweep.sh ENTRY@LR [ENTRY@LR ...]" >&2; exit 2; fi
 for item in "$@"; do
@@ -22,7 +26,7 @@ for item in "$@"; do
 done
 for item in "$@"; do
   entry=${item%@*} lr=${item#*@}
-  name=$entry-lr$lr run=runs/sweep/$entry-lr$lr dest=results/sweep/$entry-lr$lr
+  name=$entry-lr$lr run=runs/$SUB/$entry-lr$lr dest=results/$SUB/$entry-lr$lr
   if [ -f "$dest/summary.json" ]; then echo "done already: $name"; continue; fi
   # shellcheck disable=SC2046
   posenc_lit pretrain $(args_for "$entry") --preset study --steps "$STEPS" --lr "$lr" --seed 0 \
