@@ -613,7 +613,13 @@ def _add_compare(sub, presets=True):  # presets: the defaults in the help come f
 def cmd_compare(args) -> int:
     """Run `compare`; prints the results table. Everything is checked before anything runs. Status 128 + n
     after signal n."""
-    from posenc_lit.compare import compare, compare_plan, pretrained_runs
+    from posenc_lit.compare import (
+        compare,
+        compare_plan,
+        differences_text,
+        preset_differences,
+        pretrained_runs,
+    )
     from posenc_lit.report import format_results
     from posenc_lit.probes import format_probe_table
 
@@ -630,11 +636,19 @@ def cmd_compare(args) -> int:
             args.lengths,
             not args.no_probes,
         )
-        if args.pretrained_dir is not None:
-            pretrained_runs(args.pretrained_dir, plan['encodings'])
+        reused = (
+            {} if args.pretrained_dir is None else pretrained_runs(args.pretrained_dir, plan['encodings'])
+        )
     except ValueError as e:
         raise UsageError(str(e)) from None
     _check_out(args.out)
+    for pe, run in reused.items():
+        if diff := preset_differences(run, plan['pretrain'][pe]):
+            print(
+                f'note: {run} was pretrained otherwise than the preset {args.preset!r}: '
+                f'{differences_text(diff)}; every score of {pe} is of that run',
+                file=sys.stderr,
+            )
     res = compare(
         args.preset,
         args.out,

@@ -29,7 +29,8 @@ from posenc_lit.probes import (
 from .compare_figures import save_figures
 
 # %% auto #0
-__all__ = ['QUICK_STEPS', 'QUICK_TRAIN', 'QUICK_ENTRIES', 'COMPARE_PRESETS', 'compare_plan', 'pretrained_runs', 'compare']
+__all__ = ['QUICK_STEPS', 'QUICK_TRAIN', 'QUICK_ENTRIES', 'COMPARE_PRESETS', 'PRETRAIN_SETTINGS', 'compare_plan',
+           'pretrained_runs', 'preset_differences', 'differences_text', 'compare']
 
 # %% ../nbs/30_compare.ipynb #acd90be7
 # fmt: off
@@ -287,6 +288,37 @@ def pretrained_runs(
         runs[pe] = run
     return runs
 
+# %% ../nbs/30_compare.ipynb #cd5f4ce3
+PRETRAIN_SETTINGS = (  # the settings of a reused pretraining run checked against the preset's
+    'data',
+    'seq_len',
+    'batch_size',
+    'grad_accum',
+    'steps',
+    'lr',
+    'd_model',
+    'n_layers',
+    'n_heads',
+    'd_ff',
+    'dropout',
+    'max_position_embeddings',
+    'mlm_probability',
+)
+
+
+def preset_differences(
+    run,  # a finished `posenc_lit pretrain` run directory (`pretrained_runs`)
+    cfg,  # the `TrainConfig` the preset would pretrain it with (`compare_plan(...)['pretrain'][pe]`)
+) -> dict:  # {setting: [the run's value, the preset's]}
+    "Each of `PRETRAIN_SETTINGS` in which the run's `config.json` differs from `cfg`; `{}` where none does."
+    saved = _read(Path(run) / 'config.json')
+    return {k: [saved.get(k), getattr(cfg, k)] for k in PRETRAIN_SETTINGS if saved.get(k) != getattr(cfg, k)}
+
+
+def differences_text(diff: dict) -> str:
+    "`preset_differences` in words: 'steps 12000 (preset 1200), lr 0.004 (preset 0.002)'."
+    return ', '.join(f'{k} {run} (preset {want})' for k, (run, want) in diff.items())
+
 # %% ../nbs/30_compare.ipynb #584964f5
 def _read(f: Path) -> dict:
     return json.loads(Path(f).read_text())
@@ -340,13 +372,14 @@ def _vit_stage(cfg, run: Path, bars: bool) -> dict:
     return train_vit(cfg, run, resume=True, progress=bars)
 
 # %% ../nbs/30_compare.ipynb #5b21a89d
-def _pretrain_record(pe: str, run: Path, s: dict, reused: bool, wall_s) -> dict:
+def _pretrain_record(pe: str, run: Path, s: dict, reused: bool, wall_s, differs: dict) -> dict:
     cfg = _read(run / 'config.json')
     return {
         'pe': pe,
         'pe_kwargs': cfg.get('pe_kwargs', {}),
         'run': str(run),
         'reused': reused,
+        'differs_from_preset': differs,
         'seq_len': cfg['seq_len'],
         'd_model': cfg['d_model'],
         'n_layers': cfg['n_layers'],
@@ -549,6 +582,8 @@ def _pretrain_and_lengths(plan, pe, d: Path, reused: bool, out, res, run, bars) 
     """Pretrain `pe` into `d` (or read the reused run), evaluate it at each length; its record, or None if a
     signal stopped it."""
     key = f'pretrain {pe}'
+    differs = preset_differences(d, plan['pretrain'][pe]) if reused else {}
+    said = f'; differs from the preset: {differences_text(differs)}' if differs else ''
     s = run(
         key,
         (d / 'summary.json').is_file(),
@@ -556,12 +591,12 @@ def _pretrain_and_lengths(plan, pe, d: Path, reused: bool, out, res, run, bars) 
         lambda s: (
             ''
             if 'stopped_at_step' in s
-            else f", eval_loss {s['eval_loss']:.4f}" + (f' (reused {d})' if reused else '')
+            else f", eval_loss {s['eval_loss']:.4f}" + (f' (reused {d}{said})' if reused else '')
         ),
     )
     if 'stopped_at_step' in s:
         return _interrupted(res, out, key, s)
-    pre = res['pretrain'][pe] = _pretrain_record(pe, d, s, reused, res['stage_wall_s'].get(key))
+    pre = res['pretrain'][pe] = _pretrain_record(pe, d, s, reused, res['stage_wall_s'].get(key), differs)
     f = out / 'lengths' / f'{pe}.json'
     r = run(
         f'lengths {pe}',

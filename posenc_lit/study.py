@@ -14,6 +14,7 @@ from posenc_lit.claims import (
     check_root,
     downstream,
     gap_interval,
+    loss_values,
     pretraining_check,
     seed_runs,
     study_loss,
@@ -23,12 +24,12 @@ from posenc_lit.claims import (
 
 # %% auto #0
 __all__ = ['HEADLINE', 'VARIANTS', 'FIRST_STUDY', 'GROUPS', 'ENTRIES', 'SEEDS', 'STUDY_PRESET', 'STUDY_VARIANTS', 'WINDOW',
-           'FLAT', 'SWEEP_ENTRIES', 'SWEEP_GRID', 'SWEEP_STEPS', 'OLD_LR', 'TIE', 'LR_FROM', 'entry_options',
-           'entry_args', 'word_scale', 'study_rows', 'run_curve', 'last_drop', 'convergence', 'lr_text', 'sweep_losses',
-           'pick_lr', 'study_lr', 'chosen_lrs', 'sweep_markdown', 'sweep_parameters', 'study_lrs_markdown',
-           'plot_sweep', 'study_markdown', 'seed_band', 'study_families', 'plot_study_curves', 'position_tables',
-           'untrained', 'coverage', 'lengths_markdown', 'coverage_markdown', 'calls_markdown', 'task_rows',
-           'task_left_out', 'task_markdown']
+           'FLAT', 'SWEEP_ENTRIES', 'SWEEP_GRID', 'SWEEP_STEPS', 'OLD_LR', 'TIE', 'LR_FROM', 'FULL_STEPS', 'CHECKED',
+           'entry_options', 'entry_args', 'word_scale', 'study_rows', 'run_curve', 'last_drop', 'convergence',
+           'lr_text', 'sweep_losses', 'pick_lr', 'study_lr', 'chosen_lrs', 'sweep_markdown', 'sweep_parameters',
+           'study_lrs_markdown', 'plot_sweep', 'rate_check', 'rate_check_markdown', 'study_markdown', 'seed_band',
+           'study_families', 'plot_study_curves', 'position_tables', 'untrained', 'coverage', 'lengths_markdown',
+           'coverage_markdown', 'calls_markdown', 'task_rows', 'task_left_out', 'task_markdown']
 
 # %% ../nbs/35_study.ipynb #4ec5e8df
 HEADLINE = (
@@ -263,8 +264,9 @@ def sweep_losses(root) -> dict:
 def pick_lr(losses: dict, entry: str = 'ENTRY') -> dict:
     """The rule of this section on one representative's sweep `losses` ({lr: final loss or None}):
     `{'lr': the chosen rate or None, 'best': the lowest-loss rate or None, 'verdict': text}`; the verdict is
-    the rate, or 'extend: run ENTRY@LR' (the chosen rate is at an edge of the rates run), or 'pending: run
-    ENTRY@LR …' (a rate of `SWEEP_GRID` is not committed), or 'extend' down when every rate diverged."""
+    the rate, or 'extend: run ENTRY@LR' (the chosen or the lowest-loss rate is at an edge of the rates run),
+    or 'pending: run ENTRY@LR …' (a rate of `SWEEP_GRID` is not committed), or 'extend' down when every rate
+    diverged."""
     run = lambda lrs: ' '.join(f'{entry}@{lr_text(x)}' for x in lrs)
     if missing := [x for x in SWEEP_GRID if x not in losses]:
         return {'lr': None, 'best': None, 'verdict': f'pending: run {run(missing)}'}
@@ -275,8 +277,8 @@ def pick_lr(losses: dict, entry: str = 'ENTRY') -> dict:
     near = [x for x in ok if ok[x] <= ok[best] + TIE]
     pick = min(near, key=lambda x: (abs(math.log(x / OLD_LR)), ok[x]))
     lrs = sorted(losses)
-    if pick in (lrs[0], lrs[-1]):
-        step = pick / 2 if pick == lrs[0] else pick * 2
+    if edge := next((x for x in (pick, best) if x in (lrs[0], lrs[-1])), None):
+        step = edge / 2 if edge == lrs[0] else edge * 2
         return {'lr': None, 'best': best, 'verdict': f'extend: run {run([step])}'}
     return {'lr': pick, 'best': best, 'verdict': lr_text(pick)}
 
@@ -359,6 +361,58 @@ def plot_sweep(sweep: dict):
     ax.legend(fontsize=7, frameon=False, ncols=2)
     fig.tight_layout()
     return fig
+
+# %% ../nbs/35_study.ipynb #2bcae4c0
+FULL_STEPS = 12000  # the study preset's schedule, on which rate_check runs
+CHECKED = ('learned',)  # the representatives whose sweep ends on the plateau: their choice is checked
+
+
+def rate_check(root, entry: str = 'learned') -> dict:
+    """`entry`'s rate from the sweep (`study_lr`) checked on the full schedule: `{'chosen': that rate, 'seeds':
+    the held-out losses (nats) of the study's seeds of `entry`, 'others': {rate: seed 0's held-out loss after
+    `FULL_STEPS` steps, None where not finite}, 'verdict': text}`, read from `root/sweep-12000/<entry>-lr<rate>/`
+    and `root/study/`. The verdict: 'pending: run ENTRY@LR …' while a rate on either side of the choice is not
+    committed; 'beaten by LR' where a rate's run ends below every seed of the choice; else 'stands'.
+    `ValueError` for a check run whose `config.json` has another rate or step count than its folder says, or a
+    study seed run at another rate than the choice; `LookupError` (`study_lr`) while the sweep gives no rate.
+    """
+    chosen = study_lr(entry, root)
+    for run in seed_runs(root, entry):
+        if not math.isclose(_json(run, 'config.json')['lr'], chosen):
+            raise _damaged(run / 'config.json', f'was run at another rate than the choice, {lr_text(chosen)}')
+    seeds = loss_values(root, entry)
+    others = {}
+    for run in sorted(Path(root, f'sweep-{FULL_STEPS}').glob(f'{entry}-lr*')):
+        m = re.fullmatch(rf'{re.escape(entry)}-lr(\d+(?:\.\d+)?e-\d+)', run.name)
+        if not m or not (run / 'summary.json').is_file():
+            continue
+        c, lr = _json(run, 'config.json'), float(m[1])
+        if not (math.isclose(c.get('lr', math.nan), lr) and c.get('steps') == FULL_STEPS):
+            why = f"has lr {c.get('lr')} and {c.get('steps')} steps, not {m[1]} and {FULL_STEPS}"
+            raise _damaged(run / 'config.json', why)
+        v = _json(run, 'summary.json').get('eval_loss')
+        others[lr] = float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
+    out = {'chosen': chosen, 'seeds': seeds, 'others': others}
+    if missing := [x for x in (chosen / 2, chosen * 2) if not any(math.isclose(x, y) for y in others)]:
+        return out | {'verdict': 'pending: run ' + ' '.join(f'{entry}@{lr_text(x)}' for x in missing)}
+    below = [x for x, v in others.items() if v is not None and v < min(seeds)]
+    best = min(below, key=others.get, default=None)
+    return out | {'verdict': 'stands' if best is None else f'beaten by {lr_text(best)}'}
+
+
+def rate_check_markdown(check: dict, entry: str = 'learned') -> str:
+    "`rate_check`'s result as a table (one row per rate, the choice first) and its verdict in a sentence."
+    f = lambda v: 'diverged' if v is None else f'{v:.3f}'
+    seeds = check['seeds']
+    out = ['| rate | runs (12,000 steps) | held-out loss (nats) ↓ |', '|---|---|---:|']
+    out.append(
+        f"| {lr_text(check['chosen'])} (the choice) | the study's {len(seeds)} seeds | "
+        f"{' / '.join(map(f, seeds))} (range {f(min(seeds))}–{f(max(seeds))}) |"
+    )
+    out += [f'| {lr_text(x)} | seed 0 | {f(v)} |' for x, v in sorted(check['others'].items())]
+    v = check['verdict']
+    say = {'stands': f"no other rate ends below every seed of the choice: {lr_text(check['chosen'])} stands"}
+    return '\n'.join(out) + f"\n\n**{entry}**: {say.get(v, v)}."
 
 # %% ../nbs/35_study.ipynb #42eebc0a
 def _pm(mean: float, std: float, n: int) -> str:

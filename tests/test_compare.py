@@ -4,7 +4,7 @@ The quick preset itself is far too long for the test suite; it is measured by ha
 import os
 os.environ.setdefault('HF_HUB_OFFLINE', '1'); os.environ.setdefault('HF_DATASETS_OFFLINE', '1')
 
-import gzip, json, time
+import gzip, json, shutil, time
 from pathlib import Path
 import pytest
 
@@ -151,6 +151,22 @@ def test_reused_pretraining_runs(study, tmp_path, capsys):
     assert res['pretrain']['t5']['reused'] and res['pretrain']['t5']['run'] == str(out / 'pretrain' / 't5')
     assert not (tmp_path / 'b' / 'pretrain').exists() and [r['seed'] for r in res['records']] == [0] and res['vit'] == []
     assert 'pretrain t5: finished earlier, skipped, eval_loss' in err and f"(reused {out / 'pretrain' / 't5'})" in err
+    assert res['pretrain']['t5']['differs_from_preset'] == {} and 'note:' not in err
+
+
+def test_reused_run_pretrained_otherwise_is_named(study, tmp_path, capsys):
+    "A reused run pretrained at another rate than the preset's: a note before anything runs, kept in the record."
+    shutil.copytree(study[0] / 'pretrain' / 't5', tmp_path / 'pre' / 't5')
+    f = tmp_path / 'pre' / 't5' / 'config.json'
+    c = json.loads(f.read_text())
+    f.write_text(json.dumps({**c, 'lr': c['lr'] * 2}))
+    rc, _, err = run_cli(['compare', '--preset', 'tiny', '--out', str(tmp_path / 'b'), '--encodings', 't5', '--seeds', '0',
+                          '--no-vit', '--quiet', '--pretrained-dir', str(tmp_path / 'pre')], capsys)
+    assert rc == 0, err
+    note = f"note: {tmp_path / 'pre' / 't5'} was pretrained otherwise than the preset 'tiny': lr {c['lr'] * 2} (preset {c['lr']})"
+    assert note in err and err.index(note) < err.index('pretrain t5:'), err
+    res = json.loads((tmp_path / 'b' / 'results.json').read_text())
+    assert res['pretrain']['t5']['differs_from_preset'] == {'lr': [c['lr'] * 2, c['lr']]}
 
 
 @pytest.mark.parametrize('argv, msg', [
