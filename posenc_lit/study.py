@@ -27,9 +27,9 @@ __all__ = ['HEADLINE', 'VARIANTS', 'FIRST_STUDY', 'GROUPS', 'ENTRIES', 'SEEDS', 
            'FLAT', 'SWEEP_ENTRIES', 'SWEEP_GRID', 'SWEEP_STEPS', 'OLD_LR', 'TIE', 'LR_FROM', 'FULL_STEPS', 'CHECKED',
            'entry_options', 'entry_args', 'word_scale', 'study_rows', 'run_curve', 'last_drop', 'convergence',
            'lr_text', 'sweep_losses', 'pick_lr', 'study_lr', 'chosen_lrs', 'sweep_markdown', 'sweep_parameters',
-           'study_lrs_markdown', 'plot_sweep', 'rate_check', 'rate_check_markdown', 'study_markdown', 'seed_band',
-           'study_families', 'plot_study_curves', 'position_tables', 'untrained', 'coverage', 'lengths_markdown',
-           'coverage_markdown', 'calls_markdown', 'task_rows', 'task_left_out', 'task_markdown']
+           'study_lrs_markdown', 'plot_sweep', 'rate_check', 'rate_check_text', 'rate_check_markdown', 'study_markdown',
+           'seed_band', 'study_families', 'plot_study_curves', 'position_tables', 'untrained', 'coverage',
+           'lengths_markdown', 'coverage_markdown', 'calls_markdown', 'task_rows', 'task_left_out', 'task_markdown']
 
 # %% ../nbs/35_study.ipynb #4ec5e8df
 HEADLINE = (
@@ -400,19 +400,32 @@ def rate_check(root, entry: str = 'learned') -> dict:
     return out | {'verdict': 'stands' if best is None else f'beaten by {lr_text(best)}'}
 
 
+def _loss_text(v: float | None) -> str:
+    return 'diverged' if v is None else f'{v:.3f}'
+
+
+def rate_check_text(check: dict, entry: str = 'learned') -> str:
+    "`rate_check`'s verdict in a sentence, with the losses it rests on."
+    seeds, chosen = check['seeds'], lr_text(check['chosen'])
+    runs = '; '.join(f'{lr_text(x)}: {_loss_text(v)}' for x, v in sorted(check['others'].items()))
+    v = check['verdict']
+    v = f'no other rate ends below every seed of the choice: {chosen} stands' if v == 'stands' else v
+    return (
+        f"**{entry}**, its rate on the full schedule: seed 0 at the other rates {runs or 'not run yet'}; "
+        f"the choice {chosen} at {min(seeds):.3f}–{max(seeds):.3f} over {len(seeds)} seeds; {v}."
+    )
+
+
 def rate_check_markdown(check: dict, entry: str = 'learned') -> str:
-    "`rate_check`'s result as a table (one row per rate, the choice first) and its verdict in a sentence."
-    f = lambda v: 'diverged' if v is None else f'{v:.3f}'
+    "`rate_check`'s result as a table (one row per rate, the choice first) and `rate_check_text` under it."
     seeds = check['seeds']
     out = ['| rate | runs (12,000 steps) | held-out loss (nats) ↓ |', '|---|---|---:|']
     out.append(
         f"| {lr_text(check['chosen'])} (the choice) | the study's {len(seeds)} seeds | "
-        f"{' / '.join(map(f, seeds))} (range {f(min(seeds))}–{f(max(seeds))}) |"
+        f"{' / '.join(map(_loss_text, seeds))} |"
     )
-    out += [f'| {lr_text(x)} | seed 0 | {f(v)} |' for x, v in sorted(check['others'].items())]
-    v = check['verdict']
-    say = {'stands': f"no other rate ends below every seed of the choice: {lr_text(check['chosen'])} stands"}
-    return '\n'.join(out) + f"\n\n**{entry}**: {say.get(v, v)}."
+    out += [f'| {lr_text(x)} | seed 0 | {_loss_text(v)} |' for x, v in sorted(check['others'].items())]
+    return '\n'.join(out) + '\n\n' + rate_check_text(check, entry)
 
 # %% ../nbs/35_study.ipynb #42eebc0a
 def _pm(mean: float, std: float, n: int) -> str:
