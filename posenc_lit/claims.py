@@ -36,6 +36,8 @@ _WRITTEN_BY = {
     'study_rating': 'TASK=rating tools/run_order.sh',
     'study_reviews': 'TASK=reviews tools/run_order.sh',
     'vit': 'tools/run_vit_study.sh',
+    'sweep': 'tools/run_sweep.sh',
+    'sweep-12000': 'SWEEP_STEPS=12000 tools/run_sweep.sh',
     'minilm': '`posenc_lit finetune` (the commands on the Hugging Face page, 24_hf)',
     'compare': '`posenc_lit compare`',
 }

@@ -4,9 +4,9 @@
 
 # %% ../nbs/30_compare.ipynb #d7847fd3
 from __future__ import annotations
-import contextlib, copy, json, sys, time
+import contextlib, copy, json, math, sys, time
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 from .core import get_encoding, list_ablations, list_encodings
 from .files import LOCK_FILE, dumps, environment, write_json
@@ -29,8 +29,8 @@ from posenc_lit.probes import (
 from .compare_figures import save_figures
 
 # %% auto #0
-__all__ = ['QUICK_STEPS', 'QUICK_TRAIN', 'QUICK_ENTRIES', 'COMPARE_PRESETS', 'PRETRAIN_SETTINGS', 'compare_plan',
-           'pretrained_runs', 'preset_differences', 'differences_text', 'compare']
+__all__ = ['QUICK_STEPS', 'QUICK_TRAIN', 'QUICK_ENTRIES', 'COMPARE_PRESETS', 'UNCOMPARED', 'compare_plan', 'pretrained_runs',
+           'preset_differences', 'differences_text', 'compare']
 
 # %% ../nbs/30_compare.ipynb #acd90be7
 # fmt: off
@@ -289,30 +289,28 @@ def pretrained_runs(
     return runs
 
 # %% ../nbs/30_compare.ipynb #cd5f4ce3
-PRETRAIN_SETTINGS = (  # the settings of a reused pretraining run checked against the preset's
-    'data',
-    'seq_len',
-    'batch_size',
-    'grad_accum',
-    'steps',
-    'lr',
-    'd_model',
-    'n_layers',
-    'n_heads',
-    'd_ff',
-    'dropout',
-    'max_position_embeddings',
-    'mlm_probability',
-)
+# what a pretraining run's config.json holds that does not change the run: how often it logs, evaluates, saves;
+# the encoding and its options are checked by `pretrained_runs`
+UNCOMPARED = ('pe', 'pe_kwargs', 'log_every', 'eval_every', 'save_every')
+
+
+def _same(a, b) -> bool:
+    both_float = isinstance(a, float) or isinstance(b, float)
+    numbers = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (a, b))
+    return math.isclose(a, b, rel_tol=1e-9) if both_float and numbers else a == b
 
 
 def preset_differences(
     run,  # a finished `posenc_lit pretrain` run directory (`pretrained_runs`)
     cfg,  # the `TrainConfig` the preset would pretrain it with (`compare_plan(...)['pretrain'][pe]`)
-) -> dict:  # {setting: [the run's value, the preset's]}
-    "Each of `PRETRAIN_SETTINGS` in which the run's `config.json` differs from `cfg`; `{}` where none does."
+) -> dict:  # {setting: [the run's value ('not recorded' where its config.json lacks it), the preset's]}
+    """Each setting of `TrainConfig` (but `UNCOMPARED`) in which the run's `config.json` differs from `cfg`:
+    the model, data, schedule, optimizer, seed, and the validation blocks its loss is measured on; `{}` where
+    none does."""
     saved = _read(Path(run) / 'config.json')
-    return {k: [saved.get(k), getattr(cfg, k)] for k in PRETRAIN_SETTINGS if saved.get(k) != getattr(cfg, k)}
+    names = [f.name for f in fields(cfg) if f.name not in UNCOMPARED]
+    diff = {k: [saved.get(k, 'not recorded'), getattr(cfg, k)] for k in names}
+    return {k: v for k, v in diff.items() if not _same(*v)}
 
 
 def differences_text(diff: dict) -> str:

@@ -6,12 +6,14 @@
 from __future__ import annotations
 import json, math, re, statistics
 from pathlib import Path
+from .training import PRESETS
 from posenc_lit.claims import (
     _damaged,
     _finite,
     _json,
     _records,
     check_root,
+    check_run,
     downstream,
     gap_interval,
     loss_values,
@@ -24,12 +26,13 @@ from posenc_lit.claims import (
 
 # %% auto #0
 __all__ = ['HEADLINE', 'VARIANTS', 'FIRST_STUDY', 'GROUPS', 'ENTRIES', 'SEEDS', 'STUDY_PRESET', 'STUDY_VARIANTS', 'WINDOW',
-           'FLAT', 'SWEEP_ENTRIES', 'SWEEP_GRID', 'SWEEP_STEPS', 'OLD_LR', 'TIE', 'LR_FROM', 'FULL_STEPS', 'CHECKED',
+           'FLAT', 'SWEEP_ENTRIES', 'SWEEP_GRID', 'SWEEP_STEPS', 'OLD_LR', 'TIE', 'LR_FROM', 'FULL_STEPS',
            'entry_options', 'entry_args', 'word_scale', 'study_rows', 'run_curve', 'last_drop', 'convergence',
            'lr_text', 'sweep_losses', 'pick_lr', 'study_lr', 'chosen_lrs', 'sweep_markdown', 'sweep_parameters',
-           'study_lrs_markdown', 'plot_sweep', 'rate_check', 'rate_check_text', 'rate_check_markdown', 'study_markdown',
-           'seed_band', 'study_families', 'plot_study_curves', 'position_tables', 'untrained', 'coverage',
-           'lengths_markdown', 'coverage_markdown', 'calls_markdown', 'task_rows', 'task_left_out', 'task_markdown']
+           'study_lrs_markdown', 'plot_sweep', 'on_plateau', 'rate_check', 'rate_check_text', 'rate_check_markdown',
+           'study_markdown', 'seed_band', 'study_families', 'plot_study_curves', 'position_tables', 'untrained',
+           'coverage', 'lengths_markdown', 'coverage_markdown', 'calls_markdown', 'task_rows', 'task_left_out',
+           'task_markdown']
 
 # %% ../nbs/35_study.ipynb #4ec5e8df
 HEADLINE = (
@@ -362,41 +365,74 @@ def plot_sweep(sweep: dict):
     fig.tight_layout()
     return fig
 
+
+def on_plateau(sweep: dict) -> list[str]:
+    """The representatives of `SWEEP_ENTRIES` in `sweep` (`sweep_losses`) whose every finite sweep loss is at or
+    above `none`'s lowest: their rates are ranked on the bag-of-words plateau, and `rate_check` checks them.
+    """
+    floor = min((x for x in sweep.get('none', {}).values() if x is not None), default=None)
+    ends = {e: [x for x in sweep.get(e, {}).values() if x is not None] for e in SWEEP_ENTRIES if e != 'none'}
+    return [e for e, v in ends.items() if floor is not None and v and min(v) >= floor]
+
 # %% ../nbs/35_study.ipynb #2bcae4c0
-FULL_STEPS = 12000  # the study preset's schedule, on which rate_check runs
-CHECKED = ('learned',)  # the representatives whose sweep ends on the plateau: their choice is checked
+FULL_STEPS = PRESETS[STUDY_PRESET]['steps']  # the study's schedule, on which rate_check runs
+
+
+def _check_runs(root, entry: str) -> dict:
+    """`{rate: [held-out loss or None (diverged) per seed, seed 0 first]}` of the check runs of `entry`,
+    `root/sweep-<FULL_STEPS>/<entry>[-s<k>]-lr<rate>/`; each `config.json` must hold its folder's rate, seed,
+    entry (`claims.check_run`) and `FULL_STEPS` steps, else `ValueError` naming it."""
+    found = {}
+    pat = rf'{re.escape(entry)}(?:-s([1-9]\d*))?-lr([1-9](?:\.\d+)?e-\d+)'
+    for run in sorted(Path(root, f'sweep-{FULL_STEPS}').glob(f'{entry}*-lr*')):
+        if not (m := re.fullmatch(pat, run.name)) or not (run / 'summary.json').is_file():
+            continue
+        seed, lr = int(m[1] or 0), float(m[2])
+        c = check_run(run, entry, seed) or {}
+        if not (math.isclose(c.get('lr', math.nan), lr) and c.get('steps') == FULL_STEPS):
+            why = f"has lr {c.get('lr')} and {c.get('steps')} steps, not {m[2]} and {FULL_STEPS}"
+            raise _damaged(run / 'config.json', why)
+        v = _json(run, 'summary.json').get('eval_loss')
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        if v is not None and not ok:
+            raise _damaged(run / 'summary.json', f'has eval_loss {v!r}, not a number')
+        found.setdefault(lr, {})[seed] = float(v) if ok else None
+    return {lr: [v[k] for k in sorted(v)] for lr, v in found.items()}
 
 
 def rate_check(root, entry: str = 'learned') -> dict:
-    """`entry`'s rate from the sweep (`study_lr`) checked on the full schedule: `{'chosen': that rate, 'seeds':
-    the held-out losses (nats) of the study's seeds of `entry`, 'others': {rate: seed 0's held-out loss after
-    `FULL_STEPS` steps, None where not finite}, 'verdict': text}`, read from `root/sweep-12000/<entry>-lr<rate>/`
-    and `root/study/`. The verdict: 'pending: run ENTRY@LR …' while a rate on either side of the choice is not
-    committed; 'beaten by LR' where a rate's run ends below every seed of the choice; else 'stands'.
-    `ValueError` for a check run whose `config.json` has another rate or step count than its folder says, or a
-    study seed run at another rate than the choice; `LookupError` (`study_lr`) while the sweep gives no rate.
-    """
+    """`entry`'s rate from the sweep (`study_lr`) checked on the full schedule by the rule above: `{'chosen':
+    that rate, 'seeds': the held-out losses (nats) of the study's seeds of `entry`, 'others': {rate: [loss per
+    seed, None where it diverged]}, 'verdict': text}`. The verdict: 'pending: …' (runs the rule still needs:
+    the rates on either side, or a candidate's seeds, or the choice's `SEEDS` seeds); 'beaten by LR'; or
+    'stands'. `ValueError` naming the file for a run that is not what its folder says or a study seed at another
+    rate than the choice; `LookupError` while the sweep gives no rate; `FileNotFoundError` while seed 0 of the
+    study's `entry` is not committed."""
     chosen = study_lr(entry, root)
     for run in seed_runs(root, entry):
-        if not math.isclose(_json(run, 'config.json')['lr'], chosen):
-            raise _damaged(run / 'config.json', f'was run at another rate than the choice, {lr_text(chosen)}')
-    seeds = loss_values(root, entry)
-    others = {}
-    for run in sorted(Path(root, f'sweep-{FULL_STEPS}').glob(f'{entry}-lr*')):
-        m = re.fullmatch(rf'{re.escape(entry)}-lr(\d+(?:\.\d+)?e-\d+)', run.name)
-        if not m or not (run / 'summary.json').is_file():
-            continue
-        c, lr = _json(run, 'config.json'), float(m[1])
-        if not (math.isclose(c.get('lr', math.nan), lr) and c.get('steps') == FULL_STEPS):
-            why = f"has lr {c.get('lr')} and {c.get('steps')} steps, not {m[1]} and {FULL_STEPS}"
-            raise _damaged(run / 'config.json', why)
-        v = _json(run, 'summary.json').get('eval_loss')
-        others[lr] = float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
+        if not math.isclose(lr := _json(run, 'config.json')['lr'], chosen):
+            raise ValueError(
+                f'{run} ran at lr {lr}, not at the sweep\'s choice {lr_text(chosen)}: rate_check '
+                'compares the choice\'s own seeds (set the run aside, as results/study_lr2e-3)'
+            )
+    seeds, others = loss_values(root, entry), _check_runs(root, entry)
     out = {'chosen': chosen, 'seeds': seeds, 'others': others}
+    pending = lambda runs: out | {'verdict': 'pending: run ' + ' '.join(runs)}
     if missing := [x for x in (chosen / 2, chosen * 2) if not any(math.isclose(x, y) for y in others)]:
-        return out | {'verdict': 'pending: run ' + ' '.join(f'{entry}@{lr_text(x)}' for x in missing)}
-    below = [x for x, v in others.items() if v is not None and v < min(seeds)]
-    best = min(below, key=others.get, default=None)
+        return pending(f'{entry}@{lr_text(x)}' for x in missing)
+    if len(seeds) < SEEDS:
+        return pending(f'{entry}-s{k}@{lr_text(chosen)}' for k in range(len(seeds), SEEDS))
+    beats, need = [], []
+    for lr, v in others.items():
+        if math.isclose(lr, chosen) or None in v or min(v) >= min(seeds):
+            continue  # the choice itself, a diverged seed, or no sign of a better rate
+        if len(v) < SEEDS:
+            need += [f'{entry}-s{k}@{lr_text(lr)}' for k in range(len(v), SEEDS)]
+        elif (lo := gap_interval(seeds, v)[1]) is not None and lo > 0:
+            beats.append(lr)
+    if need:
+        return pending(need)
+    best = min(beats, key=lambda x: statistics.fmean(others[x]), default=None)
     return out | {'verdict': 'stands' if best is None else f'beaten by {lr_text(best)}'}
 
 
@@ -404,27 +440,32 @@ def _loss_text(v: float | None) -> str:
     return 'diverged' if v is None else f'{v:.3f}'
 
 
+def _losses_text(v: list) -> str:
+    return ' / '.join(map(_loss_text, v))
+
+
 def rate_check_text(check: dict, entry: str = 'learned') -> str:
-    "`rate_check`'s verdict in a sentence, with the losses it rests on."
+    "`rate_check`'s verdict in two sentences, with the losses it rests on."
     seeds, chosen = check['seeds'], lr_text(check['chosen'])
-    runs = '; '.join(f'{lr_text(x)}: {_loss_text(v)}' for x, v in sorted(check['others'].items()))
+    runs = ', '.join(f'{lr_text(x)}: {_losses_text(v)}' for x, v in sorted(check['others'].items()))
     v = check['verdict']
-    v = f'no other rate ends below every seed of the choice: {chosen} stands' if v == 'stands' else v
+    v = f'{chosen} stands (no other rate beats it by the rule)' if v == 'stands' else v
     return (
-        f"**{entry}**, its rate on the full schedule: seed 0 at the other rates {runs or 'not run yet'}; "
-        f"the choice {chosen} at {min(seeds):.3f}–{max(seeds):.3f} over {len(seeds)} seeds; {v}."
+        f'**{entry}**, its rate on the full schedule ({FULL_STEPS:,} steps): held-out loss '
+        f"{_losses_text(seeds)} at the choice {chosen} (its {len(seeds)} seeds); at the other rates "
+        f"{runs or 'nothing run yet'} (seed 0 first). Verdict: {v}."
     )
 
 
 def rate_check_markdown(check: dict, entry: str = 'learned') -> str:
     "`rate_check`'s result as a table (one row per rate, the choice first) and `rate_check_text` under it."
-    seeds = check['seeds']
-    out = ['| rate | runs (12,000 steps) | held-out loss (nats) ↓ |', '|---|---|---:|']
-    out.append(
-        f"| {lr_text(check['chosen'])} (the choice) | the study's {len(seeds)} seeds | "
-        f"{' / '.join(map(_loss_text, seeds))} |"
-    )
-    out += [f'| {lr_text(x)} | seed 0 | {_loss_text(v)} |' for x, v in sorted(check['others'].items())]
+    rows = [(f"{lr_text(check['chosen'])} (the choice)", check['seeds'])]
+    rows += [(lr_text(x), v) for x, v in sorted(check['others'].items())]
+    out = [
+        f'| rate | seeds | held-out loss after {FULL_STEPS:,} steps (nats, seed 0 first) ↓ |',
+        '|---|---:|---:|',
+    ]
+    out += [f'| {r} | {len(v)} | {_losses_text(v)} |' for r, v in rows]
     return '\n'.join(out) + '\n\n' + rate_check_text(check, entry)
 
 # %% ../nbs/35_study.ipynb #42eebc0a
