@@ -424,12 +424,12 @@ def rate_check(root, entry: str = 'learned') -> dict:
         return pending(f'{entry}-s{k}@{lr_text(chosen)}' for k in range(len(seeds), SEEDS))
     beats, need = [], []
     for lr, v in others.items():
-        if math.isclose(lr, chosen) or None in v or min(v) >= min(seeds):
-            continue  # the choice itself, a diverged seed, or no sign of a better rate
-        if len(v) < SEEDS:
-            need += [f'{entry}-s{k}@{lr_text(lr)}' for k in range(len(v), SEEDS)]
-        elif (lo := gap_interval(seeds, v)[1]) is not None and lo > 0:
+        if math.isclose(lr, chosen) or None in v:
+            continue  # the choice itself, or a rate with a diverged seed
+        if len(v) >= SEEDS and (lo := gap_interval(seeds, v)[1]) is not None and lo > 0:
             beats.append(lr)
+        elif len(v) < SEEDS and min(v) < min(seeds):  # a candidate: its seeds decide
+            need += [f'{entry}-s{k}@{lr_text(lr)}' for k in range(len(v), SEEDS)]
     if need:
         return pending(need)
     best = min(beats, key=lambda x: statistics.fmean(others[x]), default=None)
