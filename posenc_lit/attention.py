@@ -790,6 +790,8 @@ def position_attention(
     # bool, broadcastable to (b, h, i, j), True = may attend; combined with ctx.key_mask (both must allow)
     mask: torch.Tensor | None = None,
     *,
+    # dropout on the attention weights, applied whenever > 0 (as F.scaled_dot_product_attention does): a module
+    # passes `self.p if self.training else 0.0`
     dropout_p: float = 0.0,
     return_probs: bool = False,
     # as attend; True/'fused': the encoding's score_mods by the rule (use_fused)
