@@ -301,12 +301,12 @@ def _same(a, b) -> bool:
 
 
 def preset_differences(
-    run,  # a finished `posenc_lit pretrain` run directory (`pretrained_runs`)
-    cfg,  # the `TrainConfig` the preset would pretrain it with (`compare_plan(...)['pretrain'][pe]`)
+    run,  # a finished pretraining run directory
+    cfg,  # the pretraining config the preset would run
 ) -> dict:  # {setting: [the run's value ('not recorded' where its config.json lacks it), the preset's]}
-    """Each setting of `TrainConfig` (but `UNCOMPARED`) in which the run's `config.json` differs from `cfg`:
-    the model, data, schedule, optimizer, seed, and the validation blocks its loss is measured on; `{}` where
-    none does."""
+    """Each setting of `TrainConfig` (but `UNCOMPARED`) in which the `config.json` of `run` (a folder that
+    `pretrained_runs` returns) differs from `cfg` (`compare_plan(...)['pretrain'][pe]`): the model, data,
+    schedule, optimizer, seed, and the validation blocks its loss is measured on; `{}` where none does."""
     saved = _read(Path(run) / 'config.json')
     names = [f.name for f in fields(cfg) if f.name not in UNCOMPARED]
     diff = {k: [saved.get(k, 'not recorded'), getattr(cfg, k)] for k in names}
