@@ -252,16 +252,21 @@ def sweep_losses(root) -> dict:
         m = re.fullmatch(r'(.+)-lr(\d+(?:\.\d+)?e-\d+)', run.name)
         if not m or not (run / 'summary.json').is_file():
             continue
-        c, lr = _json(run, 'config.json'), float(m[2])
-        if not (math.isclose(c.get('lr', math.nan), lr) and c.get('steps') == SWEEP_STEPS):
-            raise _damaged(
-                run / 'config.json',
-                f"has lr {c.get('lr')} and {c.get('steps')} steps, not {m[2]} and {SWEEP_STEPS}",
-            )
-        v = _json(run, 'summary.json').get('eval_loss')
-        finite = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-        out.setdefault(m[1], {})[lr] = float(v) if finite else None
+        out.setdefault(m[1], {})[float(m[2])] = _run_loss(run, _json(run, 'config.json'), m[2], SWEEP_STEPS)
     return out
+
+
+def _run_loss(run: Path, c: dict, rate: str, steps: int) -> float | None:
+    """The held-out loss of a sweep or check `run` (None where it is not finite: diverged), once its config `c`
+    is checked to hold the `rate` its folder names and `steps`; `ValueError` naming the file otherwise."""
+    if not (math.isclose(c.get('lr', math.nan), float(rate)) and c.get('steps') == steps):
+        why = f"has lr {c.get('lr')} and {c.get('steps')} steps, not {rate} and {steps}"
+        raise _damaged(run / 'config.json', why)
+    v = _json(run, 'summary.json').get('eval_loss')
+    finite = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    if v is not None and not finite and not isinstance(v, float):
+        raise _damaged(run / 'summary.json', f'has eval_loss {v!r}, not a number')
+    return float(v) if finite else None
 
 
 def pick_lr(losses: dict, entry: str = 'ENTRY') -> dict:
@@ -387,16 +392,9 @@ def _check_runs(root, entry: str) -> dict:
     for run in sorted(Path(root, f'sweep-{FULL_STEPS}').glob(f'{entry}*-lr*')):
         if not (m := re.fullmatch(pat, run.name)) or not (run / 'summary.json').is_file():
             continue
-        seed, lr = int(m[1] or 0), float(m[2])
+        seed = int(m[1] or 0)
         c = check_run(run, entry, seed) or {}
-        if not (math.isclose(c.get('lr', math.nan), lr) and c.get('steps') == FULL_STEPS):
-            why = f"has lr {c.get('lr')} and {c.get('steps')} steps, not {m[2]} and {FULL_STEPS}"
-            raise _damaged(run / 'config.json', why)
-        v = _json(run, 'summary.json').get('eval_loss')
-        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-        if v is not None and not ok:
-            raise _damaged(run / 'summary.json', f'has eval_loss {v!r}, not a number')
-        found.setdefault(lr, {})[seed] = float(v) if ok else None
+        found.setdefault(float(m[2]), {})[seed] = _run_loss(run, c, m[2], FULL_STEPS)
     return {lr: [v[k] for k in sorted(v)] for lr, v in found.items()}
 
 
