@@ -73,7 +73,8 @@ class LearnedEncoding(PositionEncoding):
 
     def __init__(self, d_model: int, max_len: int = 512, init_std: float = 0.02):
         super().__init__()
-        check_sizes(max_len=max_len)
+        check_sizes(d_model=d_model, max_len=max_len)
+        check_finite(init_std=init_std)
         self.max_len = max_len
         # (L_max, D)
         self.weight = nn.Parameter(torch.randn(max_len, d_model) * init_std)

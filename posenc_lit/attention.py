@@ -618,7 +618,10 @@ class MultiHeadAttention(nn.Module):
         layer_idx: int | None = None,  # this layer's address in encodings with per-layer tables
     ):
         super().__init__()
-        if n_heads < 1 or d_model < 1 or d_model % n_heads:
+        check_sizes(d_model=d_model, n_heads=n_heads)  # `8.0` heads: named here, not at the first view()
+        check_rates(dropout=dropout)
+        check_flags(bias=bias)
+        if d_model % n_heads:
             raise ValueError(
                 f'd_model={d_model} must be a positive multiple of n_heads={n_heads} (n_heads ≥ 1)'
             )
@@ -805,6 +808,7 @@ def position_attention(
     that are not 4-D `(b, h, n, d)`, for a q or v of other heads or width than `pe` was built for
     (`pe.built_for()`), for a `causal` that contradicts `ctx.causal`, and as `attend`."""
     _check_pe_call(pe, q, k, ctx, v)
+    as_layer(layer)  # the address's type, for every encoding (not only those with per-layer tables)
     mask, causal = _ctx_mask(pe, ctx, mask, causal, q, k)
     q, k = pe.transform_qk(q, k, ctx, layer)
     scale, values = _content_scale(pe, q), pe.value_terms(ctx, layer)
@@ -865,6 +869,7 @@ def position_scores(
     """The logits `(b, h, i, j)` that `position_attention` feeds its softmax (float32, float64 for float64 q;
     -inf where masked: `mask`, `ctx.key_mask`, causality as `ctx` was prepared)."""
     _check_pe_call(pe, q, k, ctx)
+    as_layer(layer)
     mask, causal = _ctx_mask(pe, ctx, mask, causal, q, k)
     q, k = pe.transform_qk(q, k, ctx, layer)
     s = scores(q, k, pe.score_terms(q, k, ctx, layer), mask, _content_scale(pe, q), causal)

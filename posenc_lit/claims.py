@@ -17,9 +17,9 @@ __all__ = ['STUDY', 'ABS_MARGIN', 'ENTRY_SETTINGS', 'UNRECORDED', 'REFIT', 'VERD
            'seed_folders', 'seed_runs', 'loss_values', 'study_loss', 'eval_loss', 'seed_noise', 'loss_at', 'eval_curve',
            'task_values', 'pretraining_check', 'ft_used', 'ft_checks', 'downstream', 'minilm_values', 'vit_runs',
            'vit_values', 'welch', 'gap_interval', 'too_few', 'can_call', 'verdict', 'p_value', 'holm', 'familywise',
-           'Measured', 'Measure', 'Claim', 'setup', 'differences', 'pretrain_loss', 'checkpoint_values', 'ft_note',
-           'task_metric', 'position_control', 'trained_offsets', 'growth_values', 'growth', 'vit', 'check_root',
-           'judge', 'claims', 'claims_markdown', 'family_markdown', 'holm_markdown', 'forest_plot']
+           'Measured', 'Measure', 'Claim', 'lr_text', 'setup', 'differences', 'pretrain_loss', 'checkpoint_values',
+           'ft_note', 'task_metric', 'position_control', 'trained_offsets', 'growth_values', 'growth', 'vit',
+           'check_root', 'judge', 'claims', 'claims_markdown', 'family_markdown', 'holm_markdown', 'forest_plot']
 
 # %% ../nbs/41_claims.ipynb #4172f9dc
 STUDY = 'study'  # results/study/<entry>[-s<seed>]/ (tools/run_study.sh, the `study` preset; issue 29)
@@ -546,6 +546,8 @@ def verdict(
     direction); `treated`: False where the treatment never took effect; `effect`: the paper's effect in the
     row's unit, oriented (None where the paper gives none in that unit)."""
     _check_verdict(gap, lo, hi, margin, seeds, effect)
+    if not isinstance(treated, bool):  # a truthy 'no' is not a treatment that took effect
+        raise ValueError(f'treated must be True or False, got {treated!r}')
     if not treated:
         return 'not tested'
     if gap is None:
@@ -680,10 +682,11 @@ class Claim:
     )
 
 # %% ../nbs/41_claims.ipynb #e14ad344
-def _lr_text(lr: float) -> str:
-    "A learning rate as the tools write it: 0.002 → '2e-3'."
-    m, e = f'{lr:.1e}'.split('e')
-    return f"{m.removesuffix('.0')}e{int(e)}"
+def lr_text(lr: float) -> str:
+    """A learning rate as the tools write it (run folders `…-lr<rate>`, `ENTRY@<rate>`), to three significant
+    digits: 0.002 → '2e-3', 0.0016 → '1.6e-3', 0.000125 → '1.25e-4'."""
+    m, e = f'{lr:.2e}'.split('e')
+    return f"{m.rstrip('0').removesuffix('.')}e{int(e)}"
 
 
 def setup(root, entry: str) -> dict:
@@ -710,7 +713,7 @@ def differences(root, ours: str, base: str) -> str:
     except FileNotFoundError:  # a fine-tuned entry whose pretraining is not committed
         return f'no study run of {ours if not Path(root, STUDY, ours).is_dir() else base} to compare settings'
     show = {
-        'lr': _lr_text,
+        'lr': lr_text,
         'parameters': '{:,}'.format,
         'EMD passes': str,
         'words ×': str,

@@ -45,6 +45,16 @@ def _positive_int(s: str) -> int:
     return v
 
 
+def _block_length(s: str) -> int:  # a block holds [CLS], a token and [SEP]
+    try:
+        v = int(s)
+    except ValueError:
+        v = s
+    if not isinstance(v, int) or v < 3:
+        raise argparse.ArgumentTypeError(f'must be an integer ≥ 3 ([CLS], a token, [SEP]); got {v!r}')
+    return v
+
+
 _path = _typed(path_text)  # not empty: an empty path would be read as the current folder
 
 
@@ -326,7 +336,7 @@ def _add_lengths(sub):
     p.add_argument('--run', type=_path, required=True, help='run directory written by `posenc_lit pretrain`')
     p.add_argument(
         '--lengths',
-        type=_positive_int,
+        type=_block_length,
         nargs='+',
         default=[128, 256, 512, 1024],
         help='block lengths in tokens (default: 128 256 512 1024)',
@@ -410,7 +420,8 @@ def _add_finetune(sub, flags=True):
         '--preset',
         default='quick',
         help='quick: 2 epochs (about a minute per seed for sentiment with a quick-pretrained model); '
-        'reference: 4 epochs; smoke: 256 examples, 1 epoch (default: quick)',
+        'reference: 4 epochs; smoke: 256 examples, 1 epoch, at full length: with --task reviews pass --max-len '
+        '(default: quick)',
     )
     if cls:
         config_flags(p, cls, skip=('checkpoint', 'task'), presets=_presets('finetune', 'quick'))

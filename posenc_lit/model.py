@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file, load_file
 from .core import *
 from .core import _desc  # what a message says was passed
+from .core import _causal_only_message  # a causal form built into an encoder
 from .checks import *
 from .files import atomic_write
 from .attention import *
@@ -221,6 +222,8 @@ class Encoder(_ByConfig, nn.Module):
         super().__init__()
         self.cfg = cfg
         self.pe = build_encoding(cfg)
+        if self.pe.causal_only:  # an encoder attends both ways: refused when built, not at the first forward
+            raise ValueError(f'an Encoder attends both ways: {_causal_only_message(self.pe, False)}')
         self.embeddings = Embeddings(cfg)
         self.layers = nn.ModuleList(EncoderLayer(cfg, l) for l in range(cfg.n_layers))
         for l, layer in enumerate(self.layers):  # DeBERTa's share_att_key projects P with them

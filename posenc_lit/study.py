@@ -17,6 +17,7 @@ from posenc_lit.claims import (
     downstream,
     gap_interval,
     loss_values,
+    lr_text,
     pretraining_check,
     seed_runs,
     study_loss,
@@ -28,7 +29,7 @@ from posenc_lit.claims import (
 __all__ = ['HEADLINE', 'VARIANTS', 'FIRST_STUDY', 'GROUPS', 'ENTRIES', 'SEEDS', 'STUDY_PRESET', 'STUDY_VARIANTS', 'WINDOW',
            'FLAT', 'SWEEP_ENTRIES', 'SWEEP_GRID', 'SWEEP_STEPS', 'OLD_LR', 'TIE', 'LR_FROM', 'FULL_STEPS',
            'entry_options', 'entry_args', 'word_scale', 'study_rows', 'run_curve', 'last_drop', 'convergence',
-           'lr_text', 'sweep_losses', 'pick_lr', 'study_lr', 'chosen_lrs', 'sweep_markdown', 'sweep_parameters',
+           'sweep_losses', 'pick_lr', 'study_lr', 'chosen_lrs', 'sweep_markdown', 'sweep_parameters',
            'study_lrs_markdown', 'plot_sweep', 'on_plateau', 'rate_check', 'rate_check_text', 'rate_check_markdown',
            'study_markdown', 'seed_band', 'study_families', 'plot_study_curves', 'position_tables', 'untrained',
            'coverage', 'lengths_markdown', 'coverage_markdown', 'calls_markdown', 'task_rows', 'task_left_out',
@@ -218,12 +219,6 @@ def convergence(drop: float | None) -> str:
     return f'{drop:.3f} flat' if drop < FLAT else f'{drop:.3f} still falling'
 
 # %% ../nbs/35_study.ipynb #e0366aac
-def lr_text(lr: float) -> str:
-    "A learning rate as the tools write it: 0.002 → '2e-3', 0.0016 → '1.6e-3'."
-    m, e = f'{lr:.1e}'.split('e')
-    return f"{m.removesuffix('.0')}e{int(e)}"
-
-
 SWEEP_ENTRIES = ('learned', 'sinusoidal', 'none', 'rope', 'shaw', 'deberta', 'tupe-r')
 SWEEP_GRID = (1e-3, 2e-3, 4e-3)  # peak learning rates every representative runs
 SWEEP_STEPS = 3000  # the study preset cut to a quarter (tools/run_sweep.sh)
@@ -278,7 +273,7 @@ def pick_lr(losses: dict, entry: str = 'ENTRY') -> dict:
     run = lambda lrs: ' '.join(f'{entry}@{lr_text(x)}' for x in lrs)
     if missing := [x for x in SWEEP_GRID if x not in losses]:
         return {'lr': None, 'best': None, 'verdict': f'pending: run {run(missing)}'}
-    ok = {x: v for x, v in losses.items() if v is not None}
+    ok = {x: v for x, v in losses.items() if v is not None and math.isfinite(v)}  # NaN, inf: diverged
     if not ok:
         return {'lr': None, 'best': None, 'verdict': f'extend: run {run([min(losses) / 2])}'}
     best = min(ok, key=ok.get)

@@ -19,7 +19,9 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from conftest import cut_with_sigterm
 from posenc_lit.checks import PositionRangeError
 from posenc_lit.core import list_encodings
-from posenc_lit.attention import attend, MultiHeadAttention
+from posenc_lit.absolute import LearnedEncoding
+from posenc_lit.alibi import ALiBi
+from posenc_lit.attention import attend, MultiHeadAttention, position_attention
 from posenc_lit.model import ModelConfig, EncoderForMLM, CheckpointError
 from posenc_lit.data import corpus_dir, CorpusError, load_corpus
 from posenc_lit import training, loop
@@ -84,6 +86,11 @@ def _bad_inputs():
         ('attend-mask-shape', lambda: attend(q, q, q, mask=torch.ones(2, 1, 1, 6, dtype=torch.bool)), ValueError, r'broadcastable to \(b, h, i, j\) = \(2, 4, 7, 7\)'),
         ('attend-int-term', lambda: attend(q, q, q, [torch.ones(1, 4, 7, 7, dtype=torch.long)]), ValueError, r'score_terms\[0\] must be a float tensor'),
         ('mha-heads', lambda: MultiHeadAttention(30, 4), ValueError, r'd_model=30 must be a positive multiple of n_heads=4'),
+        ('mha-float-heads', lambda: MultiHeadAttention(8, 2.0), ValueError, r'n_heads must be an integer ≥ 1; got 2\.0'),
+        ('mha-dropout', lambda: MultiHeadAttention(8, 2, dropout=2.0), ValueError, r'dropout must be in \[0, 1\); got 2\.0'),
+        ('learned-width', lambda: LearnedEncoding(-8, 4), ValueError, r'd_model must be an integer ≥ 1; got -8'),
+        ('layer-type', lambda: position_attention(ALiBi(4), q, q, q, ALiBi(4).prepare(torch.arange(7)[None], torch.arange(7)[None]), layer='abc'), TypeError, r"the layer address must be a layer index.*got str 'abc'"),
+        ('encoder-causal-form', lambda: tiny('alibi', pe_kwargs={'bidirectional': False}), ValueError, r'an Encoder attends both ways: ALiBi is a causal form here'),
         ('mha-width', lambda: mha(torch.randn(2, 7, 12)), ValueError, r'x must be a float tensor of shape \(b, n, D\) with D = d_model = 16'),
         ('mha-kv-batch', lambda: mha(torch.randn(2, 7, 16), kv=torch.randn(3, 7, 16)), ValueError, r'kv has batch size 3 but x has 2'),
         ('ids-float', lambda: m(ids.float()), ValueError, r'input_ids must be an integer tensor of shape \(b, n\); got torch\.float32'),
