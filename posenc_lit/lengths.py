@@ -139,13 +139,11 @@ def _pretraining_run(
         train_cfg = json.loads((run / 'config.json').read_text())
     except (OSError, ValueError):
         train_cfg = None
-    if not (
-        isinstance(train_cfg, dict)
-        and {'pe', 'seq_len', 'data'} <= set(train_cfg)
-        and 'patch_size' not in train_cfg
-    ):
+    other = {'patch_size': 'a ViT run', 'factors': 'a causal-LM run, whose lm command wrote its lengths.json'}
+    what = next((f' ({w})' for f, w in other.items() if isinstance(train_cfg, dict) and f in train_cfg), '')
+    if what or not (isinstance(train_cfg, dict) and {'pe', 'seq_len', 'data'} <= set(train_cfg)):
         raise ValueError(
-            f'{run} is not a pretraining run: expected the folder given to `posenc_lit pretrain --out`, '
+            f'{run} is not a pretraining run{what}: expected the folder given to `posenc_lit pretrain --out`, '
             f'holding config.json (its training configuration) and checkpoint/'
         )
     return run, train_cfg

@@ -125,10 +125,12 @@ def test_lengths_takes_the_run_or_its_checkpoint_and_names_other_folders(tmp_pat
     assert main([*args, '--run', str(run)]) == 0
     assert capsys.readouterr().out == first != ''   # the same evaluation
     vit = tmp_path / 'vit'; vit.mkdir(); (vit / 'config.json').write_text('{"pe": "learned", "patch_size": 4}')
-    for bad in (vit, tmp_path):
+    lm = tmp_path / 'lm'; lm.mkdir()   # a causal-LM run has a pretraining run's keys, and its length factors
+    (lm / 'config.json').write_text('{"pe": "rope", "seq_len": 64, "data": "default", "factors": [1, 2]}')
+    for bad, what in ((vit, ' (a ViT run)'), (lm, ' (a causal-LM run, whose lm command'), (tmp_path, ':')):
         assert main([*args, '--run', str(bad)]) == 2
         err = capsys.readouterr().err
-        assert f'{bad} is not a pretraining run' in err and 'Traceback' not in err, err
+        assert f'{bad} is not a pretraining run{what}' in err and 'Traceback' not in err, err
 
 
 def test_sigint_stops_compare_even_when_inherited_as_ignored(tmp_path):
