@@ -607,7 +607,8 @@ def default_positions(n: int, device: torch.device | str | None = None) -> torch
 
 class MultiHeadAttention(nn.Module):
     """Multi-head attention whose position signal comes from a `PositionEncoding`; `forward` returns `(b, i,
-    D)`."""
+    D)`. `ValueError` when built with sizes that are not integers ≥ 1, a `d_model` not a multiple of `n_heads`,
+    a `dropout` outside [0, 1), or a `layer_idx` that is not an integer ≥ 0 or None."""
 
     def __init__(
         self,
@@ -806,7 +807,8 @@ def position_attention(
     returns `(b, h, i, d_v)` (and probs). The padding keys of the `key_mask` that `ctx` was prepared with are
     masked (with `mask`, if given), and attention is causal as `ctx` was prepared; `ValueError` for q, k, v
     that are not 4-D `(b, h, n, d)`, for a q or v of other heads or width than `pe` was built for
-    (`pe.built_for()`), for a `causal` that contradicts `ctx.causal`, and as `attend`."""
+    (`pe.built_for()`), for a `causal` that contradicts `ctx.causal`, and as `attend`; `TypeError` for a
+    `layer` that is not a layer address (`as_layer`)."""
     _check_pe_call(pe, q, k, ctx, v)
     as_layer(layer)  # the address's type, for every encoding (not only those with per-layer tables)
     mask, causal = _ctx_mask(pe, ctx, mask, causal, q, k)
@@ -867,7 +869,8 @@ def position_scores(
     causal: bool | None = None,  # None: as ctx was prepared
 ) -> torch.Tensor:
     """The logits `(b, h, i, j)` that `position_attention` feeds its softmax (float32, float64 for float64 q;
-    -inf where masked: `mask`, `ctx.key_mask`, causality as `ctx` was prepared)."""
+    -inf where masked: `mask`, `ctx.key_mask`, causality as `ctx` was prepared); errors as
+    `position_attention`."""
     _check_pe_call(pe, q, k, ctx)
     as_layer(layer)
     mask, causal = _ctx_mask(pe, ctx, mask, causal, q, k)
