@@ -35,24 +35,23 @@ def _typed(parse):
     return read
 
 
-def _positive_int(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f'must be an integer ≥ 1; got {s!r}') from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f'must be an integer ≥ 1; got {v}')
-    return v
+def _int_at_least(least: int, why: str = ''):
+    "An argparse type: an integer ≥ `least` (`why`, in the message: what the bound is for)."
+
+    def read(s: str) -> int:
+        try:
+            v = int(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f'must be an integer ≥ {least}{why}; got {s!r}') from None
+        if v < least:
+            raise argparse.ArgumentTypeError(f'must be an integer ≥ {least}{why}; got {v}')
+        return v
+
+    return read
 
 
-def _block_length(s: str) -> int:  # a block holds [CLS], a token and [SEP]
-    try:
-        v = int(s)
-    except ValueError:
-        v = s
-    if not isinstance(v, int) or v < 3:
-        raise argparse.ArgumentTypeError(f'must be an integer ≥ 3 ([CLS], a token, [SEP]); got {v!r}')
-    return v
+_positive_int = _int_at_least(1)
+_block_length = _int_at_least(3, ' ([CLS], a token, [SEP])')  # the lengths of `lengths`
 
 
 _path = _typed(path_text)  # not empty: an empty path would be read as the current folder

